@@ -1,0 +1,3 @@
+from daytona_kernel.app import main
+
+main()

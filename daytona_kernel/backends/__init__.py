@@ -1,0 +1,33 @@
+"""Sandbox backends. ``open_sandbox`` picks one from the configuration."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+from ..config import DaytonaKernelConfig
+from ..errors import BackendError
+from .base import Context, ExecResult, RunError, Sandbox, SandboxPolicy
+
+__all__ = ["Context", "ExecResult", "RunError", "Sandbox", "SandboxPolicy", "open_sandbox", "workspace_key_for"]
+
+
+def workspace_key_for(folder: str) -> str:
+    """A stable, readable key for a notebook folder: ``<name>-<hash of the path>``."""
+    folder = os.path.abspath(folder)
+    name = re.sub(r"[^a-z0-9]+", "-", os.path.basename(folder).lower()).strip("-")[:40] or "root"
+    return f"{name}-{hashlib.sha256(folder.encode()).hexdigest()[:10]}"
+
+
+def open_sandbox(config: DaytonaKernelConfig, folder: str) -> Sandbox:
+    """The configured backend's sandbox for the notebook in ``folder``."""
+    key = config.workspace_key or workspace_key_for(folder)
+    if config.backend == "local":
+        from .local import LocalSandbox
+
+        return LocalSandbox(config, key)
+    raise BackendError(
+        "The Daytona backend is not available in this version yet. "
+        "Use the 'Python (Daytona local)' kernel, or set DAYTONA_KERNEL_BACKEND=local."
+    )

@@ -1,0 +1,105 @@
+"""The one Sandbox interface that every backend implements.
+
+It is shaped after what Daytona offers, so the Daytona backend fits it as is:
+a sandbox has interpreter contexts, a shell (``exec``) and a file API. A
+context runs a code string, streams stdout/stderr chunks while it runs and
+ends with an optional error (name, value, traceback), like the Daytona
+interpreter's ``run_code``.
+
+Failures are translated into ``daytona_kernel.errors`` at this boundary.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+OutputCallback = Callable[[str], None]
+ProgressCallback = Callable[[str], None]
+
+
+class SandboxPolicy(str, enum.Enum):
+    """What happens to the sandbox when the kernel shuts down."""
+
+    REUSE = "reuse"  # found again by its labels; stopped at shutdown
+    EPHEMERAL = "ephemeral"  # created per kernel; deleted at shutdown
+
+
+@dataclass(frozen=True)
+class RunError:
+    """An exception that escaped the code string, as the interpreter reports it."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The result of a shell command: exit code and combined stdout/stderr."""
+
+    exit_code: int
+    output: str
+
+
+class Context(abc.ABC):
+    """An interpreter context: one persistent Python namespace in the sandbox."""
+
+    id: str
+
+    @abc.abstractmethod
+    async def run_code(
+        self,
+        code: str,
+        on_stdout: OutputCallback,
+        on_stderr: OutputCallback,
+        timeout: float | None = None,
+    ) -> RunError | None:
+        """Run code, streaming output through the callbacks while it runs.
+
+        Raises ContextTimeout when the run exceeded ``timeout`` (or was
+        interrupted, on backends that report it that way), ContextDied when
+        the worker went away, ConnectionLost when the stream broke.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Delete the context; its namespace is gone afterwards."""
+
+
+class Sandbox(abc.ABC):
+    """A place to run code: a Daytona sandbox, or a local directory."""
+
+    id: str
+    workdir: str
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """One line for banners and status: what and where this sandbox is."""
+
+    @abc.abstractmethod
+    async def start(self, progress: ProgressCallback) -> None:
+        """Create or find the sandbox and wait until it can run code."""
+
+    @abc.abstractmethod
+    async def create_context(self) -> Context:
+        """A new interpreter context whose cwd is the working directory."""
+
+    @abc.abstractmethod
+    async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run a shell command in the sandbox's working directory."""
+
+    @abc.abstractmethod
+    async def upload(self, files: list[tuple[bytes, str]]) -> None:
+        """Write (content, sandbox path) pairs, in as few requests as possible."""
+
+    @abc.abstractmethod
+    async def download(self, paths: list[str]) -> dict[str, bytes]:
+        """Read sandbox paths, in as few requests as possible."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Release the sandbox according to its policy: stop it or delete it."""

@@ -1,0 +1,54 @@
+"""The project's own exceptions. Each message tells the user what to do next.
+
+Backends translate their failures into these at one boundary, so the session
+and the kernel never see SDK or OS exceptions.
+"""
+
+from __future__ import annotations
+
+
+class DaytonaKernelError(Exception):
+    """Base class. ``str(exc)`` is a complete, user-facing message."""
+
+    ename = "DaytonaKernelError"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(DaytonaKernelError):
+    """The kernel's configuration is invalid; it lists every problem found."""
+
+    ename = "DaytonaKernelConfigError"
+
+
+class BackendError(DaytonaKernelError):
+    """The sandbox backend failed in a way that is not about one cell."""
+
+    ename = "SandboxError"
+
+
+class ContextDied(BackendError):
+    """The interpreter context's worker exited while (or before) running code."""
+
+    ename = "SandboxContextDied"
+
+
+class ContextTimeout(BackendError):
+    """The backend stopped a run because it exceeded its time limit.
+
+    Daytona also reports an interrupt we sent ourselves this way (close 4008),
+    so the session decides whether it was an interrupt or a timeout.
+    """
+
+    ename = "CellTimeoutError"
+
+
+class ConnectionLost(BackendError):
+    """The stream of a running cell was cut off; the cell's fate is unknown."""
+
+    ename = "SandboxConnectionLost"

@@ -1,0 +1,228 @@
+"""DaytonaKernel: the Jupyter protocol adapter, and nothing else.
+
+Requests go to the RuntimeSession; its events come back here and become iopub
+messages. Interrupt and shutdown arrive on the control thread and are handed
+to the shell loop, where the session and its backend live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+from typing import Any
+
+from ipykernel.kernelbase import Kernel
+
+from . import __version__
+from .backends import open_sandbox
+from .config import DaytonaKernelConfig
+from .errors import DaytonaKernelError
+from .history import History
+from .interactive import check_complete
+from .session import CellOutcome, RuntimeSession, error_content
+
+# Session event kind -> iopub message type.
+IOPUB_TYPES = {
+    "stream": "stream",
+    "display": "display_data",
+    "update": "update_display_data",
+    "clear": "clear_output",
+    "result": "execute_result",
+    "error": "error",
+}
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+class DaytonaKernel(DaytonaKernelConfig, Kernel):
+    """A Python kernel whose cells run in a Daytona sandbox (or the local backend)."""
+
+    implementation = "daytona-kernel"
+    implementation_version = __version__
+    language = "python"
+    help_links = [
+        {"text": "Python Reference", "url": "https://docs.python.org/3/"},
+        {"text": "daytona-kernel", "url": "https://pypi.org/project/daytona-kernel/"},
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._problems = self.validate()
+        self._next_count = 1
+        self._history = History()
+        self._shell_loop: asyncio.AbstractEventLoop | None = None
+        self._session: RuntimeSession | None = None
+        if not self._problems:
+            try:
+                self._session = RuntimeSession(open_sandbox(self, os.getcwd()), self, self.log)
+            except DaytonaKernelError as exc:
+                self._problems.append(str(exc))
+
+    # -- kernel_info -----------------------------------------------------
+
+    @property
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]
+        version = (self._session and self._session.python_version) or platform.python_version()
+        return {
+            "name": "python",
+            "version": version,
+            "mimetype": "text/x-python",
+            "codemirror_mode": {"name": "ipython", "version": 3},
+            "pygments_lexer": "ipython3",
+            "nbconvert_exporter": "python",
+            "file_extension": ".py",
+        }
+
+    @property
+    def banner(self) -> str:  # type: ignore[override]
+        where = self._session.sandbox.description if self._session else "not configured"
+        return f"Python (daytona-kernel {__version__}) on the {self.backend} backend: {where}\n"
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        info = super().kernel_info
+        info["supported_features"] = []  # no debugger, no kernel subshells
+        return info
+
+    # -- execution count: ipykernel's rules ------------------------------
+
+    @property  # type: ignore[override]
+    def execution_count(self) -> int:
+        """The count the next stored cell gets; the base class's bumps are ignored."""
+        return self._next_count
+
+    @execution_count.setter
+    def execution_count(self, value: int) -> None:
+        pass  # like ipykernel, only do_execute moves the count, and only for stored cells
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        super().start()
+        self._shell_loop = self.io_loop.asyncio_loop  # type: ignore[attr-defined]
+        if self._session is not None:
+            self._shell_loop.call_soon(self._session.start)
+
+    async def _on_shell_loop(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the shell loop from the control thread, and wait for it."""
+        assert self._shell_loop is not None
+        future = asyncio.run_coroutine_threadsafe(coro, self._shell_loop)
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: Any) -> None:
+        content: dict[str, Any] = {"status": "ok"}
+        if self._session is not None:
+            try:
+                await self._on_shell_loop(self._session.interrupt(), SHUTDOWN_TIMEOUT_S)
+            except (DaytonaKernelError, asyncio.TimeoutError) as exc:
+                self.log.error("interrupt failed: %s", exc)
+                content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        if self._session is not None:
+            try:
+                await self._on_shell_loop(self._session.shutdown(), SHUTDOWN_TIMEOUT_S)
+            except (DaytonaKernelError, asyncio.TimeoutError) as exc:
+                self.log.error(
+                    "could not release the sandbox %s at shutdown: %s; its auto-stop interval bounds the cost",
+                    self._session.sandbox.id,
+                    exc,
+                )
+        return {"status": "ok", "restart": restart}
+
+    # -- requests --------------------------------------------------------
+
+    def _emit(self, kind: str, content: dict) -> None:
+        self.send_response(self.iopub_socket, IOPUB_TYPES[kind], content)
+
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, str] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        count = self._next_count
+        store_history = store_history and not silent  # IPython: silent forces store_history off
+        if not code.strip():
+            return {"status": "ok", "execution_count": count - 1, "payload": [], "user_expressions": {}}
+        outputs: list[str] = []
+
+        def emit(kind: str, content: dict) -> None:
+            if kind == "result":
+                outputs.append(content["data"].get("text/plain", ""))
+            self._emit(kind, content)
+
+        if self._problems:
+            content = error_content("DaytonaKernelConfigError", "\n".join(self._problems))
+            self._emit("error", content)
+            outcome = CellOutcome(error=content)
+        else:
+            assert self._session is not None
+            outcome = await self._session.execute(
+                code,
+                count,
+                emit,
+                silent=silent,
+                store_history=store_history,
+                allow_stdin=allow_stdin,
+                user_expressions=user_expressions,
+            )
+        if store_history:
+            self._next_count += 1
+            self._history.store(count, code, outputs[-1] if outputs else None)
+        reply: dict[str, Any] = {"execution_count": self._next_count - 1, "payload": outcome.payload}
+        if outcome.error is not None:
+            reply.update(status="error", **outcome.error)
+        else:
+            reply.update(status="ok", user_expressions=outcome.user_expressions)
+        return reply
+
+    async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        reply = None
+        if self._session is not None:
+            reply = await self._session.call("complete", code, cursor_pos)
+        return {
+            "status": "ok",
+            "matches": [],
+            "cursor_start": cursor_pos,
+            "cursor_end": cursor_pos,
+            "metadata": {},
+            **(reply or {}),
+        }
+
+    async def do_inspect(
+        self, code: str, cursor_pos: int | None, detail_level: int = 0, omit_sections: Any = ()
+    ) -> dict[str, Any]:
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        reply = None
+        if self._session is not None:
+            reply = await self._session.call("inspect", code, cursor_pos, detail_level)
+        return {"status": "ok", "found": False, "data": {}, "metadata": {}, **(reply or {})}
+
+    async def do_is_complete(self, code: str) -> dict[str, Any]:
+        return check_complete(code)
+
+    async def do_history(
+        self,
+        hist_access_type: str,
+        output: bool,
+        raw: bool,
+        session: int | None = None,
+        start: int | None = None,
+        stop: int | None = None,
+        n: int | None = None,
+        pattern: str | None = None,
+        unique: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        entries = self._history.query(
+            hist_access_type, output=output, session=session, start=start, stop=stop, n=n, pattern=pattern, unique=unique
+        )
+        return {"status": "ok", "history": entries}

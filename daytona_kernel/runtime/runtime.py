@@ -1,0 +1,845 @@
+"""The runtime: code that runs INSIDE the sandbox's interpreter context.
+
+Standard library only, Python 3.9+. The kernel sends this source (after
+``framing.py``) into a fresh context, then calls ``Runtime`` methods with one
+short code string per request. Everything the kernel needs back (rich output,
+results, errors, replies) travels as frames on stdout; user text travels as
+plain, coalesced, chunked stdout/stderr writes.
+
+The runtime never knows which backend it runs on.
+"""
+
+import ast
+import base64
+import builtins
+import importlib.machinery
+import importlib.util
+import io
+import json
+import linecache
+import os
+import sys
+import threading
+import time
+import tokenize
+import traceback
+import types
+import uuid
+
+try:
+    import _daytona_kernel_framing as _framing
+except ImportError:  # imported directly, e.g. by unit tests
+    from daytona_kernel.runtime import framing as _framing
+
+INTERNAL_PREFIX = "<daytona-kernel-"
+INLINE_BACKEND = "_daytona_kernel_inline"
+FLUSH_INTERVAL_S = 0.015
+WRITE_CHARS = 64 * 1024
+IDLE_BUFFER_CHARS = 1024 * 1024
+SIMPLE_TYPES = (int, float, complex, bool, str, bytes, type(None))
+
+# One table: MIME type -> the _repr_*_ method that produces it.
+REPR_METHODS = (
+    ("text/html", "_repr_html_"),
+    ("text/markdown", "_repr_markdown_"),
+    ("image/svg+xml", "_repr_svg_"),
+    ("image/png", "_repr_png_"),
+    ("image/jpeg", "_repr_jpeg_"),
+    ("text/latex", "_repr_latex_"),
+    ("application/json", "_repr_json_"),
+    ("application/javascript", "_repr_javascript_"),
+    ("application/pdf", "_repr_pdf_"),
+)
+BINARY_MIMES = ("image/png", "image/jpeg", "application/pdf")
+
+RED = "\x1b[0;31m"
+GREEN = "\x1b[0;32m"
+CYAN = "\x1b[0;36m"
+RESET = "\x1b[0m"
+
+
+class OutputStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` inside cells: coalesces writes into chunks.
+
+    A write that ends a line goes out at once when nothing was sent for
+    FLUSH_INTERVAL_S; anything else is buffered and sent by the flusher thread, so a flood of small prints
+    becomes a few large writes (the Daytona daemon drops a client that falls
+    1024 frames behind). No single write exceeds WRITE_CHARS characters, far
+    under the daemon's 1 MiB line limit even for non-ASCII text.
+    """
+
+    def __init__(self, runtime, name):
+        super().__init__()
+        self._rt = runtime
+        self.name = name
+        self._buf = []
+        self._size = 0
+        self.target = None
+        self.buffer = _BinaryWriter(self)
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    @property
+    def errors(self):
+        return "replace"
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+    def fileno(self):
+        raise io.UnsupportedOperation("%s has no file descriptor in a sandbox context" % self.name)
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        if not s:
+            return 0
+        rt = self._rt
+        with rt.lock:
+            if not rt.active and self._size > IDLE_BUFFER_CHARS:
+                return len(s)
+            self._buf.append(s)
+            self._size += len(s)
+            if rt.active and (
+                self._size >= WRITE_CHARS or ("\n" in s and time.monotonic() - rt.last_flush >= FLUSH_INTERVAL_S)
+            ):
+                rt.flush_streams_locked()
+            elif rt.active:
+                rt.wake_flusher()
+        return len(s)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        rt = self._rt
+        with rt.lock:
+            if rt.active:
+                self._send_locked()
+
+    def _send_locked(self):
+        if not self._buf or self.target is None:
+            return
+        text = "".join(self._buf)
+        self._buf = []
+        self._size = 0
+        for i in range(0, len(text), WRITE_CHARS):
+            self.target.write(text[i : i + WRITE_CHARS])
+
+
+class _BinaryWriter(object):
+    """``sys.stdout.buffer``: bytes are decoded (invalid UTF-8 is replaced)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, b):
+        self._stream.write(bytes(b).decode("utf-8", "replace"))
+        return len(b)
+
+    def flush(self):
+        self._stream.flush()
+
+
+class DisplayHandle(object):
+    """Returned by ``display(..., display_id=True)``: update the output in place."""
+
+    def __init__(self, runtime, display_id=None):
+        self._rt = runtime
+        self.display_id = display_id or uuid.uuid4().hex
+
+    def __repr__(self):
+        return "<DisplayHandle display_id=%s>" % self.display_id
+
+    def display(self, obj, **kwargs):
+        self._rt.display(obj, display_id=self.display_id, **kwargs)
+
+    def update(self, obj, **kwargs):
+        self._rt.display(obj, display_id=self.display_id, update=True, **kwargs)
+
+
+class _PatchingLoader(object):
+    """Wraps a module's loader so the runtime can patch the module once it exists."""
+
+    def __init__(self, loader, after):
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._after(module)
+
+
+class _SourceLoader(object):
+    def __init__(self, source):
+        self._source = source
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(compile(self._source, "<%s>" % module.__name__, "exec"), module.__dict__)
+
+
+INLINE_BACKEND_SOURCE = '''
+from matplotlib.backends.backend_agg import FigureCanvasAgg, new_figure_manager  # noqa: F401
+from matplotlib.backend_bases import FigureManagerBase as FigureManager  # noqa: F401
+FigureCanvas = FigureCanvasAgg
+
+def show(close=None, block=None):
+    import _daytona_kernel_runtime
+    _daytona_kernel_runtime.current.flush_figures()
+
+def draw_if_interactive():
+    pass
+'''
+
+IPYTHON_DISPLAY_MODULES = ("IPython.core.display_functions", "IPython.core.display", "IPython.display")
+
+
+class _RuntimeFinder(object):
+    """Serves the inline matplotlib backend and patches IPython's display functions."""
+
+    def __init__(self, runtime):
+        self._rt = runtime
+
+    def find_spec(self, name, path=None, target=None):
+        if name == INLINE_BACKEND:
+            return importlib.util.spec_from_loader(name, _SourceLoader(INLINE_BACKEND_SOURCE))
+        if name in IPYTHON_DISPLAY_MODULES:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, self._rt.patch_ipython_module)
+            return spec
+        return None
+
+    def invalidate_caches(self):
+        pass
+
+
+def _ends_with_semicolon(code):
+    """IPython's rule: a trailing ``;`` suppresses the cell's result."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return False
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    for tok in reversed(tokens):
+        if tok.type in skip:
+            continue
+        return tok.type == tokenize.OP and tok.string == ";"
+    return False
+
+
+class Runtime(object):
+    """One per interpreter context. See the module docstring."""
+
+    def __init__(self, token, options=None):
+        self.token = token
+        self.options = options or {}
+        self.lock = threading.RLock()
+        self.active = False
+        self.last_flush = 0.0
+        self.out = OutputStream(self, "stdout")
+        self.err = OutputStream(self, "stderr")
+        self._frame_target = None
+        self._flusher_wake = threading.Event()
+        self._flusher = None
+        self._cell_files = {}
+        self._cell_seq = 0
+        self._execution_count = 0
+        self._loop = None
+        self._ipy_formatter = None
+        self._ipy_formatter_tried = False
+        self._stdin_allowed = False
+        self.user_module = types.ModuleType("__main__")
+        self.user_ns = self.user_module.__dict__
+        self._init_namespace()
+        sys.modules["__main__"] = self.user_module
+        os.environ["MPLBACKEND"] = "module://" + INLINE_BACKEND
+        os.environ.setdefault("PYTHONUNBUFFERED", "1")
+        sys.meta_path.insert(0, _RuntimeFinder(self))
+        for name in IPYTHON_DISPLAY_MODULES:
+            if name in sys.modules:
+                self.patch_ipython_module(sys.modules[name])
+        builtins.display = self.display
+
+    def _init_namespace(self):
+        ns = self.user_ns
+        ns.update(
+            {
+                "__name__": "__main__",
+                "__builtins__": builtins,
+                "__doc__": None,
+                "In": [""],
+                "Out": {},
+                "_": "",
+                "__": "",
+                "___": "",
+                "_i": "",
+                "_ii": "",
+                "_iii": "",
+                "_ih": None,
+                "_oh": None,
+            }
+        )
+        ns["_ih"] = ns["In"]
+        ns["_oh"] = ns["Out"]
+
+    def hello(self):
+        """First call after bootstrap: report who we are."""
+        with self.session():
+            self.send(
+                "hello",
+                {
+                    "pid": os.getpid(),
+                    "python": "%d.%d.%d" % sys.version_info[:3],
+                    "cwd": os.getcwd(),
+                    "executable": sys.executable,
+                },
+            )
+
+    # -- output plumbing -------------------------------------------------
+
+    def session(self):
+        return _ActiveSession(self)
+
+    def begin(self):
+        with self.lock:
+            self._frame_target = sys.stdout
+            self.out.target = sys.stdout
+            self.err.target = sys.stderr
+            self.active = True
+            sys.stdout = self.out
+            sys.stderr = self.err
+            self.flush_streams_locked()
+        self._ensure_flusher()
+
+    def end(self):
+        with self.lock:
+            self.flush_streams_locked()
+            self.active = False
+            if sys.stdout is self.out:
+                sys.stdout = self._frame_target
+            if sys.stderr is self.err:
+                sys.stderr = self.err.target
+
+    def flush_streams_locked(self):
+        self.out._send_locked()
+        self.err._send_locked()
+        self.last_flush = time.monotonic()
+
+    def wake_flusher(self):
+        self._flusher_wake.set()
+
+    def _ensure_flusher(self):
+        if self._flusher is not None and self._flusher.is_alive():
+            return
+        self._flusher = threading.Thread(target=self._flush_loop, name="daytona-kernel-flusher", daemon=True)
+        self._flusher.start()
+
+    def _flush_loop(self):
+        while True:
+            self._flusher_wake.wait()
+            self._flusher_wake.clear()
+            time.sleep(FLUSH_INTERVAL_S)
+            with self.lock:
+                if self.active:
+                    self.flush_streams_locked()
+
+    def send(self, kind, payload):
+        """Emit one frame, after any user text written before it."""
+        with self.lock:
+            self.flush_streams_locked()
+            target = self._frame_target
+            if target is None:
+                return
+            for line in _framing.encode_frame(self.token, kind, payload):
+                target.write(line)
+
+    # -- display ---------------------------------------------------------
+
+    def patch_ipython_module(self, module):
+        """Make IPython.display's functions publish through this runtime."""
+        for name, func in (
+            ("display", self.display),
+            ("update_display", self.update_display),
+            ("clear_output", self.clear_output),
+            ("publish_display_data", self.publish_display_data),
+        ):
+            if hasattr(module, name):
+                setattr(module, name, func)
+
+    def _ipython_formatter(self):
+        if not self._ipy_formatter_tried:
+            self._ipy_formatter_tried = True
+            try:
+                from IPython.core.formatters import DisplayFormatter
+
+                self._ipy_formatter = DisplayFormatter()
+            except Exception:  # IPython missing or broken in the sandbox: use our own
+                self._ipy_formatter = None
+        return self._ipy_formatter
+
+    def format(self, obj, include=None, exclude=None):
+        """Return (data, metadata): the MIME bundle for obj, like IPython's."""
+        if type(obj) in SIMPLE_TYPES:
+            return {"text/plain": repr(obj)}, {}
+        if _is_figure(obj):
+            return self.figure_bundle(obj), {}
+        fmt = self._ipython_formatter()
+        if fmt is not None:
+            data, md = fmt.format(obj, include=include, exclude=exclude)
+            return data, md
+        return _fallback_format(obj, include, exclude)
+
+    def display(self, *objs, **kwargs):
+        include = kwargs.pop("include", None)
+        exclude = kwargs.pop("exclude", None)
+        metadata = kwargs.pop("metadata", None)
+        transient = kwargs.pop("transient", None) or {}
+        display_id = kwargs.pop("display_id", None)
+        raw = kwargs.pop("raw", False)
+        clear = kwargs.pop("clear", False)
+        update = kwargs.pop("update", False)
+        if display_id is True:
+            display_id = uuid.uuid4().hex
+        if display_id:
+            transient = dict(transient, display_id=display_id)
+        if clear:
+            self.clear_output(wait=True)
+        if not objs and display_id:
+            return DisplayHandle(self, display_id)
+        for obj in objs:
+            if raw:
+                data, md = obj, dict(metadata or {})
+            else:
+                data, md = self.format(obj, include=include, exclude=exclude)
+                if not data:
+                    continue
+                if metadata:
+                    md = dict(md or {}, **metadata)
+            self.send("update" if update else "display", {"data": data, "metadata": md or {}, "transient": transient})
+        if display_id:
+            return DisplayHandle(self, display_id)
+        return None
+
+    def update_display(self, obj, display_id=None, **kwargs):
+        kwargs["update"] = True
+        self.display(obj, display_id=display_id, **kwargs)
+
+    def publish_display_data(self, data, metadata=None, source=None, transient=None, **kwargs):
+        self.send("display", {"data": data, "metadata": metadata or {}, "transient": transient or {}})
+
+    def clear_output(self, wait=False):
+        self.send("clear", {"wait": bool(wait)})
+
+    def figure_bundle(self, fig):
+        data = {"text/plain": repr(fig)}
+        if fig.axes or getattr(fig, "lines", None):
+            buf = io.BytesIO()
+            fig.canvas.print_figure(buf, format="png", bbox_inches="tight")
+            data["image/png"] = base64.b64encode(buf.getvalue()).decode("ascii")
+        return data
+
+    def flush_figures(self):
+        """Show every open pyplot figure, then close it (matplotlib-inline's behaviour)."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        try:
+            if INLINE_BACKEND not in str(sys.modules["matplotlib"].get_backend()):
+                return
+            managers = plt._pylab_helpers.Gcf.get_all_fig_managers()
+        except Exception as exc:
+            self.err.write("daytona-kernel: could not list matplotlib figures: %r\n" % (exc,))
+            return
+        try:
+            for manager in managers:
+                self.send("display", {"data": self.figure_bundle(manager.canvas.figure), "metadata": {}, "transient": {}})
+        finally:
+            plt.close("all")
+
+    # -- execution -------------------------------------------------------
+
+    def run_cell(self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None):
+        """Run one cell. Errors become one ``error`` frame; nothing escapes."""
+        with self.session():
+            self._stdin_allowed = allow_stdin
+            self._execution_count = count
+            filename = self._register_cell(code, count)
+            if store_history:
+                self._store_input(code, count)
+            try:
+                result = self._execute(code, filename)
+                if result is not None and not silent:
+                    self._display_result(result, count, store_history)
+            except BaseException:
+                etype, evalue, tb = sys.exc_info()
+                self.send("error", self.error_content(etype, evalue, tb))
+            finally:
+                try:
+                    self.flush_figures()
+                except BaseException:
+                    etype, evalue, tb = sys.exc_info()
+                    self.send("error", self.error_content(etype, evalue, tb))
+            if user_expressions:
+                self.send("user_expressions", self._user_expressions(user_expressions))
+
+    def _user_expressions(self, expressions):
+        results = {}
+        for name, expr in expressions.items():
+            try:
+                data, md = self.format(eval(expr, self.user_ns))
+                results[name] = {"status": "ok", "data": data, "metadata": md or {}}
+            except Exception:
+                etype, evalue, tb = sys.exc_info()
+                results[name] = dict(self.error_content(etype, evalue, tb), status="error")
+        return results
+
+    def _register_cell(self, code, count):
+        self._cell_seq += 1
+        filename = "<cell-%d-%d>" % (count, self._cell_seq)
+        lines = code.splitlines(True)
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        linecache.cache[filename] = (len(code), None, lines, filename)
+        self._cell_files[filename] = count
+        return filename
+
+    def _store_input(self, code, count):
+        ns = self.user_ns
+        ns["In"].append(code)
+        ns["_iii"], ns["_ii"], ns["_i"] = ns["_ii"], ns["_i"], code
+        ns["_i%d" % count] = code
+
+    def _execute(self, code, filename):
+        flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+        tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | flags, dont_inherit=True)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(code):
+            last = ast.Expression(tree.body.pop().value)
+        ns = self.user_ns
+        if tree.body:
+            self._run(compile(tree, filename, "exec", flags, dont_inherit=True), ns)
+        if last is not None:
+            return self._run(compile(last, filename, "eval", flags, dont_inherit=True), ns)
+        return None
+
+    def _run(self, code_obj, ns):
+        result = eval(code_obj, ns)
+        if code_obj.co_flags & 0x80:  # CO_COROUTINE: the cell used top-level await
+            import asyncio
+
+            if self._loop is None or self._loop.is_closed():
+                self._loop = asyncio.new_event_loop()
+            result = self._loop.run_until_complete(result)
+        return result
+
+    def _display_result(self, result, count, store_history):
+        ns = self.user_ns
+        if store_history:
+            ns["___"], ns["__"], ns["_"] = ns["__"], ns["_"], result
+            ns["_%d" % count] = result
+            ns["Out"][count] = result
+        data, md = self.format(result)
+        if data:
+            self.send("result", {"data": data, "metadata": md or {}, "execution_count": count})
+
+    # -- tracebacks ------------------------------------------------------
+
+    def error_content(self, etype, evalue, tb):
+        """ename/evalue/traceback like IPython's, showing only the user's frames."""
+        if etype is None:
+            etype, evalue = type(evalue), evalue
+        lines = self._format_chain(etype, evalue, tb, set())
+        return {"ename": etype.__name__, "evalue": str(evalue), "traceback": lines}
+
+    def _format_chain(self, etype, evalue, tb, seen):
+        seen.add(id(evalue))
+        lines = []
+        cause = getattr(evalue, "__cause__", None)
+        context = getattr(evalue, "__context__", None)
+        if cause is not None and id(cause) not in seen:
+            lines += self._format_chain(type(cause), cause, cause.__traceback__, seen)
+            lines.append("\nThe above exception was the direct cause of the following exception:\n")
+        elif context is not None and id(context) not in seen and not getattr(evalue, "__suppress_context__", False):
+            lines += self._format_chain(type(context), context, context.__traceback__, seen)
+            lines.append("\nDuring handling of the above exception, another exception occurred:\n")
+        return lines + self._format_one(etype, evalue, tb)
+
+    def _format_one(self, etype, evalue, tb):
+        name = etype.__name__
+        if issubclass(etype, SyntaxError) and self._cell_name(getattr(evalue, "filename", None)):
+            return self._format_syntax_error(etype, evalue)
+        frames = self._user_frames(tb)
+        out = [RED + "-" * 75 + RESET, "%s%s%s%sTraceback (most recent call last)" % (RED, name, RESET, " " * max(1, 42 - len(name)))]
+        for frame, lineno in frames:
+            out.append(self._format_frame(frame, lineno))
+        if issubclass(etype, SyntaxError):
+            out.append("".join(traceback.format_exception_only(etype, evalue)).rstrip("\n"))
+        else:
+            out.append("%s%s%s: %s" % (RED, name, RESET, _safe_str(evalue)))
+        return out
+
+    def _cell_name(self, filename):
+        count = self._cell_files.get(filename)
+        return None if count is None else "Cell In[%d]" % count
+
+    def _user_frames(self, tb):
+        """Frames from the first cell frame on, without the runtime's own frames."""
+        frames = list(traceback.walk_tb(tb))
+        for i, (frame, _) in enumerate(frames):
+            if frame.f_code.co_filename in self._cell_files:
+                frames = frames[i:]
+                break
+        return [(f, n) for f, n in frames if not f.f_code.co_filename.startswith(INTERNAL_PREFIX)]
+
+    def _format_frame(self, frame, lineno):
+        filename = frame.f_code.co_filename
+        func = frame.f_code.co_name
+        cell = self._cell_name(filename)
+        if cell:
+            head = "%s%s, line %d%s" % (GREEN, cell, lineno, RESET)
+            if func != "<module>":
+                head += ", in %s%s()%s" % (CYAN, func, RESET)
+        else:
+            head = "File %s%s:%d%s, in %s%s()%s" % (GREEN, filename, lineno, RESET, CYAN, func, RESET)
+        lines = linecache.getlines(filename, frame.f_globals)
+        body = []
+        if lines:
+            first, last = max(1, lineno - 2), min(len(lines), lineno + 2)
+            width = len(str(last))
+            for n in range(first, last + 1):
+                text = lines[n - 1].rstrip("\n")
+                if n == lineno:
+                    body.append("%s----> %s%s %s" % (GREEN, str(n).rjust(width), RESET, text))
+                else:
+                    body.append("      %s %s" % (str(n).rjust(width), text))
+        return "\n".join([head] + body) + "\n"
+
+    def _format_syntax_error(self, etype, evalue):
+        cell = self._cell_name(evalue.filename)
+        lines = ["  %s%s, line %s%s\n" % (GREEN, cell, evalue.lineno, RESET)]
+        if evalue.text:
+            text = evalue.text.rstrip("\n")
+            stripped = text.lstrip()
+            lines.append("    " + stripped + "\n")
+            if evalue.offset:
+                caret = max(0, evalue.offset - 1 - (len(text) - len(stripped)))
+                lines.append("    " + " " * caret + "^\n")
+        return ["".join(lines), "%s%s%s: %s" % (RED, etype.__name__, RESET, evalue.msg)]
+
+
+    # -- completion and inspection -----------------------------------------
+
+    def complete(self, code, cursor):
+        """Reply with completions from the live namespace; never touches user state."""
+        with self.session():
+            reply = None
+            if self.options.get("use_jedi", True):
+                try:
+                    reply = self._complete_jedi(code, cursor)
+                except ImportError:
+                    reply = None  # no jedi in the sandbox: the plain completer answers
+                except Exception as exc:
+                    self.err.write("daytona-kernel: jedi failed (%r); used the plain completer\n" % (exc,))
+            if reply is None:
+                reply = self._complete_plain(code, cursor)
+            self.send("reply", reply)
+
+    def _complete_jedi(self, code, cursor):
+        import jedi
+
+        before = code[:cursor]
+        line = before.count("\n") + 1
+        column = len(before) - (before.rfind("\n") + 1)
+        completions = jedi.Interpreter(code, [self.user_ns]).complete(line, column)
+        matches, types = [], []
+        start = cursor
+        for comp in completions:
+            begin = cursor - (len(comp.name) - len(comp.complete))
+            start = min(start, begin)
+        for comp in completions:
+            begin = cursor - (len(comp.name) - len(comp.complete))
+            text = code[start:begin] + comp.name
+            if text in matches:
+                continue
+            matches.append(text)
+            types.append({"start": start, "end": cursor, "text": text, "type": comp.type, "signature": ""})
+        return {
+            "matches": matches,
+            "cursor_start": start,
+            "cursor_end": cursor,
+            "metadata": {"_jupyter_types_experimental": types},
+        }
+
+    def _complete_plain(self, code, cursor):
+        import re
+        import rlcompleter
+
+        token = re.search(r"[\w.]*$", code[:cursor]).group()
+        completer = rlcompleter.Completer(self.user_ns)
+        matches = []
+        state = 0
+        while True:
+            match = completer.complete(token, state)
+            if match is None:
+                break
+            if match not in matches:
+                matches.append(match)
+            state += 1
+        return {"matches": matches, "cursor_start": cursor - len(token), "cursor_end": cursor, "metadata": {}}
+
+    def inspect(self, code, cursor, detail_level=0):
+        """Reply with signature, docstring and type (and source for detail 1)."""
+        with self.session():
+            name = _name_at(code, cursor)
+            found, obj = self._lookup(name) if name else (False, None)
+            reply = {"found": found, "data": {}, "metadata": {}}
+            if found:
+                reply["data"] = {"text/plain": self.object_info(name, obj, detail_level)}
+            self.send("reply", reply)
+
+    def _lookup(self, name):
+        parts = name.split(".")
+        if parts[0] in self.user_ns:
+            obj = self.user_ns[parts[0]]
+        elif hasattr(builtins, parts[0]):
+            obj = getattr(builtins, parts[0])
+        else:
+            return False, None
+        for part in parts[1:]:
+            try:
+                obj = getattr(obj, part)
+            except Exception:
+                return False, None
+        return True, obj
+
+    def object_info(self, name, obj, detail_level=0):
+        """IPython-style object information (what ``obj?`` and Shift+Tab show)."""
+        import inspect as _inspect
+
+        fields = []
+        if callable(obj):
+            try:
+                fields.append(("Signature", "%s%s" % (name.split(".")[-1], _inspect.signature(obj))))
+            except (TypeError, ValueError):
+                pass  # builtins without a text signature: IPython shows none either
+        if not callable(obj) or isinstance(obj, (int, float, str, list, dict, tuple, set)):
+            text = _safe_str(obj)
+            fields.append(("String form", text if len(text) < 200 else text[:200] + "..."))
+            try:
+                fields.append(("Length", str(len(obj))))
+            except Exception:
+                pass  # no len(): nothing to show
+        doc = _inspect.getdoc(obj)
+        if detail_level and not isinstance(obj, SIMPLE_TYPES):
+            try:
+                fields.append(("Source", "\n" + _inspect.getsource(obj).rstrip("\n")))
+            except (TypeError, OSError):
+                if doc:
+                    fields.append(("Docstring", doc))
+        elif doc:
+            fields.append(("Docstring", doc))
+        try:
+            fields.append(("File", _inspect.getfile(obj)))
+        except TypeError:
+            pass  # builtins and instances have no file
+        fields.append(("Type", type(obj).__name__))
+        width = max(len(k) for k, _ in fields) + 2
+        return "\n".join("%s%s%s%s" % (RED, (k + ":").ljust(width), RESET, v) for k, v in fields)
+
+
+class _ActiveSession(object):
+    def __init__(self, runtime):
+        self._rt = runtime
+
+    def __enter__(self):
+        self._rt.begin()
+        return self._rt
+
+    def __exit__(self, *exc):
+        self._rt.end()
+        return False
+
+
+def _name_at(code, cursor):
+    """The dotted name at the cursor, or the function whose call the cursor is in."""
+    import re
+
+    left = re.search(r"[A-Za-z_][\w.]*$", code[:cursor])
+    right = re.match(r"\w*", code[cursor:])
+    if left:
+        return (left.group() + right.group()).rstrip(".")
+    depth = 0
+    for i in range(cursor - 1, -1, -1):
+        ch = code[i]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            if depth == 0:
+                m = re.search(r"[A-Za-z_][\w.]*$", code[:i])
+                return m.group().rstrip(".") if m else None
+            depth -= 1
+    return None
+
+
+def _safe_str(value):
+    try:
+        return str(value)
+    except Exception as exc:
+        return "<unprintable %s object: %r>" % (type(value).__name__, exc)
+
+
+def _is_figure(obj):
+    cls = type(obj)
+    return cls.__module__ == "matplotlib.figure" and cls.__name__ in ("Figure", "SubFigure")
+
+
+def _fallback_format(obj, include=None, exclude=None):
+    """IPython-free formatter: _repr_mimebundle_, the _repr_*_ table, then repr."""
+    data, md = {}, {}
+    method = getattr(obj, "_repr_mimebundle_", None)
+    if callable(method) and not isinstance(obj, type):
+        bundle = method(include=include, exclude=exclude)
+        if isinstance(bundle, tuple):
+            bundle, extra = bundle
+            md.update(extra or {})
+        data.update(bundle or {})
+    for mime, name in REPR_METHODS:
+        if mime in data:
+            continue
+        method = getattr(obj, name, None)
+        if not callable(method) or isinstance(obj, type):
+            continue
+        value = method()
+        if isinstance(value, tuple):
+            value, extra = value
+            md[mime] = extra
+        if value is None:
+            continue
+        if mime in BINARY_MIMES and isinstance(value, bytes):
+            value = base64.b64encode(value).decode("ascii")
+        data[mime] = value
+    if "text/plain" not in data:
+        import pprint
+
+        data["text/plain"] = pprint.pformat(obj) if type(obj) in (list, dict, tuple, set) else repr(obj)
+    if include:
+        data = {k: v for k, v in data.items() if k in include}
+    if exclude:
+        data = {k: v for k, v in data.items() if k not in exclude}
+    return data, md

@@ -1,0 +1,329 @@
+"""The session: client of the in-sandbox runtime.
+
+It bootstraps the runtime into a context, wraps each request into one code
+string (one interpreter round trip), decodes the framed events out of the
+stdout stream, and drives interrupt and recovery. It knows nothing about
+Jupyter messages: it hands ``(kind, content)`` events to a callback, where kind
+is one of ``stream``, ``display``, ``update``, ``clear``, ``result``, ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .backends.base import Context, RunError, Sandbox
+from .config import DaytonaKernelConfig
+from .errors import BackendError, ConnectionLost, ContextDied, ContextTimeout, DaytonaKernelError
+from .runtime import bootstrap_code, call_code
+from .runtime.framing import Frame, FrameDecoder, Text
+
+EmitCallback = Callable[[str, dict], None]
+ProgressCallback = Callable[[str], None]
+
+OUTPUT_KINDS = ("display", "update", "clear", "result")
+REQUEST_TIMEOUT_S = 30.0
+INTERRUPT_EXEC_TIMEOUT_S = 10.0
+STATE_LOST = "Its variables were lost; files in the working directory are intact."
+
+
+def error_content(ename: str, message: str) -> dict[str, Any]:
+    """An error for the user that comes from the kernel, not from their code."""
+    return {"ename": ename, "evalue": message, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {message}"]}
+
+
+@dataclass
+class CellOutcome:
+    """How a cell ended. ``error`` is the content of its one error output, if any."""
+
+    error: dict[str, Any] | None = None
+    user_expressions: dict[str, Any] = field(default_factory=dict)
+    payload: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Live:
+    """A bootstrapped context: where requests go."""
+
+    context: Context
+    token: str
+    pid: int
+    python: str
+
+
+class _Request:
+    """One request in flight: decodes its output and collects what it reports."""
+
+    def __init__(self, token: str, emit: EmitCallback, log: logging.Logger) -> None:
+        self._decoder = FrameDecoder(token)
+        self._emit = emit
+        self._log = log
+        self.error: dict[str, Any] | None = None
+        self.frames: dict[str, Any] = {}
+        self.payload: list[dict[str, Any]] = []
+        self.done = asyncio.Event()
+        self.interrupted = False
+        self.restarted_by_watchdog = False
+
+    def on_stdout(self, text: str) -> None:
+        for event in self._decoder.feed(text):
+            self._handle(event)
+
+    def on_stderr(self, text: str) -> None:
+        self._emit("stream", {"name": "stderr", "text": text})
+
+    def finish(self) -> None:
+        for event in self._decoder.flush():
+            self._handle(event)
+        self.done.set()
+
+    def fail(self, content: dict[str, Any], overrides: bool = False) -> None:
+        """Record the cell's error. A cell shows exactly one error output, emitted
+        at the end; a later error is shown as text unless it ``overrides``."""
+        if self.error is None or overrides:
+            self.error = content
+        else:
+            self._emit("stream", {"name": "stderr", "text": f"{content['ename']}: {content['evalue']}\n"})
+
+    def _handle(self, event: Text | Frame) -> None:
+        if isinstance(event, Text):
+            self._emit("stream", {"name": "stdout", "text": event.text})
+        elif event.kind in OUTPUT_KINDS:
+            self._emit(event.kind, event.payload)
+        elif event.kind == "error":
+            self.fail(event.payload)
+        elif event.kind == "payload":
+            self.payload.append(event.payload)
+        else:
+            self.frames[event.kind] = event.payload
+
+
+class RuntimeSession:
+    """Runs cells in one sandbox, one context at a time. See the module docstring."""
+
+    def __init__(self, sandbox: Sandbox, config: DaytonaKernelConfig, log: logging.Logger) -> None:
+        self.sandbox = sandbox
+        self._config = config
+        self._log = log
+        self._sandbox_started = False
+        self._starting: asyncio.Future[_Live] | None = None
+        self._live: _Live | None = None
+        self._current: _Request | None = None
+        self._watchdog: asyncio.Future[None] | None = None
+        self._progress: ProgressCallback = lambda text: None
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin provisioning in the background, so the first cell rarely waits."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+
+    async def ready(self, progress: ProgressCallback | None = None) -> _Live:
+        """The live context, once started. Raises DaytonaKernelError if it cannot start."""
+        if progress is not None:
+            self._progress = progress
+        self.start()
+        assert self._starting is not None
+        try:
+            return await asyncio.shield(self._starting)
+        except DaytonaKernelError:
+            self._starting = None  # the next request tries again
+            raise
+        finally:
+            self._progress = lambda text: None
+
+    @property
+    def python_version(self) -> str | None:
+        return self._live.python if self._live else None
+
+    async def _start(self) -> _Live:
+        if not self._sandbox_started:
+            await self.sandbox.start(lambda text: self._progress(text))
+            self._sandbox_started = True
+        context = await self.sandbox.create_context()
+        token = secrets.token_hex(8)
+        request = _Request(token, self._emit_to_log, self._log)
+        error = await context.run_code(bootstrap_code(token), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
+        request.finish()
+        hello = request.frames.get("hello")
+        if error is not None or hello is None:
+            await context.close()
+            detail = f"{error.name}: {error.value}" if error else "it did not report back"
+            raise BackendError(
+                f"The runtime could not start in the sandbox ({detail}). "
+                "The sandbox needs Python 3.9 or newer as `python3`."
+            )
+        self._live = _Live(context, token, int(hello["pid"]), str(hello["python"]))
+        self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello["pid"], hello["python"])
+        return self._live
+
+    def _emit_to_log(self, kind: str, content: dict) -> None:
+        self._log.warning("output outside a cell: %s %s", kind, content)
+
+    def _restart_context(self) -> None:
+        """Replace the context in the background; the next request waits for it."""
+        live, self._live = self._live, None
+        if live is not None:
+            asyncio.ensure_future(self._close_quietly(live.context))
+        self._starting = asyncio.ensure_future(self._start())
+
+    async def _close_quietly(self, context: Context) -> None:
+        try:
+            await context.close()
+        except DaytonaKernelError as exc:
+            self._log.warning("could not delete the old context %s: %s", context.id, exc)
+
+    async def restart(self) -> None:
+        """A fresh namespace: a new context in the same sandbox."""
+        self._restart_context()
+        await self.ready()
+
+    async def shutdown(self) -> None:
+        """Delete the context, then stop or delete the sandbox by policy."""
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        if self._sandbox_started:
+            await self.sandbox.shutdown()
+
+    # -- requests --------------------------------------------------------
+
+    async def execute(
+        self,
+        code: str,
+        count: int,
+        emit: EmitCallback,
+        *,
+        silent: bool = False,
+        store_history: bool = True,
+        allow_stdin: bool = False,
+        user_expressions: dict[str, str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> CellOutcome:
+        """Run one cell. Every failure becomes the cell's one error output."""
+        try:
+            live = await self.ready(progress)
+        except DaytonaKernelError as exc:
+            emit("error", error_content(exc.ename, str(exc)))
+            return CellOutcome(error=error_content(exc.ename, str(exc)))
+        request = _Request(live.token, emit, self._log)
+        self._current = request
+        call = call_code("run_cell", code, count, store_history, silent, allow_stdin, user_expressions or {})
+        timeout = self._config.cell_timeout or None
+        run_error: RunError | None = None
+        try:
+            run_error = await live.context.run_code(call, request.on_stdout, request.on_stderr, timeout)
+        except ContextTimeout:
+            request.finish()
+            if request.interrupted:
+                request.fail(error_content("KeyboardInterrupt", "Interrupted by user"))
+            else:  # the runtime saw the SIGINT as a KeyboardInterrupt; say what really happened
+                request.fail(
+                    error_content(
+                        "CellTimeoutError",
+                        f"The cell exceeded the {self._config.cell_timeout:g} s timeout and was stopped. "
+                        "Raise DaytonaKernel.cell_timeout (0 = no limit) if it needs longer.",
+                    ),
+                    overrides=True,
+                )
+        except ContextDied as exc:
+            request.finish()
+            self._restart_context()
+            if request.restarted_by_watchdog:
+                emit(
+                    "stream",
+                    {
+                        "name": "stderr",
+                        "text": f"The cell did not stop within {self._config.interrupt_grace:g} s of the "
+                        f"interrupt, so its sandbox context was restarted. {STATE_LOST}\n",
+                    },
+                )
+                request.fail(error_content("KeyboardInterrupt", "Interrupted by user"))
+            else:
+                request.fail(
+                    error_content(
+                        exc.ename,
+                        f"The sandbox context died while running this cell ({exc}). "
+                        f"It was restarted. {STATE_LOST}",
+                    )
+                )
+        except ConnectionLost as exc:
+            request.finish()
+            request.fail(error_content(exc.ename, str(exc)))
+        finally:
+            self._current = None
+        request.finish()
+        if run_error is not None:
+            request.fail(_run_error_content(run_error))
+        if request.error is not None:
+            emit("error", request.error)
+        return CellOutcome(
+            error=request.error,
+            user_expressions=request.frames.get("user_expressions", {}),
+            payload=request.payload,
+        )
+
+    async def call(self, method: str, *args: object) -> dict[str, Any] | None:
+        """One runtime call that answers with a ``reply`` frame (complete, inspect ...).
+
+        Returns None when the sandbox is not ready or the call failed: these
+        requests must never disturb the user, so failures are only logged.
+        """
+        if self._live is None:
+            return None
+        live = self._live
+        request = _Request(live.token, self._emit_to_log, self._log)
+        try:
+            error = await live.context.run_code(
+                call_code(method, *args), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S
+            )
+        except DaytonaKernelError as exc:
+            self._log.warning("%s failed: %s", method, exc)
+            return None
+        request.finish()
+        if error is not None:
+            self._log.warning("%s failed in the sandbox: %s: %s", method, error.name, error.value)
+        return request.frames.get("reply")
+
+    async def interrupt(self) -> None:
+        """Send SIGINT to the worker; restart the context if the cell does not yield.
+
+        Returns once the signal is sent; the watchdog waits in the background.
+        """
+        request, live = self._current, self._live
+        if request is None or live is None:
+            return
+        request.interrupted = True
+        try:
+            result = await self.sandbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+            sent = result.exit_code == 0
+            if not sent:
+                self._log.warning("kill -INT %s failed: %s", live.pid, result.output)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not send the interrupt: %s", exc)
+            sent = False
+        grace = self._config.interrupt_grace if sent else 0.0
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.ensure_future(self._interrupt_watchdog(request, live, grace))
+
+    async def _interrupt_watchdog(self, request: _Request, live: _Live, grace: float) -> None:
+        try:
+            await asyncio.wait_for(request.done.wait(), grace)
+            return
+        except asyncio.TimeoutError:
+            self._log.warning("the cell ignored the interrupt for %ss; restarting the context", grace)
+        request.restarted_by_watchdog = True
+        await self._close_quietly(live.context)
+
+
+def _run_error_content(error: RunError) -> dict[str, Any]:
+    """An error the runtime did not catch itself (it escaped the runtime)."""
+    if error.name == "KeyboardInterrupt":
+        return error_content("KeyboardInterrupt", error.value or "Interrupted by user")
+    tb = [f"\x1b[0;31m{error.name}\x1b[0m: {error.value}"]
+    if error.traceback:
+        tb.insert(0, error.traceback)
+    return {"ename": error.name, "evalue": error.value, "traceback": tb}

@@ -1,0 +1,126 @@
+"""Drive real kernels through jupyter_client and collect what a client sees."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
+
+TIMEOUT_S = 60
+
+
+@dataclass
+class Run:
+    """One execute_request: the reply and the iopub messages it caused."""
+
+    reply: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    stdin_requests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        skip = ("status", "execute_input")
+        return [m for m in self.messages if m["msg_type"] not in skip]
+
+    @property
+    def status(self) -> str:
+        return self.reply["content"]["status"]
+
+    def text(self, name: str = "stdout") -> str:
+        return "".join(
+            m["content"]["text"] for m in self.outputs if m["msg_type"] == "stream" and m["content"]["name"] == name
+        )
+
+    def of_type(self, msg_type: str) -> list[dict[str, Any]]:
+        return [m["content"] for m in self.outputs if m["msg_type"] == msg_type]
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return self.of_type("error")
+
+
+class Kernel:
+    """A started kernel with a blocking client."""
+
+    def __init__(self, name: str = "daytona-local", env: dict[str, str] | None = None, cwd: str | None = None):
+        self.km = KernelManager(kernel_name=name)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.km.start_kernel(env=full_env, cwd=cwd or os.getcwd())
+        self.kc: BlockingKernelClient = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=TIMEOUT_S)
+
+    def execute(
+        self,
+        code: str,
+        timeout: float = TIMEOUT_S,
+        stdin_answer: Any = None,
+        on_message: Any = None,
+        **kwargs: Any,
+    ) -> Run:
+        """Run code and collect until idle. ``stdin_answer(content) -> str`` answers input()."""
+        if stdin_answer is not None:
+            kwargs.setdefault("allow_stdin", True)
+        msg_id = self.kc.execute(code, **kwargs)
+        run = Run(reply={})
+        start = time.monotonic()
+        deadline = start + timeout
+        while True:
+            if stdin_answer is not None:
+                try:
+                    req = self.kc.get_stdin_msg(timeout=0.01)
+                    run.stdin_requests.append(req["content"])
+                    self.kc.input(stdin_answer(req["content"]))
+                except Empty:
+                    pass  # no input request pending
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.05)
+            except Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no idle within {timeout}s for {code!r}") from None
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            run.messages.append(msg)
+            run.arrivals.append(time.monotonic() - start)
+            if on_message is not None:
+                on_message(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        while True:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                run.reply = reply
+                return run
+
+    def request(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A shell request (complete, inspect, history, is_complete, kernel_info) and its reply content."""
+        msg_id = getattr(self.kc, method)(*args, **kwargs)
+        while True:
+            reply = self.kc.get_shell_msg(timeout=TIMEOUT_S)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply["content"]
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def restart(self) -> None:
+        self.km.restart_kernel(now=False)
+        self.kc.wait_for_ready(timeout=TIMEOUT_S)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
