@@ -20,3 +20,8 @@ def check_complete(code: str) -> dict[str, Any]:
     if status == "incomplete":
         reply["indent"] = " " * (indent or 0)
     return reply
+
+
+def transform_cell(code: str) -> str:
+    """IPython syntax (``!cmd``, ``%magic``, ``obj?``) to plain Python calling ``get_ipython()``."""
+    return _transformer.transform_cell(code)

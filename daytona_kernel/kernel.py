@@ -12,6 +12,7 @@ import os
 import platform
 from typing import Any
 
+import zmq
 from ipykernel.kernelbase import Kernel
 
 from . import __version__
@@ -19,7 +20,7 @@ from .backends import open_sandbox
 from .config import DaytonaKernelConfig
 from .errors import DaytonaKernelError
 from .history import History
-from .interactive import check_complete
+from .interactive import check_complete, transform_cell
 from .session import CellOutcome, RuntimeSession, error_content
 
 # Session event kind -> iopub message type.
@@ -32,6 +33,7 @@ IOPUB_TYPES = {
     "error": "error",
 }
 SHUTDOWN_TIMEOUT_S = 60.0
+STDIN_POLL_S = 0.01
 
 
 class DaytonaKernel(DaytonaKernelConfig, Kernel):
@@ -52,6 +54,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._history = History()
         self._shell_loop: asyncio.AbstractEventLoop | None = None
         self._session: RuntimeSession | None = None
+        self.shell_handlers.update(comm_open=self._comm_open, comm_msg=self._comm_ignore, comm_close=self._comm_ignore)
         if not self._problems:
             try:
                 self._session = RuntimeSession(open_sandbox(self, os.getcwd()), self, self.log)
@@ -83,6 +86,16 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         info = super().kernel_info
         info["supported_features"] = []  # no debugger, no kernel subshells
         return info
+
+    # -- comms: no widget support yet, so every comm is politely closed ----
+
+    async def _comm_open(self, stream: Any, ident: Any, parent: Any) -> None:
+        comm_id = parent["content"].get("comm_id")
+        self.log.info("closing comm %s (target %r): comms are not supported", comm_id, parent["content"].get("target_name"))
+        self.session.send(self.iopub_socket, "comm_close", {"comm_id": comm_id, "data": {}}, parent, ident=self._topic("comm_close"))
+
+    async def _comm_ignore(self, stream: Any, ident: Any, parent: Any) -> None:
+        self.log.debug("ignoring %s for comm %s", parent["header"]["msg_type"], parent["content"].get("comm_id"))
 
     # -- execution count: ipykernel's rules ------------------------------
 
@@ -165,13 +178,14 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         else:
             assert self._session is not None
             outcome = await self._session.execute(
-                code,
+                transform_cell(code),
                 count,
                 emit,
                 silent=silent,
                 store_history=store_history,
                 allow_stdin=allow_stdin,
                 user_expressions=user_expressions,
+                ask=self._ask_frontend if allow_stdin else None,
             )
         if store_history:
             self._next_count += 1
@@ -182,6 +196,22 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         else:
             reply.update(status="ok", user_expressions=outcome.user_expressions)
         return reply
+
+    async def _ask_frontend(self, prompt: str, password: bool) -> str:
+        """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""
+        parent = self.get_parent("shell")
+        ident = self._get_shell_context_var(self._shell_parent_ident)
+        while True:  # drop stale replies, as ipykernel does
+            try:
+                self.stdin_socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        self.session.send(self.stdin_socket, "input_request", {"prompt": prompt, "password": password}, parent, ident=ident)
+        while True:
+            _, reply = self.session.recv(self.stdin_socket, zmq.NOBLOCK)
+            if reply is not None:
+                return str(reply["content"].get("value", ""))
+            await asyncio.sleep(STDIN_POLL_S)
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos

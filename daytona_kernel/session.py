@@ -10,10 +10,11 @@ is one of ``stream``, ``display``, ``update``, ``clear``, ``result``, ``error``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from .backends.base import Context, RunError, Sandbox
 from .config import DaytonaKernelConfig
@@ -23,6 +24,7 @@ from .runtime.framing import Frame, FrameDecoder, Text
 
 EmitCallback = Callable[[str, dict], None]
 ProgressCallback = Callable[[str], None]
+AskCallback = Callable[[str, bool], Awaitable[str]]
 
 OUTPUT_KINDS = ("display", "update", "clear", "result")
 REQUEST_TIMEOUT_S = 30.0
@@ -67,6 +69,7 @@ class _Request:
         self.done = asyncio.Event()
         self.interrupted = False
         self.restarted_by_watchdog = False
+        self.on_input: Callable[[dict[str, Any]], None] | None = None
 
     def on_stdout(self, text: str) -> None:
         for event in self._decoder.feed(text):
@@ -97,6 +100,8 @@ class _Request:
             self.fail(event.payload)
         elif event.kind == "payload":
             self.payload.append(event.payload)
+        elif event.kind == "input" and self.on_input is not None:
+            self.on_input(event.payload)
         else:
             self.frames[event.kind] = event.payload
 
@@ -202,6 +207,7 @@ class RuntimeSession:
         allow_stdin: bool = False,
         user_expressions: dict[str, str] | None = None,
         progress: ProgressCallback | None = None,
+        ask: AskCallback | None = None,
     ) -> CellOutcome:
         """Run one cell. Every failure becomes the cell's one error output."""
         try:
@@ -210,6 +216,9 @@ class RuntimeSession:
             emit("error", error_content(exc.ename, str(exc)))
             return CellOutcome(error=error_content(exc.ename, str(exc)))
         request = _Request(live.token, emit, self._log)
+        answers: list[asyncio.Future[None]] = []
+        if ask is not None:
+            request.on_input = lambda payload: answers.append(asyncio.ensure_future(self._answer(payload, ask, emit)))
         self._current = request
         call = call_code("run_cell", code, count, store_history, silent, allow_stdin, user_expressions or {})
         timeout = self._config.cell_timeout or None
@@ -255,6 +264,8 @@ class RuntimeSession:
             request.fail(error_content(exc.ename, str(exc)))
         finally:
             self._current = None
+            for answer in answers:
+                answer.cancel()
         request.finish()
         if run_error is not None:
             request.fail(_run_error_content(run_error))
@@ -265,6 +276,14 @@ class RuntimeSession:
             user_expressions=request.frames.get("user_expressions", {}),
             payload=request.payload,
         )
+
+    async def _answer(self, payload: dict[str, Any], ask: AskCallback, emit: EmitCallback) -> None:
+        """Get the user's answer to input() and hand it to the waiting runtime."""
+        value = await ask(str(payload.get("prompt", "")), bool(payload.get("password")))
+        try:
+            await self.sandbox.upload([(json.dumps({"value": value}).encode(), payload["path"])])
+        except DaytonaKernelError as exc:
+            emit("stream", {"name": "stderr", "text": f"Could not pass your input to the sandbox: {exc}. Interrupt the cell.\n"})
 
     async def call(self, method: str, *args: object) -> dict[str, Any] | None:
         """One runtime call that answers with a ``reply`` frame (complete, inspect ...).

@@ -57,11 +57,12 @@ def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
 
 def test_list_and_uninstall(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    env = {"JUPYTER_DATA_DIR": str(data), "JUPYTER_PATH": ""}
-    assert cli("install", "--user", env=env).returncode == 0
+    env = {"JUPYTER_DATA_DIR": str(data)}
+    name = "daytona-cli-test"  # a unique name, so no real installation is ever touched
+    assert cli("install", "--user", "--name", name, "--env", "DAYTONA_KERNEL_BACKEND=local", env=env).returncode == 0
     listing = cli("list", env=env)
-    assert "daytona-local" in listing.stdout and "backend=local" in listing.stdout
-    removed = cli("uninstall", "daytona-local", env=env)
-    assert removed.returncode == 0 and "Removed kernelspec daytona-local" in removed.stdout
-    assert not (data / "kernels" / "daytona-local").exists()
-    assert (data / "kernels" / "daytona").exists()
+    assert any(line.startswith(name) and "backend=local" in line for line in listing.stdout.splitlines())
+    removed = cli("uninstall", name, env=env)
+    assert removed.returncode == 0 and f"Removed kernelspec {name}" in removed.stdout
+    assert not (data / "kernels" / name).exists()
+    assert cli("uninstall", name, env=env).returncode == 1

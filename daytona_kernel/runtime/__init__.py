@@ -11,6 +11,7 @@ import json
 from importlib import resources
 
 FRAMING_MODULE = "_daytona_kernel_framing"
+SHELL_MODULE = "_daytona_kernel_shell"
 RUNTIME_MODULE = "_daytona_kernel_runtime"
 HANDLE = "__dk__"
 
@@ -23,6 +24,7 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
     """Code that installs the runtime into a fresh context and says hello."""
     modules = [
         (FRAMING_MODULE, "<daytona-kernel-framing>", _source("framing.py")),
+        (SHELL_MODULE, "<daytona-kernel-shell>", _source("shell.py")),
         (RUNTIME_MODULE, "<daytona-kernel-runtime>", _source("runtime.py")),
     ]
     return (

@@ -12,12 +12,16 @@ The runtime never knows which backend it runs on.
 import ast
 import base64
 import builtins
+import getpass
 import importlib.machinery
 import importlib.util
 import io
 import json
+import json
 import linecache
 import os
+import struct
+import tempfile
 import sys
 import threading
 import time
@@ -28,8 +32,10 @@ import uuid
 
 try:
     import _daytona_kernel_framing as _framing
+    import _daytona_kernel_shell as _shell
 except ImportError:  # imported directly, e.g. by unit tests
     from daytona_kernel.runtime import framing as _framing
+    from daytona_kernel.runtime import shell as _shell
 
 INTERNAL_PREFIX = "<daytona-kernel-"
 INLINE_BACKEND = "_daytona_kernel_inline"
@@ -210,7 +216,9 @@ IPYTHON_DISPLAY_MODULES = ("IPython.core.display_functions", "IPython.core.displ
 
 
 class _RuntimeFinder(object):
-    """Serves the inline matplotlib backend and patches IPython's display functions."""
+    """Serves the inline matplotlib backend and patches modules once they are imported."""
+
+    _PATCHES = dict([(name, "patch_ipython_module") for name in IPYTHON_DISPLAY_MODULES], ipywidgets="widgets_notice")
 
     def __init__(self, runtime):
         self._rt = runtime
@@ -218,10 +226,11 @@ class _RuntimeFinder(object):
     def find_spec(self, name, path=None, target=None):
         if name == INLINE_BACKEND:
             return importlib.util.spec_from_loader(name, _SourceLoader(INLINE_BACKEND_SOURCE))
-        if name in IPYTHON_DISPLAY_MODULES:
+        after = self._PATCHES.get(name)
+        if after is not None:
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self._rt.patch_ipython_module)
+                spec.loader = _PatchingLoader(spec.loader, getattr(self._rt, after))
             return spec
         return None
 
@@ -264,9 +273,16 @@ class Runtime(object):
         self._ipy_formatter = None
         self._ipy_formatter_tried = False
         self._stdin_allowed = False
+        self._input_seq = 0
+        self._inbox_dir = None
+        self._capture = []
+        self._widgets_noticed = False
+        self.inline_backend = INLINE_BACKEND
         self.user_module = types.ModuleType("__main__")
         self.user_ns = self.user_module.__dict__
         self._init_namespace()
+        self.initial_names = frozenset(self.user_ns)
+        self.shell = _shell.Shell(self)
         sys.modules["__main__"] = self.user_module
         os.environ["MPLBACKEND"] = "module://" + INLINE_BACKEND
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -275,6 +291,9 @@ class Runtime(object):
             if name in sys.modules:
                 self.patch_ipython_module(sys.modules[name])
         builtins.display = self.display
+        builtins.get_ipython = lambda: self.shell
+        builtins.input = self.input
+        getpass.getpass = self.getpass
 
     def _init_namespace(self):
         ns = self.user_ns
@@ -361,6 +380,9 @@ class Runtime(object):
 
     def send(self, kind, payload):
         """Emit one frame, after any user text written before it."""
+        if kind in ("display", "update", "clear") and self._capture and self._capture[-1] is not None:
+            self._capture[-1].append((kind, payload))
+            return
         with self.lock:
             self.flush_streams_locked()
             target = self._frame_target
@@ -398,7 +420,7 @@ class Runtime(object):
         if type(obj) in SIMPLE_TYPES:
             return {"text/plain": repr(obj)}, {}
         if _is_figure(obj):
-            return self.figure_bundle(obj), {}
+            return self.figure_bundle(obj)
         fmt = self._ipython_formatter()
         if fmt is not None:
             data, md = fmt.format(obj, include=include, exclude=exclude)
@@ -447,12 +469,24 @@ class Runtime(object):
         self.send("clear", {"wait": bool(wait)})
 
     def figure_bundle(self, fig):
-        data = {"text/plain": repr(fig)}
-        if fig.axes or getattr(fig, "lines", None):
-            buf = io.BytesIO()
-            fig.canvas.print_figure(buf, format="png", bbox_inches="tight")
-            data["image/png"] = base64.b64encode(buf.getvalue()).decode("ascii")
-        return data
+        """(data, metadata) for a figure, in the format %config InlineBackend.figure_format chose."""
+        data, md = {"text/plain": repr(fig)}, {}
+        if not (fig.axes or getattr(fig, "lines", None)):
+            return data, md
+        fmt = self.shell.figure_format
+        buf = io.BytesIO()
+        if fmt == "svg":
+            fig.canvas.print_figure(buf, format="svg", bbox_inches="tight")
+            data["image/svg+xml"] = buf.getvalue().decode("utf-8")
+            return data, md
+        retina = fmt == "retina"
+        fig.canvas.print_figure(buf, format="png", bbox_inches="tight", dpi=fig.dpi * (2 if retina else 1))
+        png = buf.getvalue()
+        data["image/png"] = base64.b64encode(png).decode("ascii")
+        if retina and png[12:16] == b"IHDR":
+            width, height = struct.unpack(">II", png[16:24])
+            md["image/png"] = {"width": width // 2, "height": height // 2}
+        return data, md
 
     def flush_figures(self):
         """Show every open pyplot figure, then close it (matplotlib-inline's behaviour)."""
@@ -468,7 +502,8 @@ class Runtime(object):
             return
         try:
             for manager in managers:
-                self.send("display", {"data": self.figure_bundle(manager.canvas.figure), "metadata": {}, "transient": {}})
+                data, md = self.figure_bundle(manager.canvas.figure)
+                self.send("display", {"data": data, "metadata": md, "transient": {}})
         finally:
             plt.close("all")
 
@@ -558,6 +593,74 @@ class Runtime(object):
         if data:
             self.send("result", {"data": data, "metadata": md or {}, "execution_count": count})
 
+    def run_nested(self, code):
+        """Run code from a cell magic (%%time, %%capture ...) in the user namespace."""
+        return self._execute(code, self._register_cell(code, self._execution_count))
+
+    def capture(self, code, stdout=True, stderr=True, display=True):
+        """%%capture: run code with its output collected instead of shown."""
+        out, err = io.StringIO(), io.StringIO()
+        outputs = []
+        saved = sys.stdout, sys.stderr
+        self._capture.append(outputs if display else None)
+        if stdout:
+            sys.stdout = out
+        if stderr:
+            sys.stderr = err
+        try:
+            self.run_nested(code)
+        finally:
+            sys.stdout, sys.stderr = saved
+            self._capture.pop()
+        return _shell.CapturedIO(out.getvalue(), err.getvalue(), outputs, self)
+
+    def reset_namespace(self):
+        """%reset: forget every user name."""
+        for name in list(self.user_ns):
+            if name not in self.initial_names:
+                del self.user_ns[name]
+        self.user_ns["Out"].clear()
+        self.user_ns["_"] = self.user_ns["__"] = self.user_ns["___"] = ""
+
+    def widgets_notice(self, module):
+        if not self._widgets_noticed:
+            self._widgets_noticed = True
+            self.err.write(
+                "daytona-kernel: interactive widgets are not supported yet; "
+                "ipywidgets objects will show as static text.\n"
+            )
+
+    # -- input() -----------------------------------------------------------
+
+    def input(self, prompt=""):
+        return self._ask(str(prompt), False, "raw_input")
+
+    def getpass(self, prompt="Password: ", stream=None):
+        return self._ask(str(prompt), True, "getpass")
+
+    def _ask(self, prompt, password, name):
+        """Ask the frontend through an ``input`` frame; the kernel writes the answer to a file."""
+        if not self._stdin_allowed:
+            raise _shell.StdinNotImplementedError(
+                "%s was called, but this frontend does not support input requests." % name
+            )
+        if self._inbox_dir is None:
+            self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-")
+        self._input_seq += 1
+        path = os.path.join(self._inbox_dir, "reply-%d.json" % self._input_seq)
+        self.send("input", {"prompt": prompt, "password": password, "path": path})
+        while True:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    reply = json.loads(f.read())
+                break
+            except (OSError, ValueError):  # not written (completely) yet
+                time.sleep(0.01)
+        os.remove(path)
+        if reply.get("value") == "\x04":
+            raise EOFError
+        return reply.get("value", "")
+
     # -- tracebacks ------------------------------------------------------
 
     def error_content(self, etype, evalue, tb):
@@ -582,6 +685,8 @@ class Runtime(object):
 
     def _format_one(self, etype, evalue, tb):
         name = etype.__name__
+        if issubclass(etype, _shell.UsageError):  # like IPython: the message is enough
+            return ["%s%s%s: %s" % (RED, name, RESET, _safe_str(evalue))]
         if issubclass(etype, SyntaxError) and self._cell_name(getattr(evalue, "filename", None)):
             return self._format_syntax_error(etype, evalue)
         frames = self._user_frames(tb)
@@ -648,8 +753,8 @@ class Runtime(object):
     def complete(self, code, cursor):
         """Reply with completions from the live namespace; never touches user state."""
         with self.session():
-            reply = None
-            if self.options.get("use_jedi", True):
+            reply = self._complete_magic(code, cursor)
+            if reply is None and self.options.get("use_jedi", True):
                 try:
                     reply = self._complete_jedi(code, cursor)
                 except ImportError:
@@ -659,6 +764,18 @@ class Runtime(object):
             if reply is None:
                 reply = self._complete_plain(code, cursor)
             self.send("reply", reply)
+
+    def _complete_magic(self, code, cursor):
+        import re
+
+        m = re.search(r"(?:^|\s)(%%?)(\w*)$", code[:cursor])
+        if not m:
+            return None
+        prefix, word = m.group(1), m.group(2)
+        names = self.shell.cell_magics if prefix == "%%" else self.shell.line_magics
+        matches = [prefix + n for n in sorted(names) if n.startswith(word) and not n.startswith("pinfo")]
+        start = cursor - len(prefix) - len(word)
+        return {"matches": matches, "cursor_start": start, "cursor_end": cursor, "metadata": {}}
 
     def _complete_jedi(self, code, cursor):
         import jedi
@@ -707,13 +824,13 @@ class Runtime(object):
         """Reply with signature, docstring and type (and source for detail 1)."""
         with self.session():
             name = _name_at(code, cursor)
-            found, obj = self._lookup(name) if name else (False, None)
+            found, obj = self.lookup(name) if name else (False, None)
             reply = {"found": found, "data": {}, "metadata": {}}
             if found:
                 reply["data"] = {"text/plain": self.object_info(name, obj, detail_level)}
             self.send("reply", reply)
 
-    def _lookup(self, name):
+    def lookup(self, name):
         parts = name.split(".")
         if parts[0] in self.user_ns:
             obj = self.user_ns[parts[0]]
