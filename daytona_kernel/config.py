@@ -18,7 +18,7 @@ import os
 import sys
 from copy import deepcopy
 
-from traitlets import Bool, Dict, Enum, Float, List, TraitError, Unicode
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import DeferredConfig, DeferredConfigString
 
@@ -55,6 +55,59 @@ class DaytonaKernelConfig(Configurable):
         "daytona-kernel",
         help="Volume that holds the working directory, so files outlive the sandbox.",
     ).tag(config=True)
+
+    mount_path = Unicode(
+        "/home/daytona/workspace",
+        help="Where the volume is mounted in the sandbox; the working directory of every cell.",
+    ).tag(config=True)
+
+    snapshot = Unicode(
+        "",
+        help="Daytona snapshot to create the sandbox from (empty: Daytona's default Python snapshot).",
+    ).tag(config=True)
+
+    image = Unicode(
+        "",
+        help="Container image to build the sandbox from, e.g. 'python:3.12-slim'. Set this or "
+        "snapshot, not both. cpu/memory/disk/gpu apply to image-based sandboxes.",
+    ).tag(config=True)
+
+    cpu = Int(0, min=0, help="CPU cores for an image-based sandbox (0 = Daytona's default).").tag(config=True)
+    memory = Int(0, min=0, help="Memory in GiB for an image-based sandbox (0 = default).").tag(config=True)
+    disk = Int(0, min=0, help="Disk in GiB for an image-based sandbox (0 = default).").tag(config=True)
+    gpu = Int(0, min=0, help="GPUs for an image-based sandbox (0 = none).").tag(config=True)
+
+    labels = Dict(
+        value_trait=Unicode(),
+        default_value={},
+        help="Extra labels for the sandbox, e.g. {'team': 'research'}.",
+    ).tag(config=True)
+
+    auto_stop_interval = Int(
+        15,
+        min=0,
+        help="Minutes of inactivity after which Daytona stops the sandbox (0 = never). This "
+        "bounds the cost of a sandbox whose kernel was killed.",
+    ).tag(config=True)
+
+    auto_archive_interval = Int(
+        0, min=0, help="Minutes a stopped sandbox waits before it is archived (0 = Daytona's maximum)."
+    ).tag(config=True)
+
+    auto_delete_interval = Int(
+        -1, help="Minutes a stopped sandbox waits before it is deleted (-1 = never, 0 = at stop)."
+    ).tag(config=True)
+
+    network_block_all = Bool(False, help="Block all network access from the sandbox.").tag(config=True)
+
+    api_url = Unicode(
+        "",
+        help="Daytona API URL (empty: DAYTONA_API_URL, else https://app.daytona.io/api).",
+    ).tag(config=True)
+
+    target = Unicode("", help="Daytona target region (empty: DAYTONA_TARGET, else the organization's default).").tag(
+        config=True
+    )
 
     env = Dict(
         value_trait=Unicode(),
@@ -116,6 +169,12 @@ class DaytonaKernelConfig(Configurable):
                 "Keys page) in the environment Jupyter starts kernels with, or choose the "
                 "'Python (Daytona local)' kernel / DAYTONA_KERNEL_BACKEND=local to run locally."
             )
+        if self.snapshot and self.image:
+            problems.append(
+                "Both snapshot and image are set; choose one (DAYTONA_KERNEL_SNAPSHOT or DAYTONA_KERNEL_IMAGE)."
+            )
+        if not self.mount_path.startswith("/"):
+            problems.append(f"mount_path must be an absolute path, got {self.mount_path!r}.")
         return problems
 
 

@@ -32,6 +32,18 @@ class BackendError(DaytonaKernelError):
     ename = "SandboxError"
 
 
+class AuthError(BackendError):
+    """Daytona refused the credentials: retrying will not help."""
+
+    ename = "DaytonaAuthError"
+
+
+class SandboxNotRunning(BackendError):
+    """The sandbox could not run the request (stopped, archived, unreachable); no code ran."""
+
+    ename = "SandboxNotRunning"
+
+
 class ContextDied(BackendError):
     """The interpreter context's worker exited while (or before) running code."""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import uuid
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -57,9 +59,15 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self.shell_handlers.update(comm_open=self._comm_open, comm_msg=self._comm_ignore, comm_close=self._comm_ignore)
         if not self._problems:
             try:
-                self._session = RuntimeSession(open_sandbox(self, os.getcwd()), self, self.log)
+                sandbox = open_sandbox(self, os.getcwd(), self._kernel_id())
+                self._session = RuntimeSession(sandbox, self, self.log)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
+
+    def _kernel_id(self) -> str:
+        """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""
+        name = Path(getattr(self.parent, "connection_file", "") or "").stem
+        return name[len("kernel-") :] if name.startswith("kernel-") else name or f"pid-{os.getpid()}"
 
     # -- kernel_info -----------------------------------------------------
 
@@ -185,6 +193,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 store_history=store_history,
                 allow_stdin=allow_stdin,
                 user_expressions=user_expressions,
+                progress=self._status_line(),
                 ask=self._ask_frontend if allow_stdin else None,
             )
         if store_history:
@@ -196,6 +205,25 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         else:
             reply.update(status="ok", user_expressions=outcome.user_expressions)
         return reply
+
+    def _status_line(self) -> Any:
+        """A transient status line for provisioning: one output, updated in place, blanked at the end."""
+        display_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
+        shown = False
+
+        def show(text: str) -> None:
+            nonlocal shown
+            if not text and not shown:
+                return
+            content = {
+                "data": {"text/plain": f"⏳ {text}" if text else ""},
+                "metadata": {},
+                "transient": {"display_id": display_id},
+            }
+            self._emit("update" if shown else "display", content)
+            shown = True
+
+        return show
 
     async def _ask_frontend(self, prompt: str, password: bool) -> str:
         """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from .backends.base import Context, RunError, Sandbox
 from .config import DaytonaKernelConfig
-from .errors import BackendError, ConnectionLost, ContextDied, ContextTimeout, DaytonaKernelError
+from .errors import BackendError, ContextDied, ContextTimeout, DaytonaKernelError, SandboxNotRunning
 from .runtime import bootstrap_code, call_code
 from .runtime.framing import Frame, FrameDecoder, Text
 
@@ -118,7 +118,8 @@ class RuntimeSession:
         self._live: _Live | None = None
         self._current: _Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
-        self._progress: ProgressCallback = lambda text: None
+        self._progress: ProgressCallback | None = None
+        self._last_progress = ""
 
     # -- lifecycle -------------------------------------------------------
 
@@ -128,27 +129,42 @@ class RuntimeSession:
             self._starting = asyncio.ensure_future(self._start())
 
     async def ready(self, progress: ProgressCallback | None = None) -> _Live:
-        """The live context, once started. Raises DaytonaKernelError if it cannot start."""
-        if progress is not None:
-            self._progress = progress
+        """The live context, once started. Raises DaytonaKernelError if it cannot start.
+
+        While it waits, ``progress`` receives status lines (the latest one at
+        once), and an empty line when the wait is over.
+        """
         self.start()
         assert self._starting is not None
+        waiting = not self._starting.done() and progress is not None
+        if waiting:
+            self._progress = progress
+            if self._last_progress:
+                progress(self._last_progress)
         try:
             return await asyncio.shield(self._starting)
         except DaytonaKernelError:
             self._starting = None  # the next request tries again
             raise
         finally:
-            self._progress = lambda text: None
+            self._progress = None
+            if waiting:
+                progress("")  # type: ignore[misc]  # the wait is over: clear the status line
+
+    def _report(self, text: str) -> None:
+        self._last_progress = text
+        self._log.info("%s", text)
+        if self._progress is not None:
+            self._progress(text)
 
     @property
     def python_version(self) -> str | None:
         return self._live.python if self._live else None
 
     async def _start(self) -> _Live:
-        if not self._sandbox_started:
-            await self.sandbox.start(lambda text: self._progress(text))
-            self._sandbox_started = True
+        self._last_progress = ""
+        await self.sandbox.start(self._report)
+        self._sandbox_started = True
         context = await self.sandbox.create_context()
         token = secrets.token_hex(8)
         request = _Request(token, self._emit_to_log, self._log)
@@ -215,16 +231,26 @@ class RuntimeSession:
         except DaytonaKernelError as exc:
             emit("error", error_content(exc.ename, str(exc)))
             return CellOutcome(error=error_content(exc.ename, str(exc)))
-        request = _Request(live.token, emit, self._log)
         answers: list[asyncio.Future[None]] = []
-        if ask is not None:
-            request.on_input = lambda payload: answers.append(asyncio.ensure_future(self._answer(payload, ask, emit)))
-        self._current = request
+
+        def new_request(token: str) -> _Request:
+            request = _Request(token, emit, self._log)
+            if ask is not None:
+                request.on_input = lambda payload: answers.append(asyncio.ensure_future(self._answer(payload, ask, emit)))
+            self._current = request
+            return request
+
+        request = new_request(live.token)
         call = call_code("run_cell", code, count, store_history, silent, allow_stdin, user_expressions or {})
         timeout = self._config.cell_timeout or None
         run_error: RunError | None = None
         try:
-            run_error = await live.context.run_code(call, request.on_stdout, request.on_stderr, timeout)
+            try:
+                run_error = await live.context.run_code(call, request.on_stdout, request.on_stderr, timeout)
+            except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
+                live = await self._recover(exc, emit, progress)
+                request = new_request(live.token)
+                run_error = await live.context.run_code(call, request.on_stdout, request.on_stderr, timeout)
         except ContextTimeout:
             request.finish()
             if request.interrupted:
@@ -259,7 +285,7 @@ class RuntimeSession:
                         f"It was restarted. {STATE_LOST}",
                     )
                 )
-        except ConnectionLost as exc:
+        except BackendError as exc:  # connection lost, sandbox gone, auth ...
             request.finish()
             request.fail(error_content(exc.ename, str(exc)))
         finally:
@@ -276,6 +302,22 @@ class RuntimeSession:
             user_expressions=request.frames.get("user_expressions", {}),
             payload=request.payload,
         )
+
+    async def _recover(self, cause: DaytonaKernelError, emit: EmitCallback, progress: ProgressCallback | None) -> _Live:
+        """The sandbox stopped (auto-stop, archive) or could not be reached: start it and a new context."""
+        self._log.warning("sandbox not running (%s); starting it again", cause)
+        self._live = None
+        self._starting = asyncio.ensure_future(self._start())
+        live = await self.ready(progress)
+        emit(
+            "stream",
+            {
+                "name": "stderr",
+                "text": f"{cause} It was started again and your cell runs in a fresh interpreter: "
+                "variables were reset; files in the working directory are intact.\n",
+            },
+        )
+        return live
 
     async def _answer(self, payload: dict[str, Any], ask: AskCallback, emit: EmitCallback) -> None:
         """Get the user's answer to input() and hand it to the waiting runtime."""

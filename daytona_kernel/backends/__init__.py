@@ -7,7 +7,6 @@ import os
 import re
 
 from ..config import DaytonaKernelConfig
-from ..errors import BackendError
 from .base import Context, ExecResult, RunError, Sandbox, SandboxPolicy
 
 __all__ = ["Context", "ExecResult", "RunError", "Sandbox", "SandboxPolicy", "open_sandbox", "workspace_key_for"]
@@ -20,14 +19,13 @@ def workspace_key_for(folder: str) -> str:
     return f"{name}-{hashlib.sha256(folder.encode()).hexdigest()[:10]}"
 
 
-def open_sandbox(config: DaytonaKernelConfig, folder: str) -> Sandbox:
+def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sandbox:
     """The configured backend's sandbox for the notebook in ``folder``."""
     key = config.workspace_key or workspace_key_for(folder)
     if config.backend == "local":
         from .local import LocalSandbox
 
         return LocalSandbox(config, key)
-    raise BackendError(
-        "The Daytona backend is not available in this version yet. "
-        "Use the 'Python (Daytona local)' kernel, or set DAYTONA_KERNEL_BACKEND=local."
-    )
+    from .daytona import DaytonaSandbox
+
+    return DaytonaSandbox(config, key, kernel_id)

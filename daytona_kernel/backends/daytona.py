@@ -1,0 +1,392 @@
+"""The Daytona backend: cells run in a Daytona sandbox through the async SDK.
+
+All SDK calls go through this module, and every SDK error is translated here,
+in ``_translate``, into the project's own exceptions with a message that says
+what to do. Transient failures (429, 5xx, connection errors) are retried with
+jittered backoff for a bounded time; 401/403 fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import random
+import socket
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+import aiohttp
+from daytona import (
+    AsyncDaytona,
+    CreateSandboxFromImageParams,
+    CreateSandboxFromSnapshotParams,
+    DaytonaConfig,
+    FileDownloadRequest,
+    FileUpload,
+    ListSandboxesQuery,
+    Resources,
+    VolumeMount,
+)
+from daytona.common.errors import (
+    DaytonaAuthenticationError,
+    DaytonaConnectionError,
+    DaytonaError,
+    DaytonaForbiddenError,
+    DaytonaNotFoundError,
+    DaytonaRateLimitError,
+    DaytonaTimeoutError,
+)
+
+from ..config import DaytonaKernelConfig
+from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
+from .base import Context, ExecResult, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
+
+log = logging.getLogger("daytona_kernel.daytona")
+T = TypeVar("T")
+
+RETRY_BUDGET_S = 30.0
+RETRY_FIRST_DELAY_S = 0.5
+RETRY_MAX_DELAY_S = 8.0
+VOLUME_READY_TIMEOUT_S = 120.0
+VOLUME_POLL_S = 0.5
+SANDBOX_START_TIMEOUT_S = 300
+REQUEST_TIMEOUT_S = 60
+
+LABEL_APP = "daytona-kernel"
+LABEL_WORKSPACE = "daytona-kernel-workspace"
+LABEL_OWNER = "daytona-kernel-owner"
+LABEL_KERNEL = "daytona-kernel-kernel-id"
+STARTABLE_STATES = ("stopped", "archived")
+FAILED_STATES = ("error", "build_failed")
+
+
+def _status(exc: DaytonaError) -> int | None:
+    return getattr(exc, "status_code", None)
+
+
+def _is_retryable(exc: DaytonaError) -> bool:
+    status = _status(exc)
+    if isinstance(exc, (DaytonaRateLimitError, DaytonaConnectionError)):
+        return True
+    return status is None or status >= 500
+
+
+def _handshake_failure(exc: BaseException) -> aiohttp.ClientError | None:
+    """The aiohttp error behind a websocket that never opened (so no code ran), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (aiohttp.WSServerHandshakeError, aiohttp.ClientConnectorError)):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _translate(exc: DaytonaError, what: str) -> BackendError:
+    """The one place where SDK errors become ours."""
+    if isinstance(exc, (DaytonaAuthenticationError, DaytonaForbiddenError)):
+        return AuthError(
+            f"Daytona refused to {what} ({_status(exc) or 'auth'}): check DAYTONA_API_KEY and DAYTONA_TARGET "
+            "(and DAYTONA_API_URL for a self-hosted Daytona), then restart the kernel."
+        )
+    if isinstance(exc, DaytonaNotFoundError):
+        return BackendError(f"Could not {what}: not found ({exc}).")
+    return BackendError(f"Could not {what}: {exc}")
+
+
+async def _call(what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
+    """Call the SDK; retry transient failures with jittered backoff; translate errors."""
+    deadline = time.monotonic() + RETRY_BUDGET_S
+    delay = RETRY_FIRST_DELAY_S
+    while True:
+        try:
+            return await fn()
+        except DaytonaError as exc:
+            if retry and _is_retryable(exc) and not isinstance(exc, DaytonaTimeoutError):
+                wait = delay * random.uniform(0.5, 1.5)
+                if time.monotonic() + wait < deadline:
+                    log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
+                    await asyncio.sleep(wait)
+                    delay = min(delay * 2, RETRY_MAX_DELAY_S)
+                    continue
+                raise BackendError(
+                    f"Could not {what}: Daytona kept failing for {RETRY_BUDGET_S:g} s ({exc}). "
+                    "Check https://status.daytona.io or your network, then run the cell again."
+                ) from exc
+            raise _translate(exc, what) from exc
+
+
+class DaytonaContext(Context):
+    """An interpreter context in a Daytona sandbox."""
+
+    def __init__(self, owner: DaytonaSandbox, context: Any) -> None:
+        self._owner = owner
+        self._context = context
+        self.id = context.id
+
+    async def run_code(
+        self,
+        code: str,
+        on_stdout: OutputCallback,
+        on_stderr: OutputCallback,
+        timeout: float | None = None,
+    ) -> RunError | None:
+        sandbox = self._owner.sdk_sandbox
+        try:
+            result = await sandbox.code_interpreter.run_code(
+                code,
+                context=self._context,
+                on_stdout=lambda msg: on_stdout(msg.output),
+                on_stderr=lambda msg: on_stderr(msg.output),
+                timeout=int(timeout) if timeout else 0,
+            )
+        except DaytonaTimeoutError as exc:
+            raise ContextTimeout("timeout") from exc
+        except DaytonaError as exc:
+            failed = _handshake_failure(exc)
+            if failed is not None:  # nothing ran: find out why
+                raise await self._owner.why_unreachable(exc) from exc
+            raise await self._owner.why_cut_off(self.id, exc) from exc
+        if result.error is None:
+            return None
+        return RunError(result.error.name, result.error.value, result.error.traceback or "")
+
+    async def close(self) -> None:
+        sandbox = self._owner.sdk_sandbox
+        try:
+            await sandbox.code_interpreter.delete_context(self._context)
+        except DaytonaError as exc:
+            log.info("could not delete context %s (%s); it goes away with the sandbox", self.id, exc)
+
+
+class DaytonaSandbox(Sandbox):
+    """A Daytona sandbox found by its workspace labels (``reuse``) or made for this kernel."""
+
+    def __init__(self, config: DaytonaKernelConfig, workspace_key: str, kernel_id: str) -> None:
+        self._config = config
+        self._key = workspace_key
+        self._kernel_id = kernel_id
+        self._policy = SandboxPolicy(config.sandbox_policy)
+        self._client: AsyncDaytona | None = None
+        self._sandbox: Any = None
+        self.id = "(not created yet)"
+        self.workdir = config.mount_path
+
+    @property
+    def description(self) -> str:
+        source = self._config.image or self._config.snapshot or "default snapshot"
+        return f"Daytona sandbox {self.id} ({source}, {self._policy.value})"
+
+    @property
+    def sdk_sandbox(self) -> Any:
+        if self._sandbox is None:
+            raise SandboxNotRunning("The sandbox is not ready yet.")
+        return self._sandbox
+
+    def _labels(self) -> dict[str, str]:
+        labels = dict(self._config.labels)
+        labels.update(
+            {
+                LABEL_APP: "true",
+                LABEL_WORKSPACE: self._key,
+                LABEL_OWNER: f"{getpass.getuser()}@{socket.gethostname()}",
+                LABEL_KERNEL: self._kernel_id,
+            }
+        )
+        return labels
+
+    def _client_config(self) -> DaytonaConfig:
+        return DaytonaConfig(
+            api_key=os.environ.get("DAYTONA_API_KEY") or None,
+            api_url=(self._config.api_url or os.environ.get("DAYTONA_API_URL") or "").rstrip("/") or None,
+            target=self._config.target or os.environ.get("DAYTONA_TARGET") or None,
+        )
+
+    async def start(self, progress: ProgressCallback) -> None:
+        if self._client is None:
+            try:
+                self._client = AsyncDaytona(self._client_config())
+            except DaytonaError as exc:
+                raise _translate(exc, "connect to Daytona") from exc
+        if self._sandbox is not None:
+            await self._ensure_started(progress)
+            return
+        volume = await self._ready_volume(progress)
+        if self._policy is SandboxPolicy.REUSE:
+            self._sandbox = await self._find()
+        if self._sandbox is None:
+            self._sandbox = await self._create(volume, progress)
+        self.id = self._sandbox.id
+        await self._ensure_started(progress)
+        if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
+            labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
+            await _call("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
+
+    async def _ready_volume(self, progress: ProgressCallback) -> Any:
+        client = self._client
+        assert client is not None
+        name = self._config.volume_name
+        volume = await _call(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
+        deadline = time.monotonic() + VOLUME_READY_TIMEOUT_S
+        while str(getattr(volume.state, "value", volume.state)) != "ready":
+            state = str(getattr(volume.state, "value", volume.state))
+            if state == "error":
+                raise BackendError(
+                    f"The volume {name!r} is in the error state ({volume.error_reason or 'no reason given'}). "
+                    "Delete it in the Daytona dashboard or set DaytonaKernel.volume_name to another name."
+                )
+            if time.monotonic() > deadline:
+                raise BackendError(f"The volume {name!r} did not become ready within {VOLUME_READY_TIMEOUT_S:g} s (state {state}).")
+            progress(f"waiting for volume {name}… ({state})")
+            await asyncio.sleep(VOLUME_POLL_S)
+            volume = await _call(f"check the volume {name!r}", lambda: client.volume.get(name))
+        return volume
+
+    async def _find(self) -> Any:
+        client = self._client
+        assert client is not None
+        query = ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_WORKSPACE: self._key})
+
+        async def first() -> Any:
+            async for sandbox in client.list(query):
+                if str(getattr(sandbox.state, "value", sandbox.state)) not in ("destroyed", "destroying"):
+                    return sandbox
+            return None
+
+        return await _call("look for this notebook's sandbox", first)
+
+    async def _create(self, volume: Any, progress: ProgressCallback) -> Any:
+        client = self._client
+        assert client is not None
+        cfg = self._config
+        common: dict[str, Any] = dict(
+            labels=self._labels(),
+            env_vars={k: v for k, v in cfg.env.items()},
+            auto_stop_interval=cfg.auto_stop_interval,
+            auto_archive_interval=cfg.auto_archive_interval or None,
+            auto_delete_interval=0 if self._policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=cfg.mount_path, subpath=self._key)],
+            network_block_all=cfg.network_block_all or None,
+        )
+        if cfg.image:
+            resources = Resources(cpu=cfg.cpu or None, memory=cfg.memory or None, disk=cfg.disk or None, gpu=cfg.gpu or None)
+            params: Any = CreateSandboxFromImageParams(image=cfg.image, resources=resources, **common)
+            progress(f"creating sandbox… (image {cfg.image}; building it can take minutes)")
+        else:
+            params = CreateSandboxFromSnapshotParams(snapshot=cfg.snapshot or None, **common)
+            progress(f"creating sandbox… (snapshot {cfg.snapshot or 'default'})")
+        sandbox = await _call("create a sandbox", lambda: client.create(params, timeout=SANDBOX_START_TIMEOUT_S))
+        log.info("created sandbox %s for workspace %s", sandbox.id, self._key)
+        return sandbox
+
+    def _state(self) -> str:
+        state = self._sandbox.state
+        return str(getattr(state, "value", state))
+
+    async def _ensure_started(self, progress: ProgressCallback) -> None:
+        sandbox = self._sandbox
+        state = self._state()
+        if state == "started":
+            return
+        if state in FAILED_STATES:
+            raise BackendError(
+                f"The sandbox {sandbox.id} is in the {state} state ({sandbox.error_reason or 'no reason given'}). "
+                "Fix the snapshot or image, or delete the sandbox in the Daytona dashboard, then restart the kernel."
+            )
+        if state in STARTABLE_STATES:
+            progress(f"starting {state} sandbox {sandbox.id}…")
+            await _call("start the sandbox", lambda: sandbox.start(timeout=SANDBOX_START_TIMEOUT_S))
+        else:
+            progress(f"waiting for sandbox {sandbox.id} ({state})…")
+            await _call("wait for the sandbox", lambda: sandbox.wait_for_sandbox_start(timeout=SANDBOX_START_TIMEOUT_S))
+
+    async def refresh_state(self) -> str:
+        await _call("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
+        return self._state()
+
+    async def why_unreachable(self, exc: DaytonaError) -> BackendError:
+        """The interpreter websocket did not open, so no code ran. Say why."""
+        try:
+            state = await self.refresh_state()
+        except BackendError as inner:
+            return inner
+        if state != "started":
+            return SandboxNotRunning(f"The sandbox {self.id} is {state}.")
+        if _is_retryable(exc) or isinstance(_handshake_failure(exc), aiohttp.ClientConnectorError):
+            return SandboxNotRunning(f"The sandbox {self.id} did not answer ({exc}).")
+        return _translate(exc, "reach the interpreter")
+
+    async def why_cut_off(self, context_id: str, exc: DaytonaError) -> BackendError:
+        """A running cell's stream broke. Did the sandbox stop, the worker die, or just the connection?"""
+        try:
+            state = await self.refresh_state()
+        except BackendError as inner:
+            return ConnectionLost(f"The connection to the sandbox was lost ({exc}) and it cannot be reached: {inner}")
+        if state != "started":
+            return ContextDied(f"the sandbox stopped ({state})")
+        contexts = await _call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
+        if not any(c.id == context_id and c.active for c in contexts):
+            return ContextDied("the interpreter process is gone")
+        return ConnectionLost(
+            f"The connection to the sandbox was lost while the cell ran ({exc}). The cell may still be "
+            "running there; its further output is lost. Your variables are kept."
+        )
+
+    async def create_context(self) -> DaytonaContext:
+        sandbox = self.sdk_sandbox
+
+        async def create() -> Any:
+            return await _call(
+                "create an interpreter context", lambda: sandbox.code_interpreter.create_context(cwd=self.workdir)
+            )
+
+        try:
+            context = await create()
+        except BackendError:
+            if await self.refresh_state() == "started":
+                raise
+            await self._ensure_started(lambda text: log.info("%s", text))  # it stopped since we last looked
+            context = await create()
+        return DaytonaContext(self, context)
+
+    async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        sandbox = self.sdk_sandbox
+        response = await _call(
+            "run a command in the sandbox",
+            lambda: sandbox.process.exec(command, cwd=self.workdir, timeout=int(timeout) if timeout else None),
+            retry=False,
+        )
+        return ExecResult(int(response.exit_code or 0), response.result or "")
+
+    async def upload(self, files: list[tuple[bytes, str]]) -> None:
+        sandbox = self.sdk_sandbox
+        uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
+        await _call("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
+
+    async def download(self, paths: list[str]) -> dict[str, bytes]:
+        sandbox = self.sdk_sandbox
+        results = await _call(
+            "download files from the sandbox",
+            lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
+        )
+        out = {}
+        for item in results:
+            if item.error:
+                raise BackendError(f"Could not download {item.source} from the sandbox: {item.error}")
+            out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
+        return out
+
+    async def shutdown(self) -> None:
+        try:
+            if self._sandbox is not None:
+                if self._policy is SandboxPolicy.EPHEMERAL:
+                    await _call("delete the sandbox", lambda: self._sandbox.delete(timeout=REQUEST_TIMEOUT_S))
+                elif self._state() == "started":
+                    await _call("stop the sandbox", lambda: self._sandbox.stop(timeout=REQUEST_TIMEOUT_S))
+        finally:
+            if self._client is not None:
+                await self._client.close()
+                self._client = None
