@@ -18,7 +18,8 @@ os.environ["JUPYTER_DATA_DIR"] = str(_ROOT / "data")
 os.environ["JUPYTER_PATH"] = str(_ROOT / "prefix" / "share" / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", "")
 os.environ["JUPYTER_CONFIG_DIR"] = str(_ROOT / "config")
 os.environ["JUPYTER_PLATFORM_DIRS"] = "1"
-os.environ.pop("DAYTONA_API_KEY", None)
+# A real key is kept aside for the daytona_e2e tests only; everything else runs without one.
+REAL_DAYTONA_ENV = {k: os.environ.pop(k) for k in ("DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_TARGET") if k in os.environ}
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -32,3 +33,22 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A notebook folder to start kernels in."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One Daytona emulator for the whole run, on 127.0.0.1."""
+    from daytona_emulator import DaytonaEmulator
+
+    emu = DaytonaEmulator(tmp_path_factory.mktemp("emulator")).start()
+    yield emu
+    emu.close()
+
+
+@pytest.fixture
+def daytona_env(emulator, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Point kernels started by this test at the emulator."""
+    for key, value in emulator.env().items():
+        monkeypatch.setenv(key, value)
+    emulator.reset_counts()
+    return emulator

@@ -47,6 +47,10 @@ class LocalContext(Context):
         self.pid = proc.pid
         self._lock = asyncio.Lock()
 
+    @property
+    def alive(self) -> bool:
+        return self._proc.returncode is None
+
     @classmethod
     async def spawn(cls, python: str, cwd: str, env: dict[str, str]) -> LocalContext:
         try:

@@ -1,0 +1,585 @@
+"""A loopback emulator of the Daytona REST and toolbox APIs, for the unmodified SDK.
+
+It works the way moto works for boto3: point ``DAYTONA_API_URL`` at
+``emulator.api_url`` and the real ``daytona`` SDK talks to it.
+
+Fidelity:
+- every request body is parsed with the SDK's own generated models; an unknown
+  field or a wrong type is a 400, so a client bug fails loudly;
+- every response DTO is checked against the SDK's models before it is sent;
+- code runs in the local backend's interpreter worker, over the interpreter
+  websocket with the daemon's frames and close codes (1000, 4008, 1008, 1001).
+
+Test controls: per-endpoint request counters, and faults: the next N calls of
+an endpoint fail with a status, the next websocket is dropped mid-cell, a
+sandbox is stopped underneath the kernel (losing its contexts), delays.
+
+Paths inside a sandbox: a path under a volume's mount path lives in that
+volume's folder; a relative path is relative to the sandbox's home folder; any
+other absolute path is used as it is on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSCloseCode, web
+from daytona_api_client.models.create_sandbox import CreateSandbox
+from daytona_api_client.models.create_volume import CreateVolume
+from daytona_api_client.models.list_sandboxes_response import ListSandboxesResponse
+from daytona_api_client.models.sandbox import Sandbox as SandboxModel
+from daytona_api_client.models.sandbox_labels import SandboxLabels
+from daytona_api_client.models.volume_dto import VolumeDto
+from daytona_toolbox_api_client.models.create_context_request import CreateContextRequest
+from daytona_toolbox_api_client.models.execute_request import ExecuteRequest
+from daytona_toolbox_api_client.models.execute_response import ExecuteResponse
+from daytona_toolbox_api_client.models.files_download_request import FilesDownloadRequest
+from daytona_toolbox_api_client.models.interpreter_context import InterpreterContext
+from daytona_toolbox_api_client.models.list_contexts_response import ListContextsResponse
+
+from daytona_kernel.backends.local import LocalContext
+from daytona_kernel.errors import ContextDied, ContextTimeout
+
+API_KEY = "emulator-test-key"
+ORG_ID = "emulator-org"
+WS_TIMEOUT = 4008
+WS_CONTEXT_NOT_FOUND = 1008
+WS_WORKER_EXITED = 1001
+VOLUME_READY_AFTER_S = 0.3
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class BadRequest(Exception):
+    pass
+
+
+def parse(model: Any, body: Any) -> Any:
+    """Parse a request body with the SDK's model; unknown fields and bad types are errors."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"{model.__name__}: expected a JSON object")
+    try:
+        obj = model.from_dict(body)
+    except Exception as exc:  # pydantic.ValidationError and friends
+        raise BadRequest(f"{model.__name__}: {exc}") from exc
+    extra = sorted(getattr(obj, "additional_properties", {}) or {})
+    if extra:
+        raise BadRequest(f"{model.__name__}: unknown field(s) {extra}")
+    return obj
+
+
+def checked(model: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Make sure the SDK accepts a DTO before it goes out."""
+    model.from_dict(data)
+    return data
+
+
+@dataclass
+class EmuVolume:
+    id: str
+    name: str
+    created: float = field(default_factory=time.monotonic)
+    state: str = "pending_create"
+    error_reason: str | None = None
+
+    def dto(self) -> dict[str, Any]:
+        if self.state == "pending_create" and time.monotonic() - self.created > VOLUME_READY_AFTER_S:
+            self.state = "ready"
+        return checked(
+            VolumeDto,
+            {
+                "id": self.id,
+                "name": self.name,
+                "organizationId": ORG_ID,
+                "state": self.state,
+                "createdAt": _now(),
+                "updatedAt": _now(),
+                "errorReason": self.error_reason,
+            },
+        )
+
+
+@dataclass
+class EmuContext:
+    id: str
+    cwd: str
+    worker: LocalContext
+    created_at: str = field(default_factory=_now)
+
+
+@dataclass
+class EmuSandbox:
+    id: str
+    spec: dict[str, Any]
+    labels: dict[str, str]
+    home: Path
+    mounts: list[tuple[str, Path]]
+    state: str = "started"
+    error_reason: str | None = None
+    contexts: dict[str, EmuContext] = field(default_factory=dict)
+    created_at: str = field(default_factory=_now)
+
+
+class DaytonaEmulator:
+    """See the module docstring. Start it with ``start()``; it serves from a thread."""
+
+    def __init__(self, root: Path, api_key: str = API_KEY, python: str = sys.executable) -> None:
+        self.root = Path(root)
+        self.api_key = api_key
+        self.python = python
+        self.counts: Counter[str] = Counter()
+        self.sandboxes: dict[str, EmuSandbox] = {}
+        self.volumes: dict[str, EmuVolume] = {}
+        self.delay_s = 0.0
+        self._faults: list[list[Any]] = []  # [route substring, status, remaining]
+        self._drop_ws_after: int | None = None
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def toolbox_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/toolbox"
+
+    def env(self) -> dict[str, str]:
+        """Environment for a kernel that should talk to this emulator."""
+        return {"DAYTONA_API_KEY": self.api_key, "DAYTONA_API_URL": self.api_url, "DAYTONA_TARGET": "us"}
+
+    def start(self) -> DaytonaEmulator:
+        ready = threading.Event()
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._serve())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, name="daytona-emulator", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the Daytona emulator did not start")
+        return self
+
+    async def _serve(self) -> None:
+        app = web.Application(middlewares=[self._middleware], client_max_size=1024**3)
+        r = app.router
+        r.add_post("/api/sandbox", self.create_sandbox)
+        r.add_get("/api/sandbox", self.list_sandboxes)
+        r.add_get("/api/sandbox/{sid}", self.get_sandbox)
+        r.add_delete("/api/sandbox/{sid}", self.delete_sandbox)
+        r.add_post("/api/sandbox/{sid}/start", self.start_sandbox)
+        r.add_post("/api/sandbox/{sid}/stop", self.stop_sandbox_request)
+        r.add_put("/api/sandbox/{sid}/labels", self.set_labels)
+        r.add_get("/api/sandbox/{sid}/toolbox-proxy-url", self.toolbox_proxy_url)
+        r.add_post("/api/volumes", self.create_volume)
+        r.add_get("/api/volumes", self.list_volumes)
+        r.add_get("/api/volumes/by-name/{name}", self.get_volume_by_name)
+        r.add_get("/api/volumes/{vid}", self.get_volume)
+        r.add_delete("/api/volumes/{vid}", self.delete_volume)
+        t = "/toolbox/{sid}"
+        r.add_post(t + "/process/interpreter/context", self.create_context)
+        r.add_get(t + "/process/interpreter/context", self.list_contexts)
+        r.add_delete(t + "/process/interpreter/context/{cid}", self.delete_context)
+        r.add_get(t + "/process/interpreter/execute", self.execute)
+        r.add_post(t + "/process/execute", self.process_execute)
+        r.add_post(t + "/files/bulk-upload", self.bulk_upload)
+        r.add_post(t + "/files/bulk-download", self.bulk_download)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
+        self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        for sandbox in list(self.sandboxes.values()):
+            await self._kill_contexts(sandbox)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the emulator's loop from a test thread."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- test controls -------------------------------------------------------
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.counts.clear()
+
+    def count(self, route_part: str) -> int:
+        with self._lock:
+            return sum(n for route, n in self.counts.items() if route_part in route)
+
+    def fail_next(self, route_part: str, status: int, times: int = 1) -> None:
+        """The next ``times`` requests whose ``METHOD /route`` contains route_part get ``status``."""
+        with self._lock:
+            self._faults.append([route_part, status, times])
+
+    def drop_next_websocket(self, after_frames: int = 1) -> None:
+        """Cut the next interpreter websocket abruptly after it sent ``after_frames`` frames."""
+        with self._lock:
+            self._drop_ws_after = after_frames
+
+    def stop_sandbox(self, sandbox_id: str, state: str = "stopped") -> None:
+        """What auto-stop (or auto-archive) does: the sandbox stops and loses every process."""
+        self.call(self._stop(self.sandboxes[sandbox_id], state))
+
+    def live_sandboxes(self) -> list[EmuSandbox]:
+        return [s for s in self.sandboxes.values() if s.state != "destroyed"]
+
+    # -- plumbing ------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        key = f"{request.method} {route.canonical if route is not None else request.path}"
+        with self._lock:
+            self.counts[key] += 1
+            fault = next((f for f in self._faults if f[0] in key and f[2] > 0), None)
+            if fault is not None:
+                fault[2] -= 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return self._error(401, "Invalid credentials")
+        if fault is not None:
+            return self._error(fault[1], f"injected fault {fault[1]}")
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return self._error(400, str(exc))
+        except KeyError as exc:
+            return self._error(404, f"not found: {exc}")
+
+    @staticmethod
+    def _error(status: int, message: str) -> web.Response:
+        return web.json_response({"statusCode": status, "message": message, "error": message}, status=status)
+
+    def _sandbox(self, request: web.Request) -> EmuSandbox:
+        sid = request.match_info["sid"]
+        for sandbox in self.sandboxes.values():
+            if sid in (sandbox.id, sandbox.spec.get("name")) and sandbox.state != "destroyed":
+                return sandbox
+        raise KeyError(f"sandbox {sid}")
+
+    def _started(self, request: web.Request) -> EmuSandbox:
+        sandbox = self._sandbox(request)
+        if sandbox.state != "started":
+            raise BadRequest(f"Sandbox {sandbox.id} is not started (state {sandbox.state})")
+        return sandbox
+
+    def host_path(self, sandbox: EmuSandbox, path: str) -> Path:
+        """Where a sandbox path lives on this machine."""
+        for mount_path, folder in sandbox.mounts:
+            if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
+                return folder / os.path.relpath(path, mount_path)
+        return Path(path) if os.path.isabs(path) else sandbox.home / path
+
+    def _dto(self, sandbox: EmuSandbox) -> dict[str, Any]:
+        spec = sandbox.spec
+        data = {
+            "id": sandbox.id,
+            "organizationId": ORG_ID,
+            "name": spec.get("name") or sandbox.id,
+            "snapshot": spec.get("snapshot") or "daytonaio/sandbox:emulated",
+            "user": spec.get("user") or "daytona",
+            "env": spec.get("env") or {},
+            "labels": sandbox.labels,
+            "public": bool(spec.get("public")),
+            "networkBlockAll": bool(spec.get("networkBlockAll")),
+            "kvm": False,
+            "target": spec.get("target") or "us",
+            "cpu": spec.get("cpu") or 1,
+            "gpu": spec.get("gpu") or 0,
+            "memory": spec.get("memory") or 1,
+            "disk": spec.get("disk") or 3,
+            "state": sandbox.state,
+            "errorReason": sandbox.error_reason,
+            "autoStopInterval": spec.get("autoStopInterval", 15),
+            "autoArchiveInterval": spec.get("autoArchiveInterval") or 10080,
+            "autoDeleteInterval": spec.get("autoDeleteInterval", -1),
+            "volumes": spec.get("volumes") or [],
+            "createdAt": sandbox.created_at,
+            "updatedAt": _now(),
+            "toolboxProxyUrl": self.toolbox_url,
+            "daemonVersion": "emulator",
+        }
+        return checked(SandboxModel, data)
+
+    async def _kill_contexts(self, sandbox: EmuSandbox) -> None:
+        for ctx in list(sandbox.contexts.values()):
+            await ctx.worker.close()
+        sandbox.contexts.clear()
+
+    async def _stop(self, sandbox: EmuSandbox, state: str = "stopped") -> None:
+        await self._kill_contexts(sandbox)
+        ephemeral = sandbox.spec.get("autoDeleteInterval") == 0
+        sandbox.state = "destroyed" if ephemeral else state
+
+    # -- sandboxes -----------------------------------------------------------
+
+    async def create_sandbox(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        spec = parse(CreateSandbox, body)
+        sid = str(uuid.uuid4())
+        home = self.root / "sandboxes" / sid
+        home.mkdir(parents=True)
+        mounts = []
+        for vol in spec.volumes or []:
+            volume = next((v for v in self.volumes.values() if v.id == vol.volume_id), None)
+            if volume is None:
+                raise BadRequest(f"volume {vol.volume_id} does not exist")
+            volume.dto()
+            if volume.state != "ready":
+                raise BadRequest(f"volume {volume.name} is not ready (state {volume.state})")
+            folder = self.root / "volumes" / volume.id / (vol.subpath or "")
+            folder.mkdir(parents=True, exist_ok=True)
+            mounts.append((vol.mount_path, folder))
+        if spec.snapshot and spec.snapshot.startswith("missing"):
+            raise BadRequest(f"Snapshot {spec.snapshot} not found")
+        sandbox = EmuSandbox(sid, body, dict(spec.labels or {}), home, mounts)
+        self.sandboxes[sid] = sandbox
+        return web.json_response(self._dto(sandbox))
+
+    async def list_sandboxes(self, request: web.Request) -> web.Response:
+        wanted = json.loads(request.query.get("labels") or "{}")
+        items = [
+            self._dto(s)
+            for s in self.sandboxes.values()
+            if s.state != "destroyed" and all(s.labels.get(k) == v for k, v in wanted.items())
+        ]
+        return web.json_response(checked(ListSandboxesResponse, {"items": items, "nextCursor": None}))
+
+    async def get_sandbox(self, request: web.Request) -> web.Response:
+        return web.json_response(self._dto(self._sandbox(request)))
+
+    async def start_sandbox(self, request: web.Request) -> web.Response:
+        sandbox = self._sandbox(request)
+        if sandbox.state in ("stopped", "archived"):
+            sandbox.state = "started"
+        return web.json_response(self._dto(sandbox))
+
+    async def stop_sandbox_request(self, request: web.Request) -> web.Response:
+        sandbox = self._sandbox(request)
+        await self._stop(sandbox)
+        return web.json_response(self._dto(sandbox))
+
+    async def delete_sandbox(self, request: web.Request) -> web.Response:
+        sandbox = self._sandbox(request)
+        await self._kill_contexts(sandbox)
+        sandbox.state = "destroyed"
+        shutil.rmtree(sandbox.home, ignore_errors=True)
+        return web.json_response(self._dto(sandbox))
+
+    async def set_labels(self, request: web.Request) -> web.Response:
+        sandbox = self._sandbox(request)
+        sandbox.labels = dict(parse(SandboxLabels, await request.json()).labels)
+        return web.json_response(checked(SandboxLabels, {"labels": sandbox.labels}))
+
+    async def toolbox_proxy_url(self, request: web.Request) -> web.Response:
+        self._sandbox(request)
+        return web.json_response({"url": self.toolbox_url})
+
+    # -- volumes -------------------------------------------------------------
+
+    async def create_volume(self, request: web.Request) -> web.Response:
+        spec = parse(CreateVolume, await request.json())
+        if any(v.name == spec.name for v in self.volumes.values()):
+            return self._error(409, f"volume {spec.name} already exists")
+        volume = EmuVolume(str(uuid.uuid4()), spec.name)
+        self.volumes[volume.id] = volume
+        return web.json_response(volume.dto())
+
+    async def list_volumes(self, request: web.Request) -> web.Response:
+        return web.json_response([v.dto() for v in self.volumes.values()])
+
+    async def get_volume_by_name(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        volume = next((v for v in self.volumes.values() if v.name == name), None)
+        if volume is None:
+            return self._error(404, f"Volume with name {name} not found")
+        return web.json_response(volume.dto())
+
+    async def get_volume(self, request: web.Request) -> web.Response:
+        return web.json_response(self.volumes[request.match_info["vid"]].dto())
+
+    async def delete_volume(self, request: web.Request) -> web.Response:
+        del self.volumes[request.match_info["vid"]]
+        return web.Response(status=200)
+
+    # -- interpreter ---------------------------------------------------------
+
+    def _context_dto(self, ctx: EmuContext) -> dict[str, Any]:
+        return checked(
+            InterpreterContext,
+            {"id": ctx.id, "cwd": ctx.cwd, "language": "python", "active": ctx.worker.alive, "createdAt": ctx.created_at},
+        )
+
+    async def create_context(self, request: web.Request) -> web.Response:
+        sandbox = self._started(request)
+        spec = parse(CreateContextRequest, await request.json())
+        cwd = spec.cwd or str(sandbox.home)
+        folder = self.host_path(sandbox, cwd)
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
+        env.update(sandbox.spec.get("env") or {})
+        worker = await LocalContext.spawn(self.python, str(folder), env)
+        ctx = EmuContext(str(uuid.uuid4()), cwd, worker)
+        sandbox.contexts[ctx.id] = ctx
+        return web.json_response(self._context_dto(ctx))
+
+    async def list_contexts(self, request: web.Request) -> web.Response:
+        sandbox = self._started(request)
+        contexts = [self._context_dto(c) for c in sandbox.contexts.values()]
+        return web.json_response(checked(ListContextsResponse, {"contexts": contexts}))
+
+    async def delete_context(self, request: web.Request) -> web.Response:
+        sandbox = self._started(request)
+        ctx = sandbox.contexts.pop(request.match_info["cid"])
+        await ctx.worker.close()
+        return web.Response(status=200)
+
+    async def execute(self, request: web.Request) -> web.StreamResponse:
+        sandbox = self._sandbox(request)
+        if sandbox.state != "started":
+            return web.Response(status=400, text="sandbox is not started")  # fails the handshake
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        first = await ws.receive_json()
+        ctx = sandbox.contexts.get(first.get("contextId") or "")
+        if ctx is None:
+            await ws.close(code=WS_CONTEXT_NOT_FOUND, message=b"context not found")
+            return ws
+        with self._lock:
+            drop_after, self._drop_ws_after = self._drop_ws_after, None
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        sent = 0
+
+        async def sender() -> None:
+            nonlocal sent
+            while True:
+                frame = await queue.get()
+                if frame is None:
+                    return
+                await ws.send_str(json.dumps(frame))
+                sent += 1
+                if drop_after is not None and sent >= drop_after:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return
+
+        sending = asyncio.ensure_future(sender())
+        close_code = 1000
+        try:
+            error = await ctx.worker.run_code(
+                first["code"],
+                lambda text: queue.put_nowait({"type": "stdout", "text": text}),
+                lambda text: queue.put_nowait({"type": "stderr", "text": text}),
+                timeout=first.get("timeout") or None,
+            )
+            if error is not None:
+                queue.put_nowait({"type": "error", "name": error.name, "value": error.value, "traceback": error.traceback})
+        except ContextTimeout:
+            close_code = WS_TIMEOUT
+        except ContextDied:
+            close_code = WS_WORKER_EXITED
+        queue.put_nowait(None)
+        with contextlib.suppress(ConnectionError):
+            await sending
+        if not ws.closed and not (request.transport is None or request.transport.is_closing()):
+            await ws.close(code=close_code)
+        return ws
+
+    async def process_execute(self, request: web.Request) -> web.Response:
+        sandbox = self._started(request)
+        spec = parse(ExecuteRequest, await request.json())
+        cwd = self.host_path(sandbox, spec.cwd) if spec.cwd else sandbox.home
+        proc = await asyncio.create_subprocess_shell(
+            spec.command, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), spec.timeout or None)
+        except asyncio.TimeoutError:
+            proc.kill()
+            return self._error(408, "command timed out")
+        data = {"exitCode": proc.returncode, "result": out.decode("utf-8", "replace")}
+        return web.json_response(checked(ExecuteResponse, data))
+
+    # -- files ---------------------------------------------------------------
+
+    async def bulk_upload(self, request: web.Request) -> web.Response:
+        sandbox = self._started(request)
+        reader = await request.multipart()
+        paths: dict[str, str] = {}
+        written = 0
+        async for part in reader:
+            name = part.name or ""
+            if name.endswith(".path"):
+                paths[name[: -len(".path")]] = (await part.read()).decode()
+            elif name.endswith(".file"):
+                key = name[: -len(".file")]
+                dest = paths.get(key) or part.filename
+                if not dest:
+                    raise BadRequest(f"part {name} has no destination path")
+                target = self.host_path(sandbox, dest)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(await part.read(decode=False))
+                written += 1
+            else:
+                raise BadRequest(f"unexpected multipart field {name!r}")
+        return web.json_response({"uploaded": written})
+
+    async def bulk_download(self, request: web.Request) -> web.StreamResponse:
+        sandbox = self._started(request)
+        spec = parse(FilesDownloadRequest, await request.json())
+        boundary = uuid.uuid4().hex
+        chunks: list[bytes] = []
+        for path in spec.paths:
+            target = self.host_path(sandbox, path)
+            if target.is_file():
+                name, content, ctype = "file", target.read_bytes(), "application/octet-stream"
+            else:
+                name, ctype = "error", "application/json"
+                content = json.dumps({"message": f"file not found: {path}", "statusCode": 404}).encode()
+            chunks.append(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path}"\r\n'
+                f"Content-Type: {ctype}\r\n\r\n".encode()
+                + content
+                + b"\r\n"
+            )
+        chunks.append(f"--{boundary}--\r\n".encode())
+        return web.Response(body=b"".join(chunks), headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
