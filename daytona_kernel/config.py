@@ -109,6 +109,32 @@ class DaytonaKernelConfig(Configurable):
         config=True
     )
 
+    sync = Enum(
+        ["both", "up", "down", "off"],
+        default_value="both",
+        help="Mirror between the notebook's folder and the sandbox's working directory: 'both', "
+        "'up' (local changes go to the sandbox), 'down' (files cells write come back) or 'off'.",
+    ).tag(config=True)
+
+    sync_exclude = List(
+        Unicode(),
+        default_value=[],
+        help="More .gitignore-style patterns the mirror skips (on top of .gitignore and the "
+        "defaults: .git, .ipynb_checkpoints, virtualenvs, __pycache__, node_modules ...).",
+    ).tag(config=True)
+
+    sync_deletes = Bool(False, help="Propagate deletions in both directions (off: a deleted file stays on the other side).").tag(
+        config=True
+    )
+
+    sync_max_file_mb = Float(100.0, min=0.0, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
+        config=True
+    )
+
+    sync_max_total_mb = Float(
+        1024.0, min=0.0, help="At most this much (MB) is uploaded in one sync; the rest waits, with a notice."
+    ).tag(config=True)
+
     env = Dict(
         value_trait=Unicode(),
         default_value={},

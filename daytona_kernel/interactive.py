@@ -25,3 +25,21 @@ def check_complete(code: str) -> dict[str, Any]:
 def transform_cell(code: str) -> str:
     """IPython syntax (``!cmd``, ``%magic``, ``obj?``) to plain Python calling ``get_ipython()``."""
     return _transformer.transform_cell(code)
+
+
+KERNEL_MAGICS = ("sync", "upload", "download", "daytona")
+
+
+def kernel_magic_lines(code: str) -> list[tuple[str, str]] | None:
+    """``[(name, args), ...]`` when every line of the cell is a kernel-side magic (%sync ...), else None.
+
+    These magics act on the user's own files or on the kernel, so they run here, not in the sandbox.
+    """
+    lines = [line.strip() for line in code.strip().splitlines() if line.strip()]
+    found = []
+    for line in lines:
+        name, _, args = line[1:].partition(" ") if line.startswith("%") and not line.startswith("%%") else ("", "", "")
+        if name not in KERNEL_MAGICS:
+            return None
+        found.append((name, args.strip()))
+    return found or None

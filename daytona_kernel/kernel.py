@@ -22,8 +22,9 @@ from .backends import open_sandbox
 from .config import DaytonaKernelConfig
 from .errors import DaytonaKernelError
 from .history import History
-from .interactive import check_complete, transform_cell
+from .interactive import check_complete, kernel_magic_lines, transform_cell
 from .session import CellOutcome, RuntimeSession, error_content
+from .sync import open_mirror
 
 # Session event kind -> iopub message type.
 IOPUB_TYPES = {
@@ -60,7 +61,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         if not self._problems:
             try:
                 sandbox = open_sandbox(self, os.getcwd(), self._kernel_id())
-                self._session = RuntimeSession(sandbox, self, self.log)
+                mirror = open_mirror(self, sandbox, os.getcwd(), self.log)
+                self._session = RuntimeSession(sandbox, self, self.log, mirror)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
 
@@ -179,10 +181,14 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 outputs.append(content["data"].get("text/plain", ""))
             self._emit(kind, content)
 
+        magics = kernel_magic_lines(code)
         if self._problems:
             content = error_content("DaytonaKernelConfigError", "\n".join(self._problems))
             self._emit("error", content)
             outcome = CellOutcome(error=content)
+        elif magics:
+            assert self._session is not None
+            outcome = CellOutcome(error=await self._session.kernel_magics(magics, emit))
         else:
             assert self._session is not None
             outcome = await self._session.execute(

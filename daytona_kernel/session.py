@@ -21,6 +21,7 @@ from .config import DaytonaKernelConfig
 from .errors import BackendError, ContextDied, ContextTimeout, DaytonaKernelError, SandboxNotRunning
 from .runtime import bootstrap_code, call_code
 from .runtime.framing import Frame, FrameDecoder, Text
+from .sync import SyncReport, WorkdirMirror
 
 EmitCallback = Callable[[str, dict], None]
 ProgressCallback = Callable[[str], None]
@@ -109,8 +110,15 @@ class _Request:
 class RuntimeSession:
     """Runs cells in one sandbox, one context at a time. See the module docstring."""
 
-    def __init__(self, sandbox: Sandbox, config: DaytonaKernelConfig, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        config: DaytonaKernelConfig,
+        log: logging.Logger,
+        mirror: WorkdirMirror | None = None,
+    ) -> None:
         self.sandbox = sandbox
+        self.mirror = mirror
         self._config = config
         self._log = log
         self._sandbox_started = False
@@ -168,7 +176,8 @@ class RuntimeSession:
         context = await self.sandbox.create_context()
         token = secrets.token_hex(8)
         request = _Request(token, self._emit_to_log, self._log)
-        error = await context.run_code(bootstrap_code(token), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
+        options = self.mirror.runtime_options() if self.mirror else {}
+        error = await context.run_code(bootstrap_code(token, options), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
         request.finish()
         hello = request.frames.get("hello")
         if error is not None or hello is None:
@@ -231,6 +240,7 @@ class RuntimeSession:
         except DaytonaKernelError as exc:
             emit("error", error_content(exc.ename, str(exc)))
             return CellOutcome(error=error_content(exc.ename, str(exc)))
+        synced = await self._push(emit, progress)
         answers: list[asyncio.Future[None]] = []
 
         def new_request(token: str) -> _Request:
@@ -241,7 +251,7 @@ class RuntimeSession:
             return request
 
         request = new_request(live.token)
-        call = call_code("run_cell", code, count, store_history, silent, allow_stdin, user_expressions or {})
+        call = call_code("run_cell", code, count, store_history, silent, allow_stdin, user_expressions or {}, synced)
         timeout = self._config.cell_timeout or None
         run_error: RunError | None = None
         try:
@@ -295,6 +305,8 @@ class RuntimeSession:
         request.finish()
         if run_error is not None:
             request.fail(_run_error_content(run_error))
+        if "files" in request.frames:
+            await self._pull(request.frames["files"], emit)
         if request.error is not None:
             emit("error", request.error)
         return CellOutcome(
@@ -302,6 +314,85 @@ class RuntimeSession:
             user_expressions=request.frames.get("user_expressions", {}),
             payload=request.payload,
         )
+
+    # -- the workdir mirror ------------------------------------------------
+
+    async def _push(self, emit: EmitCallback, progress: ProgressCallback | None) -> list[str]:
+        """Upload local changes before a cell; returns what went up. Never fails the cell."""
+        if self.mirror is None:
+            return []
+        try:
+            report = await self.mirror.push(progress)
+        except (DaytonaKernelError, OSError) as exc:
+            emit("stream", {"name": "stderr", "text": f"Could not sync your folder to the sandbox: {exc}\n"})
+            return []
+        finally:
+            if progress is not None:
+                progress("")
+        self._notify(report, emit)
+        return report.up
+
+    async def _pull(self, changes: dict[str, Any], emit: EmitCallback) -> SyncReport | None:
+        """Download what the cell changed, before the cell's reply."""
+        if self.mirror is None:
+            return None
+        try:
+            report = await self.mirror.pull(changes)
+        except (DaytonaKernelError, OSError) as exc:
+            emit("stream", {"name": "stderr", "text": f"Could not copy the cell's files back from the sandbox: {exc}\n"})
+            return None
+        self._notify(report, emit)
+        return report
+
+    @staticmethod
+    def _notify(report: SyncReport, emit: EmitCallback) -> None:
+        notices = report.notices()
+        if notices:
+            emit("stream", {"name": "stderr", "text": notices})
+
+    async def kernel_magics(self, lines: list[tuple[str, str]], emit: EmitCallback) -> dict[str, Any] | None:
+        """Run %sync / %upload / %download / %daytona here in the kernel. Returns the error, if any."""
+        for name, args in lines:
+            try:
+                text = await self._kernel_magic(name, args, emit)
+            except DaytonaKernelError as exc:
+                content = error_content("UsageError" if "usage" in exc.message.lower() else exc.ename, str(exc))
+                emit("error", content)
+                return content
+            if text:
+                emit("stream", {"name": "stdout", "text": text})
+        return None
+
+    async def _kernel_magic(self, name: str, args: str, emit: EmitCallback) -> str:
+        if name == "daytona":
+            return await self._daytona_magic(args)
+        if self.mirror is None:
+            raise BackendError(f"%{name}: the mirror is not available (the sandbox did not start).")
+        await self.ready()
+        words = args.split()
+        if name == "sync" and words[:1] == ["status"]:
+            return self.mirror.status()
+        if name == "sync":
+            report = await self.mirror.push()
+            changes = await self.call("file_changes")
+            if changes:
+                down = await self.mirror.pull(changes)
+                report.down, report.bytes_down, report.conflicts = down.down, down.bytes_down, down.conflicts
+                report.skipped += down.skipped
+                report.deleted += down.deleted
+            self._notify(report, emit)
+            return report.summary() + "\n"
+        if not words or len(words) > 2:
+            raise BackendError(f"Usage: %{name} PATH [DEST]")
+        if name == "upload":
+            report = await self.mirror.upload_paths(words[0], words[1] if len(words) > 1 else None)
+            return f"uploaded {len(report.up)} file(s), {report.bytes_up} bytes\n"
+        report = await self.mirror.download_paths(words[0], words[1] if len(words) > 1 else None)
+        self._notify(report, emit)
+        return f"downloaded {len(report.down)} file(s), {report.bytes_down} bytes\n" if report.down else ""
+
+    async def _daytona_magic(self, args: str) -> str:
+        raise BackendError("Usage: %daytona status")
 
     async def _recover(self, cause: DaytonaKernelError, emit: EmitCallback, progress: ProgressCallback | None) -> _Live:
         """The sandbox stopped (auto-stop, archive) or could not be reached: start it and a new context."""

@@ -101,5 +101,9 @@ class Sandbox(abc.ABC):
         """Read sandbox paths, in as few requests as possible."""
 
     @abc.abstractmethod
+    async def remove(self, paths: list[str]) -> None:
+        """Delete files (paths relative to the working directory), in as few requests as possible."""
+
+    @abc.abstractmethod
     async def shutdown(self) -> None:
         """Release the sandbox according to its policy: stop it or delete it."""

@@ -13,6 +13,7 @@ import getpass
 import logging
 import os
 import random
+import shlex
 import socket
 import time
 from typing import Any, Awaitable, Callable, TypeVar
@@ -378,6 +379,14 @@ class DaytonaSandbox(Sandbox):
                 raise BackendError(f"Could not download {item.source} from the sandbox: {item.error}")
             out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
         return out
+
+    async def remove(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        command = "rm -f -- " + " ".join(shlex.quote(p) for p in paths)
+        result = await self.exec(command, timeout=REQUEST_TIMEOUT_S)
+        if result.exit_code:
+            raise BackendError(f"Could not delete files in the sandbox: {result.output.strip()}")
 
     async def shutdown(self) -> None:
         try:

@@ -214,6 +214,10 @@ class LocalSandbox(Sandbox):
     async def download(self, paths: list[str]) -> dict[str, bytes]:
         return {p: self._local_path(p).read_bytes() for p in paths}
 
+    async def remove(self, paths: list[str]) -> None:
+        for p in paths:
+            self._local_path(p).unlink(missing_ok=True)
+
     async def shutdown(self) -> None:
         for ctx in self._contexts:
             await ctx.close()

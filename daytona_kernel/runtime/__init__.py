@@ -12,6 +12,7 @@ from importlib import resources
 
 FRAMING_MODULE = "_daytona_kernel_framing"
 SHELL_MODULE = "_daytona_kernel_shell"
+PATHRULES_MODULE = "_daytona_kernel_pathrules"
 RUNTIME_MODULE = "_daytona_kernel_runtime"
 HANDLE = "__dk__"
 
@@ -24,6 +25,7 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
     """Code that installs the runtime into a fresh context and says hello."""
     modules = [
         (FRAMING_MODULE, "<daytona-kernel-framing>", _source("framing.py")),
+        (PATHRULES_MODULE, "<daytona-kernel-pathrules>", _source("pathrules.py")),
         (SHELL_MODULE, "<daytona-kernel-shell>", _source("shell.py")),
         (RUNTIME_MODULE, "<daytona-kernel-runtime>", _source("runtime.py")),
     ]

@@ -32,9 +32,11 @@ import uuid
 
 try:
     import _daytona_kernel_framing as _framing
+    import _daytona_kernel_pathrules as _pathrules
     import _daytona_kernel_shell as _shell
 except ImportError:  # imported directly, e.g. by unit tests
     from daytona_kernel.runtime import framing as _framing
+    from daytona_kernel.runtime import pathrules as _pathrules
     from daytona_kernel.runtime import shell as _shell
 
 INTERNAL_PREFIX = "<daytona-kernel-"
@@ -290,6 +292,11 @@ class Runtime(object):
         for name in IPYTHON_DISPLAY_MODULES:
             if name in sys.modules:
                 self.patch_ipython_module(sys.modules[name])
+        self.workdir = os.getcwd()
+        self._watch = None
+        if self.options.get("sync_down"):
+            self._watch_rules = _pathrules.load_rules(self.workdir, self.options.get("sync_excludes") or ())
+            self._watch, _ = _pathrules.scan(self.workdir, self._watch_rules)
         builtins.display = self.display
         builtins.get_ipython = lambda: self.shell
         builtins.input = self.input
@@ -509,8 +516,12 @@ class Runtime(object):
 
     # -- execution -------------------------------------------------------
 
-    def run_cell(self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None):
-        """Run one cell. Errors become one ``error`` frame; nothing escapes."""
+    def run_cell(self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None, synced=()):
+        """Run one cell. Errors become one ``error`` frame; nothing escapes.
+
+        ``synced`` lists files the kernel just uploaded, so they are not reported back as changed.
+        """
+        self._note_synced(synced)
         with self.session():
             self._stdin_allowed = allow_stdin
             self._execution_count = count
@@ -532,6 +543,39 @@ class Runtime(object):
                     self.send("error", self.error_content(etype, evalue, tb))
             if user_expressions:
                 self.send("user_expressions", self._user_expressions(user_expressions))
+            self._report_file_changes()
+
+    def _note_synced(self, paths):
+        if self._watch is None:
+            return
+        for rel in paths:
+            try:
+                st = os.stat(os.path.join(self.workdir, rel))
+                self._watch[rel] = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                self._watch.pop(rel, None)
+
+    def file_changes(self):
+        """Reply with what changed in the working directory since the last report (for %sync)."""
+        with self.session():
+            self.send("reply", self._file_changes() or {"changed": {}, "deleted": [], "truncated": False})
+
+    def _report_file_changes(self):
+        """Tell the kernel which files in the working directory this cell created, changed or deleted."""
+        changes = self._file_changes()
+        if changes:
+            self.send("files", changes)
+
+    def _file_changes(self):
+        if self._watch is None:
+            return None
+        now, complete = _pathrules.scan(self.workdir, self._watch_rules)
+        changed = dict((rel, stat) for rel, stat in now.items() if self._watch.get(rel) != stat)
+        deleted = [rel for rel in self._watch if rel not in now] if complete else []
+        self._watch = now
+        if changed or deleted or not complete:
+            return {"changed": changed, "deleted": deleted, "truncated": not complete}
+        return None
 
     def _user_expressions(self, expressions):
         results = {}

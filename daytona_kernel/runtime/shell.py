@@ -19,6 +19,7 @@ import time
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 NO_VAR_EXPAND = ("time", "timeit", "pinfo", "pinfo2", "config")
+KERNEL_MAGICS = ("sync", "upload", "download", "daytona")
 READ_CHUNK_BYTES = 4096
 
 
@@ -226,6 +227,11 @@ class Shell(object):
 
     def run_line_magic(self, magic_name, line, _stack_depth=1):
         func = self.line_magics.get(magic_name)
+        if func is None and magic_name in KERNEL_MAGICS:
+            raise UsageError(
+                "%%%s runs in the kernel, next to your files, not in the sandbox: put it in a cell of its own."
+                % magic_name
+            )
         if func is None:
             raise UsageError(
                 "Line magic function `%%%s` not found. daytona-kernel supports: %s."

@@ -1,0 +1,209 @@
+"""The workdir mirror: pure rules, then real kernels on both backends (Daytona via the emulator)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+from kernels import Kernel
+
+from daytona_kernel.runtime.pathrules import PathRules, load_rules, scan
+from daytona_kernel.sync import conflict_name
+
+UPLOAD = "POST /toolbox/{sid}/files/bulk-upload"
+WS = "GET /toolbox/{sid}/process/interpreter/execute"
+
+
+# -- pure ------------------------------------------------------------------------
+
+
+def test_rules_follow_gitignore_semantics() -> None:
+    rules = PathRules(["*.log", "build/", "/top.txt", "!keep.log", "docs/*.tmp"])
+    assert rules.excluded("x.log", False) and rules.excluded("a/b/x.log", False)
+    assert not rules.excluded("keep.log", False)
+    assert rules.excluded("build", True) and not rules.excluded("build", False)
+    assert rules.excluded("top.txt", False) and not rules.excluded("sub/top.txt", False)
+    assert rules.excluded("docs/a.tmp", False) and not rules.excluded("other/a.tmp", False)
+
+
+def test_scan_skips_defaults_gitignore_and_virtualenvs(tmp_path: Path) -> None:
+    for rel in ("a.py", "sub/b.csv", ".git/config", "__pycache__/x.pyc", "env/pyvenv.cfg", "env/lib/x.py", "ignored.dat"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    (tmp_path / ".gitignore").write_text("*.dat\n")
+    files, complete = scan(str(tmp_path), load_rules(str(tmp_path), ["sub/"]))
+    assert complete
+    assert sorted(files) == [".gitignore", "a.py"]
+
+
+def test_conflict_names() -> None:
+    assert conflict_name("data/table.csv") == "data/table.sandbox-conflict.csv"
+    assert conflict_name("Makefile") == "Makefile.sandbox-conflict"
+    assert conflict_name(".env") == ".env.sandbox-conflict"
+
+
+def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: Path) -> None:
+    from daytona_kernel.config import DaytonaKernelConfig
+    from daytona_kernel.sync import WorkdirMirror
+
+    class NoRequests:
+        workdir = "/remote"
+
+        async def upload(self, files):  # type: ignore[no-untyped-def]
+            self.uploaded = files
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one")
+    sandbox = NoRequests()
+    mirror = WorkdirMirror(str(folder), sandbox, DaytonaKernelConfig(), tmp_path / "m.json", logging.getLogger())  # type: ignore[arg-type]
+    import asyncio
+
+    report = asyncio.run(mirror.push())
+    assert report.up == ["a.txt"] and sandbox.uploaded == [(b"one", "/remote/a.txt")]
+    del sandbox.uploaded
+    assert mirror.plan_up()[0] == []
+    assert asyncio.run(mirror.push()).up == [] and not hasattr(sandbox, "uploaded")
+    import os
+
+    os.utime(folder / "a.txt", ns=(1, 1))  # touched, same content: not a change
+    assert mirror.plan_up()[0] == []
+
+
+# -- through kernels, on both backends -----------------------------------------------
+
+BACKENDS = ["daytona-local", "daytona"]
+
+
+@pytest.fixture(params=BACKENDS)
+def kernel_name(request, emulator, monkeypatch):  # type: ignore[no-untyped-def]
+    if request.param == "daytona":
+        for key, value in emulator.env().items():
+            monkeypatch.setenv(key, value)
+    emulator.reset_counts()
+    return request.param
+
+
+def test_local_files_are_there_in_the_first_cell(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("x,y\n1,2\n")
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        run = k.execute("import csv\nprint(list(csv.reader(open('data.csv'))))")
+        assert run.text() == "[['x', 'y'], ['1', '2']]\n"
+
+
+def test_files_written_by_a_cell_appear_locally(kernel_name: str, tmp_path: Path) -> None:
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        code = (
+            "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+            "fig = plt.figure()\nplt.plot([1, 2])\nfig.savefig('plots/chart.png')\nplt.close(fig)"
+        )
+        k.execute("import os\nos.makedirs('plots', exist_ok=True)")
+        assert k.execute(code).status == "ok"
+        assert (tmp_path / "plots" / "chart.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_papermill_leaves_the_produced_files_locally(kernel_name: str, tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("with open('report.txt', 'w') as f:\n    f.write('done')")]
+    nb.metadata["kernelspec"] = {"name": kernel_name, "language": "python", "display_name": kernel_name}
+    nbformat.write(nb, tmp_path / "job.ipynb")
+    papermill.execute_notebook(str(tmp_path / "job.ipynb"), str(tmp_path / "out.ipynb"), kernel_name=kernel_name, cwd=str(tmp_path))
+    assert (tmp_path / "report.txt").read_text() == "done"
+
+
+def test_a_file_changed_on_both_sides_keeps_both(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("original\n")
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        k.execute("pass")
+        edit = threading.Timer(1.0, lambda: (tmp_path / "data.csv").write_text("edited here\n"))
+        edit.start()
+        run = k.execute("import time\ntime.sleep(2.5)\nopen('data.csv', 'w').write('written in the sandbox\\n')")
+        edit.join()
+        assert (tmp_path / "data.csv").read_text() == "edited here\n"
+        assert (tmp_path / "data.sandbox-conflict.csv").read_text() == "written in the sandbox\n"
+        assert "Conflict: data.csv changed both here and in the sandbox" in run.text("stderr")
+
+
+def test_a_notebook_is_never_downloaded_over_the_local_one(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "analysis.ipynb").write_text("{}")
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        k.execute("open('analysis.ipynb', 'w').write('{\"from\": \"sandbox\"}')")
+    assert (tmp_path / "analysis.ipynb").read_text() == "{}"
+    assert (tmp_path / "analysis.sandbox-conflict.ipynb").exists()
+
+
+def test_excludes_and_size_caps(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("private.txt\n")
+    (tmp_path / "private.txt").write_text("no")
+    (tmp_path / "scratch.tmp").write_text("no")
+    (tmp_path / "big.bin").write_bytes(b"x" * 20000)
+    (tmp_path / "ok.txt").write_text("yes")
+    env = {"DAYTONA_KERNEL_SYNC_EXCLUDE": '["*.tmp"]', "DAYTONA_KERNEL_SYNC_MAX_FILE_MB": "0.01"}
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        run = k.execute("import os\nsorted(f for f in os.listdir('.') if not f.startswith('.'))")
+        assert run.of_type("execute_result")[0]["data"]["text/plain"] == "['ok.txt']"
+        assert "Not synced: big.bin" in run.text("stderr") and "sync_max_file_mb" in run.text("stderr")
+        out = k.execute("open('huge.bin', 'wb').write(b'y' * 20000)")
+        assert "Not synced: huge.bin" in out.text("stderr")
+        assert not (tmp_path / "huge.bin").exists()
+
+
+def test_upload_download_and_sync_by_hand(kernel_name: str, tmp_path: Path) -> None:
+    with Kernel(kernel_name, cwd=str(tmp_path), env={"DAYTONA_KERNEL_SYNC": "off"}) as k:
+        (tmp_path / "input.txt").write_text("by hand")
+        assert k.execute("%upload input.txt copied.txt").text() == "uploaded 1 file(s), 7 bytes\n"
+        k.execute("open('made.txt', 'w').write(open('copied.txt').read().upper())")
+        assert not (tmp_path / "made.txt").exists()
+        assert k.execute("%download made.txt").text() == "downloaded 1 file(s), 7 bytes\n"
+        assert (tmp_path / "made.txt").read_text() == "BY HAND"
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        (tmp_path / "later.txt").write_text("later")
+        assert "would upload" in k.execute("%sync status").text()
+        summary = k.execute("%sync").text()
+        assert summary.startswith("sync: ") and "up" in summary and "conflicts" in summary
+        mixed = k.execute("x = 1\n%sync")
+        assert mixed.errors[0]["ename"] == "UsageError" and "cell of its own" in mixed.errors[0]["evalue"]
+
+
+def test_deletions_travel_only_when_asked(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "gone.txt").write_text("x")
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        k.execute("pass")
+        (tmp_path / "gone.txt").unlink()
+        assert k.execute("import os\nos.path.exists('gone.txt')").of_type("execute_result")[0]["data"]["text/plain"] == "True"
+    (tmp_path / "gone2.txt").write_text("x")
+    with Kernel(kernel_name, cwd=str(tmp_path), env={"DAYTONA_KERNEL_SYNC_DELETES": "true"}) as k:
+        k.execute("pass")
+        (tmp_path / "gone2.txt").unlink()
+        assert k.execute("import os\nos.path.exists('gone2.txt')").of_type("execute_result")[0]["data"]["text/plain"] == "False"
+        (tmp_path / "remote_made.txt").write_text("y")
+        k.execute("pass")
+        k.execute("import os\nos.remove('remote_made.txt')")
+        assert not (tmp_path / "remote_made.txt").exists()
+
+
+def test_files_outlive_the_sandbox(kernel_name: str, tmp_path: Path) -> None:
+    env = {"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral", "DAYTONA_KERNEL_SYNC": "off"}
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        k.execute("open('durable.txt', 'w').write('still here')")
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        assert k.execute("print(open('durable.txt').read())").text() == "still here\n"
+
+
+def test_request_counts(emulator, monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    for key, value in emulator.env().items():
+        monkeypatch.setenv(key, value)
+    for i in range(1000):
+        (tmp_path / "many" / f"f{i:04d}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "many" / f"f{i:04d}.txt").write_text(f"file {i}\n" * 100)
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        emulator.reset_counts()
+        assert k.execute("import os\nlen(os.listdir('many'))").of_type("execute_result")[0]["data"]["text/plain"] == "1000"
+        assert 1 <= emulator.count(UPLOAD) <= 2
+        emulator.reset_counts()
+        k.execute("x = 1")
+        assert dict(emulator.counts) == {WS: 1}
