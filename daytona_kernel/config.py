@@ -24,7 +24,7 @@ from traitlets.config.loader import DeferredConfig, DeferredConfigString
 
 ENV_PREFIX = "DAYTONA_KERNEL_"
 SECTION = "DaytonaKernel"
-SECRET_ENV_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN")
+SECRET_ENV_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "GIT_TOKEN")
 
 
 class DaytonaKernelConfig(Configurable):
@@ -134,6 +134,14 @@ class DaytonaKernelConfig(Configurable):
     sync_max_total_mb = Float(
         1024.0, min=0.0, help="At most this much (MB) is uploaded in one sync; the rest waits, with a notice."
     ).tag(config=True)
+
+    repo_url = Unicode(
+        "",
+        help="Git repository cloned into the working directory when the sandbox first starts. "
+        "Credentials come from GIT_USERNAME / GIT_TOKEN in the kernel's environment.",
+    ).tag(config=True)
+
+    repo_ref = Unicode("", help="Branch or tag of repo_url to clone (empty: the default branch).").tag(config=True)
 
     env = Dict(
         value_trait=Unicode(),

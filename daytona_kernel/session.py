@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import posixpath
 import secrets
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -126,6 +129,8 @@ class RuntimeSession:
         self._live: _Live | None = None
         self._current: _Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
+        self._repo_checked = False
+        self._startup_notices: list[str] = []
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
 
@@ -188,8 +193,25 @@ class RuntimeSession:
                 "The sandbox needs Python 3.9 or newer as `python3`."
             )
         self._live = _Live(context, token, int(hello["pid"]), str(hello["python"]))
+        if self._config.repo_url and not self._repo_checked:
+            self._repo_checked = True
+            await self._stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello["pid"], hello["python"])
         return self._live
+
+    async def _stage_repo(self) -> None:
+        """Clone repo_url into the working directory, unless a clone is already on the volume."""
+        url = self._config.repo_url
+        dest = posixpath.basename(url.rstrip("/")).removesuffix(".git") or "repo"
+        check = await self.sandbox.exec(f"test -d {shlex.quote(dest)}/.git")
+        if check.exit_code == 0:
+            self._startup_notices.append(f"{dest}/ is already cloned on the volume; left as it is.\n")
+            return
+        self._report(f"cloning {dest}…")
+        await self.sandbox.clone(
+            url, self._config.repo_ref or None, dest, os.environ.get("GIT_USERNAME"), os.environ.get("GIT_TOKEN")
+        )
+        self._startup_notices.append(f"Cloned {dest}/ into the working directory.\n")
 
     def _emit_to_log(self, kind: str, content: dict) -> None:
         self._log.warning("output outside a cell: %s %s", kind, content)
@@ -240,6 +262,8 @@ class RuntimeSession:
         except DaytonaKernelError as exc:
             emit("error", error_content(exc.ename, str(exc)))
             return CellOutcome(error=error_content(exc.ename, str(exc)))
+        while self._startup_notices:
+            emit("stream", {"name": "stderr", "text": self._startup_notices.pop(0)})
         synced = await self._push(emit, progress)
         answers: list[asyncio.Future[None]] = []
 

@@ -213,6 +213,8 @@ class WorkdirMirror:
             return report
         todo, report.skipped, deleted = self.plan_up()
         total = sum((self.local_root / rel).stat().st_size for rel in todo)
+        if progress is not None and len(todo) >= SHOW_PROGRESS_FILES:
+            progress(f"syncing {len(todo)} files ({_size(total)}) to the sandbox…")
         started = time.monotonic()
         batch: list[tuple[bytes, str]] = []
         records: dict[str, list[Any]] = {}

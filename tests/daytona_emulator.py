@@ -48,6 +48,7 @@ from daytona_toolbox_api_client.models.create_context_request import CreateConte
 from daytona_toolbox_api_client.models.execute_request import ExecuteRequest
 from daytona_toolbox_api_client.models.execute_response import ExecuteResponse
 from daytona_toolbox_api_client.models.files_download_request import FilesDownloadRequest
+from daytona_toolbox_api_client.models.git_clone_request import GitCloneRequest
 from daytona_toolbox_api_client.models.interpreter_context import InterpreterContext
 from daytona_toolbox_api_client.models.list_contexts_response import ListContextsResponse
 
@@ -208,6 +209,7 @@ class DaytonaEmulator:
         r.add_get(t + "/process/interpreter/execute", self.execute)
         r.add_post(t + "/process/execute", self.process_execute)
         r.add_post(t + "/files/bulk-upload", self.bulk_upload)
+        r.add_post(t + "/git/clone", self.git_clone)
         r.add_post(t + "/files/bulk-download", self.bulk_download)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -538,6 +540,18 @@ class DaytonaEmulator:
             return self._error(408, "command timed out")
         data = {"exitCode": proc.returncode, "result": out.decode("utf-8", "replace")}
         return web.json_response(checked(ExecuteResponse, data))
+
+    async def git_clone(self, request: web.Request) -> web.Response:
+        sandbox = self._started(request)
+        spec = parse(GitCloneRequest, await request.json())
+        argv = ["git", "clone", "--quiet"] + (["--branch", spec.branch] if spec.branch else [])
+        proc = await asyncio.create_subprocess_exec(
+            *argv, spec.url, str(self.host_path(sandbox, spec.path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode:
+            return self._error(400, f"git clone failed: {out.decode(errors='replace')}")
+        return web.Response(status=200)
 
     # -- files ---------------------------------------------------------------
 

@@ -207,3 +207,24 @@ def test_request_counts(emulator, monkeypatch, tmp_path: Path) -> None:  # type:
         emulator.reset_counts()
         k.execute("x = 1")
         assert dict(emulator.counts) == {WS: 1}
+
+
+def test_a_repository_is_staged_once(kernel_name: str, tmp_path: Path) -> None:
+    import subprocess
+
+    repo = tmp_path / "src" / "project"
+    repo.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "lib.py").write_text("VALUE = 7\n")
+    subprocess.run(git + ["-C", str(repo), "add", "."], check=True)
+    subprocess.run(git + ["-C", str(repo), "commit", "-qm", "init"], check=True)
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    env = {"DAYTONA_KERNEL_REPO_URL": str(repo), "DAYTONA_KERNEL_REPO_REF": "main", "DAYTONA_KERNEL_SYNC": "off"}
+    with Kernel(kernel_name, cwd=str(folder), env=env) as k:
+        run = k.execute("import sys\nsys.path.insert(0, 'project')\nimport lib\nlib.VALUE")
+        assert "Cloned project/ into the working directory." in run.text("stderr")
+        assert run.of_type("execute_result")[0]["data"]["text/plain"] == "7"
+    with Kernel(kernel_name, cwd=str(folder), env=env) as k:
+        assert "already cloned" in k.execute("pass").text("stderr")

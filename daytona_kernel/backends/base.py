@@ -101,6 +101,10 @@ class Sandbox(abc.ABC):
         """Read sandbox paths, in as few requests as possible."""
 
     @abc.abstractmethod
+    async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
+        """Clone a git repository into ``dest`` (relative to the working directory)."""
+
+    @abc.abstractmethod
     async def remove(self, paths: list[str]) -> None:
         """Delete files (paths relative to the working directory), in as few requests as possible."""
 

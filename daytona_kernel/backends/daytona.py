@@ -12,6 +12,7 @@ import asyncio
 import getpass
 import logging
 import os
+import posixpath
 import random
 import shlex
 import socket
@@ -379,6 +380,15 @@ class DaytonaSandbox(Sandbox):
                 raise BackendError(f"Could not download {item.source} from the sandbox: {item.error}")
             out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
         return out
+
+    async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
+        sandbox = self.sdk_sandbox
+        path = posixpath.join(self.workdir, dest)
+        await _call(
+            "clone the repository",
+            lambda: sandbox.git.clone(url=url, path=path, branch=ref or None, username=username, password=password),
+            retry=False,
+        )
 
     async def remove(self, paths: list[str]) -> None:
         if not paths:

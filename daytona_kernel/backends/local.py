@@ -214,6 +214,22 @@ class LocalSandbox(Sandbox):
     async def download(self, paths: list[str]) -> dict[str, bytes]:
         return {p: self._local_path(p).read_bytes() for p in paths}
 
+    async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
+        argv = ["git", "clone", "--quiet"] + (["--branch", ref] if ref else []) + [url, dest]
+        env = self._worker_env()
+        if password:  # handed to git by an askpass helper, never on a command line
+            helper = self.path / "git-askpass.sh"
+            helper.write_text('#!/bin/sh\ncase "$1" in Username*) echo "$GIT_USERNAME";; *) echo "$GIT_TOKEN";; esac\n')
+            helper.chmod(0o700)
+            env.update(GIT_ASKPASS=str(helper), GIT_TERMINAL_PROMPT="0", GIT_USERNAME=username or "git", GIT_TOKEN=password)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=self.workdir, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode:
+            text = out.decode("utf-8", "replace").strip()
+            raise BackendError(f"git clone of the repository failed: {text.replace(password, '***') if password else text}")
+
     async def remove(self, paths: list[str]) -> None:
         for p in paths:
             self._local_path(p).unlink(missing_ok=True)
