@@ -1,4 +1,4 @@
-"""``daytona-kernel install | uninstall | list``: a thin argparse layer."""
+"""``daytona-kernel install | uninstall | list | gc | doctor``: a thin argparse layer."""
 
 from __future__ import annotations
 
@@ -61,6 +61,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(text: str) -> float:
+    """``90s``, ``30m``, ``1h``, ``2d`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30m, 1h, 2d)") from None
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from . import admin
+
+    return admin.run(admin.gc(args.older_than, args.dry_run, print))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import admin
+
+    return admin.run(admin.doctor(print, round_trip=not args.no_round_trip))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="daytona-kernel", description="Manage the Daytona Jupyter kernel.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="list the installed daytona-kernel kernelspecs")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("gc", help="stop or delete sandboxes whose kernel is gone or that sat idle")
+    p.add_argument("--older-than", type=_duration, default=3600.0, metavar="AGE",
+                   help="idle time that makes a running sandbox an orphan (default 1h; e.g. 30m, 2d)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be done")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("doctor", help="check configuration, credentials, API, volume, kernelspecs and a round trip")
+    p.add_argument("--no-round-trip", action="store_true", help="skip running a test cell in a sandbox")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -163,6 +163,19 @@ class DaytonaKernelConfig(Configurable):
         "restarted (which loses its variables).",
     ).tag(config=True)
 
+    output_limit_mb = Float(
+        20.0,
+        min=0.0,
+        help="Most stream output (MB) one cell may send; the rest is dropped with a notice, so a "
+        "runaway print loop cannot swamp the browser (0 = no limit).",
+    ).tag(config=True)
+
+    checkpoint_on_idle = Bool(
+        False,
+        help="Checkpoint the variables (%daytona checkpoint) shortly before auto_stop_interval "
+        "would stop an idle sandbox, so %daytona restore can bring them back.",
+    ).tag(config=True)
+
     local_python = Unicode(
         sys.executable,
         help="Python interpreter that runs cells on the local backend.",

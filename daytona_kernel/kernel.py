@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,21 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._shell_loop = self.io_loop.asyncio_loop  # type: ignore[attr-defined]
         if self._session is not None:
             self._shell_loop.call_soon(self._session.start)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            self._shell_loop.add_signal_handler(signum, self._on_terminate_signal, signum)
+
+    def _on_terminate_signal(self, signum: int) -> None:
+        self.log.warning("received %s: releasing the sandbox before exiting", signal.Signals(signum).name)
+        asyncio.ensure_future(self._terminate())
+
+    async def _terminate(self) -> None:
+        try:
+            if self._session is not None:
+                await asyncio.wait_for(self._session.shutdown(), SHUTDOWN_TIMEOUT_S)
+        except (DaytonaKernelError, asyncio.TimeoutError) as exc:
+            self.log.error("could not release the sandbox: %s; its auto-stop interval bounds the cost", exc)
+        finally:
+            self.io_loop.stop()
 
     async def _on_shell_loop(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the shell loop from the control thread, and wait for it."""

@@ -130,6 +130,7 @@ class RuntimeSession:
         self._current: _Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
         self._repo_checked = False
+        self._shut_down = False
         self._startup_notices: list[str] = []
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
@@ -181,7 +182,8 @@ class RuntimeSession:
         context = await self.sandbox.create_context()
         token = secrets.token_hex(8)
         request = _Request(token, self._emit_to_log, self._log)
-        options = self.mirror.runtime_options() if self.mirror else {}
+        options = dict(self.mirror.runtime_options() if self.mirror else {})
+        options["output_limit_chars"] = int(self._config.output_limit_mb * 1024 * 1024)
         error = await context.run_code(bootstrap_code(token, options), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
         request.finish()
         hello = request.frames.get("hello")
@@ -235,7 +237,10 @@ class RuntimeSession:
         await self.ready()
 
     async def shutdown(self) -> None:
-        """Delete the context, then stop or delete the sandbox by policy."""
+        """Delete the context, then stop or delete the sandbox by policy. Safe to call twice."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
         if self._sandbox_started:
@@ -416,7 +421,43 @@ class RuntimeSession:
         return f"downloaded {len(report.down)} file(s), {report.bytes_down} bytes\n" if report.down else ""
 
     async def _daytona_magic(self, args: str) -> str:
-        raise BackendError("Usage: %daytona status")
+        command = args.split()[0] if args.split() else ""
+        if command == "status":
+            return await self._status()
+        if command in ("checkpoint", "restore"):
+            live = await self.ready()
+            reply = await self.call(command, self.checkpoint_path())
+            if reply is None:
+                raise BackendError(f"%daytona {command} failed; see the kernel log. Is there a checkpoint yet?")
+            if command == "checkpoint":
+                text = f"checkpoint: saved {len(reply['saved'])} variable(s) with {reply['pickler']} ({reply['bytes']} bytes) to {self.checkpoint_path()}"
+                if reply["skipped"]:
+                    text += "\nnot picklable, skipped: " + ", ".join(reply["skipped"])
+            else:
+                text = f"restored {len(reply['restored'])} variable(s): " + ", ".join(reply["restored"])
+                if reply["failed"]:
+                    text += "\ncould not restore: " + ", ".join(reply["failed"])
+            self._log.info("%s in context of pid %s", command, live.pid)
+            return text + "\n"
+        raise BackendError("Usage: %daytona status | %daytona checkpoint | %daytona restore")
+
+    def checkpoint_path(self) -> str:
+        return posixpath.join(self.sandbox.workdir, ".daytona-kernel", "checkpoint.pkl")
+
+    async def _status(self) -> str:
+        info = {"backend": self._config.backend}
+        try:
+            info.update(await self.sandbox.info())
+        except DaytonaKernelError as exc:
+            info["sandbox"] = f"unavailable: {exc}"
+        if self._live is not None:
+            info["interpreter"] = f"Python {self._live.python}, pid {self._live.pid}"
+        else:
+            info["interpreter"] = "not started"
+        if self.mirror is not None:
+            info["mirror"] = f"{self.mirror.mode}: {self.mirror.local_root} <-> {self.sandbox.workdir}"
+        width = max(len(k) for k in info) + 1
+        return "".join(f"{k + ':':<{width}} {v}\n" for k, v in info.items())
 
     async def _recover(self, cause: DaytonaKernelError, emit: EmitCallback, progress: ProgressCallback | None) -> _Live:
         """The sandbox stopped (auto-stop, archive) or could not be reached: start it and a new context."""

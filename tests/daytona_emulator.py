@@ -55,7 +55,7 @@ from daytona_toolbox_api_client.models.list_contexts_response import ListContext
 from daytona_kernel.backends.local import LocalContext
 from daytona_kernel.errors import ContextDied, ContextTimeout
 
-API_KEY = "emulator-test-key"
+API_KEY = "dtn_emulator0123456789abcdefghij"
 ORG_ID = "emulator-org"
 WS_TIMEOUT = 4008
 WS_CONTEXT_NOT_FOUND = 1008
@@ -259,6 +259,11 @@ class DaytonaEmulator:
     def stop_sandbox(self, sandbox_id: str, state: str = "stopped") -> None:
         """What auto-stop (or auto-archive) does: the sandbox stops and loses every process."""
         self.call(self._stop(self.sandboxes[sandbox_id], state))
+
+    def add_volume(self, name: str, state: str = "ready", error_reason: str | None = None) -> None:
+        with self._lock:
+            volume = EmuVolume(str(uuid.uuid4()), name, state=state, error_reason=error_reason)
+            self.volumes[volume.id] = volume
 
     def live_sandboxes(self) -> list[EmuSandbox]:
         return [s for s in self.sandboxes.values() if s.state != "destroyed"]

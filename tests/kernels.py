@@ -48,11 +48,13 @@ class Run:
 class Kernel:
     """A started kernel with a blocking client."""
 
-    def __init__(self, name: str = "daytona-local", env: dict[str, str] | None = None, cwd: str | None = None):
+    def __init__(
+        self, name: str = "daytona-local", env: dict[str, str] | None = None, cwd: str | None = None, **launch: Any
+    ):
         self.km = KernelManager(kernel_name=name)
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.km.start_kernel(env=full_env, cwd=cwd or os.getcwd())
+        self.km.start_kernel(env=full_env, cwd=cwd or os.getcwd(), **launch)
         self.kc: BlockingKernelClient = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=TIMEOUT_S)

@@ -81,6 +81,10 @@ class Sandbox(abc.ABC):
         """One line for banners and status: what and where this sandbox is."""
 
     @abc.abstractmethod
+    async def info(self) -> dict[str, str]:
+        """What %daytona status shows: id, state, resources, uptime, auto-stop, volume."""
+
+    @abc.abstractmethod
     async def start(self, progress: ProgressCallback) -> None:
         """Create or find the sandbox and wait until it can run code."""
 

@@ -17,6 +17,7 @@ import random
 import shlex
 import socket
 import time
+from datetime import datetime
 from typing import Any, Awaitable, Callable, TypeVar
 
 import aiohttp
@@ -60,8 +61,24 @@ LABEL_APP = "daytona-kernel"
 LABEL_WORKSPACE = "daytona-kernel-workspace"
 LABEL_OWNER = "daytona-kernel-owner"
 LABEL_KERNEL = "daytona-kernel-kernel-id"
+LABEL_POLICY = "daytona-kernel-policy"
 STARTABLE_STATES = ("stopped", "archived")
 FAILED_STATES = ("error", "build_failed")
+
+
+def _parse_time(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _duration(seconds: float) -> str:
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {sec}s"
 
 
 def _status(exc: DaytonaError) -> int | None:
@@ -87,7 +104,7 @@ def _handshake_failure(exc: BaseException) -> aiohttp.ClientError | None:
     return None
 
 
-def _translate(exc: DaytonaError, what: str) -> BackendError:
+def translate_error(exc: DaytonaError, what: str) -> BackendError:
     """The one place where SDK errors become ours."""
     if isinstance(exc, (DaytonaAuthenticationError, DaytonaForbiddenError)):
         return AuthError(
@@ -118,7 +135,7 @@ async def _call(what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True
                     f"Could not {what}: Daytona kept failing for {RETRY_BUDGET_S:g} s ({exc}). "
                     "Check https://status.daytona.io or your network, then run the cell again."
                 ) from exc
-            raise _translate(exc, what) from exc
+            raise translate_error(exc, what) from exc
 
 
 class DaytonaContext(Context):
@@ -196,6 +213,7 @@ class DaytonaSandbox(Sandbox):
                 LABEL_WORKSPACE: self._key,
                 LABEL_OWNER: f"{getpass.getuser()}@{socket.gethostname()}",
                 LABEL_KERNEL: self._kernel_id,
+                LABEL_POLICY: self._policy.value,
             }
         )
         return labels
@@ -212,7 +230,7 @@ class DaytonaSandbox(Sandbox):
             try:
                 self._client = AsyncDaytona(self._client_config())
             except DaytonaError as exc:
-                raise _translate(exc, "connect to Daytona") from exc
+                raise translate_error(exc, "connect to Daytona") from exc
         if self._sandbox is not None:
             await self._ensure_started(progress)
             return
@@ -226,6 +244,30 @@ class DaytonaSandbox(Sandbox):
         if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
             labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
             await _call("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
+
+    async def info(self) -> dict[str, str]:
+        if self._sandbox is None:
+            return {"sandbox": "not created yet", "policy": self._policy.value}
+        state = await self.refresh_state()
+        sb = self._sandbox
+        info = {
+            "sandbox": f"{sb.id} ({self._config.image or sb.snapshot or 'default snapshot'}, target {sb.target})",
+            "state": state,
+            "policy": self._policy.value,
+            "resources": f"{sb.cpu} CPU, {sb.memory} GiB RAM, {sb.disk} GiB disk" + (f", {sb.gpu} GPU" if sb.gpu else ""),
+        }
+        created = _parse_time(sb.created_at)
+        if created is not None:
+            info["uptime"] = _duration(time.time() - created)
+        interval = sb.auto_stop_interval or 0
+        last = _parse_time(sb.last_activity_at) or _parse_time(sb.updated_at)
+        if interval and last is not None:
+            left = interval * 60 - (time.time() - last)
+            info["auto-stop"] = f"after {interval} min idle; in about {_duration(max(left, 0))} if idle from now"
+        else:
+            info["auto-stop"] = "off"
+        info["volume"] = f"{self._config.volume_name} at {self._config.mount_path} (sub-folder {self._key})"
+        return info
 
     async def _ready_volume(self, progress: ProgressCallback) -> Any:
         client = self._client
@@ -319,7 +361,7 @@ class DaytonaSandbox(Sandbox):
             return SandboxNotRunning(f"The sandbox {self.id} is {state}.")
         if _is_retryable(exc) or isinstance(_handshake_failure(exc), aiohttp.ClientConnectorError):
             return SandboxNotRunning(f"The sandbox {self.id} did not answer ({exc}).")
-        return _translate(exc, "reach the interpreter")
+        return translate_error(exc, "reach the interpreter")
 
     async def why_cut_off(self, context_id: str, exc: DaytonaError) -> BackendError:
         """A running cell's stream broke. Did the sandbox stop, the worker die, or just the connection?"""

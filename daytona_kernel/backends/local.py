@@ -162,6 +162,15 @@ class LocalSandbox(Sandbox):
     def description(self) -> str:
         return f"local sandbox {self.id} (workdir {self.workdir})"
 
+    async def info(self) -> dict[str, str]:
+        return {
+            "sandbox": f"{self.id} (local worker processes; not a security boundary)",
+            "state": "started" if self.path.is_dir() else "not created",
+            "policy": self._policy.value,
+            "volume": f"{self._config.volume_name} (local folder {self.workdir})",
+            "auto-stop": "none (local)",
+        }
+
     async def start(self, progress: ProgressCallback) -> None:
         try:
             Path(self.workdir).mkdir(parents=True, exist_ok=True)

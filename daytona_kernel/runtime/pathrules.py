@@ -19,6 +19,7 @@ import os
 
 DEFAULT_EXCLUDES = (
     ".git/",
+    ".daytona-kernel/",
     ".hg/",
     ".svn/",
     ".ipynb_checkpoints/",

@@ -112,7 +112,8 @@ class OutputStream(io.TextIOBase):
             return 0
         rt = self._rt
         with rt.lock:
-            if not rt.active and self._size > IDLE_BUFFER_CHARS:
+            if (not rt.active and self._size > IDLE_BUFFER_CHARS) or rt.over_budget:
+                rt.dropped_chars += len(s) if rt.over_budget else 0
                 return len(s)
             self._buf.append(s)
             self._size += len(s)
@@ -134,10 +135,18 @@ class OutputStream(io.TextIOBase):
             if rt.active:
                 self._send_locked()
 
+    def close(self):
+        """Closing sys.stdout in a cell must not break the next cell: just flush."""
+        self.flush()
+
+    @property
+    def closed(self):
+        return False
+
     def _send_locked(self):
         if not self._buf or self.target is None:
             return
-        text = "".join(self._buf)
+        text = self._rt.within_budget("".join(self._buf))
         self._buf = []
         self._size = 0
         for i in range(0, len(text), WRITE_CHARS):
@@ -275,6 +284,9 @@ class Runtime(object):
         self._ipy_formatter = None
         self._ipy_formatter_tried = False
         self._stdin_allowed = False
+        self.output_budget = int(self.options.get("output_limit_chars") or 0)
+        self.output_used = 0
+        self.dropped_chars = 0
         self._input_seq = 0
         self._inbox_dir = None
         self._capture = []
@@ -323,6 +335,7 @@ class Runtime(object):
         )
         ns["_ih"] = ns["In"]
         ns["_oh"] = ns["Out"]
+        ns["exit"] = ns["quit"] = _ExitAutocall(self)
 
     def hello(self):
         """First call after bootstrap: report who we are."""
@@ -361,6 +374,29 @@ class Runtime(object):
                 sys.stdout = self._frame_target
             if sys.stderr is self.err:
                 sys.stderr = self.err.target
+
+    @property
+    def over_budget(self):
+        return bool(self.output_budget) and self.output_used >= self.output_budget
+
+    def within_budget(self, text):
+        """Cut text at the cell's output limit; count what is dropped."""
+        if not self.output_budget:
+            return text
+        room = max(0, self.output_budget - self.output_used)
+        self.output_used += min(len(text), room)
+        if len(text) > room:
+            self.dropped_chars += len(text) - room
+            return text[:room]
+        return text
+
+    def _budget_notice(self):
+        if self.dropped_chars:
+            self.err.target.write(
+                "\ndaytona-kernel: this cell's output passed the limit of %g MB; %.1f MB more were dropped. "
+                "Raise DaytonaKernel.output_limit_mb to see more.\n"
+                % (self.output_budget / 1048576.0, self.dropped_chars / 1048576.0)
+            )
 
     def flush_streams_locked(self):
         self.out._send_locked()
@@ -522,6 +558,7 @@ class Runtime(object):
         ``synced`` lists files the kernel just uploaded, so they are not reported back as changed.
         """
         self._note_synced(synced)
+        self.output_used = self.dropped_chars = 0
         with self.session():
             self._stdin_allowed = allow_stdin
             self._execution_count = count
@@ -544,6 +581,10 @@ class Runtime(object):
             if user_expressions:
                 self.send("user_expressions", self._user_expressions(user_expressions))
             self._report_file_changes()
+            with self.lock:
+                self.flush_streams_locked()
+                self._budget_notice()
+            self.output_used = self.dropped_chars = 0
 
     def _note_synced(self, paths):
         if self._watch is None:
@@ -922,6 +963,66 @@ class Runtime(object):
         fields.append(("Type", type(obj).__name__))
         width = max(len(k) for k, _ in fields) + 2
         return "\n".join("%s%s%s%s" % (RED, (k + ":").ljust(width), RESET, v) for k, v in fields)
+
+
+    # -- checkpoints -------------------------------------------------------
+
+    def _pickler(self):
+        for name in ("cloudpickle", "dill"):
+            try:
+                return name, __import__(name)
+            except ImportError:
+                continue  # try the next one; the standard library's pickle is the last resort
+        import pickle
+
+        return "pickle", pickle
+
+    def checkpoint(self, path):
+        """Pickle every picklable user variable to path (on the volume); report what was skipped."""
+        with self.session():
+            name, pickler = self._pickler()
+            saved, skipped = {}, []
+            for var, value in list(self.user_ns.items()):
+                if var in self.initial_names or var.startswith("_") or isinstance(value, types.ModuleType):
+                    continue
+                try:
+                    saved[var] = pickler.dumps(value)
+                except Exception as exc:
+                    skipped.append("%s (%s)" % (var, type(exc).__name__))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            blob = pickler.dumps({"pickler": name, "variables": saved})
+            with open(path + ".tmp", "wb") as f:
+                f.write(blob)
+            os.replace(path + ".tmp", path)
+            self.send("reply", {"saved": sorted(saved), "skipped": skipped, "pickler": name, "bytes": len(blob)})
+
+    def restore(self, path):
+        """Load the variables of a checkpoint back into the namespace."""
+        with self.session():
+            name, pickler = self._pickler()
+            with open(path, "rb") as f:
+                data = pickler.loads(f.read())
+            restored, failed = [], []
+            for var, blob in data["variables"].items():
+                try:
+                    self.user_ns[var] = pickler.loads(blob)
+                    restored.append(var)
+                except Exception as exc:
+                    failed.append("%s (%s)" % (var, type(exc).__name__))
+            self.send("reply", {"restored": sorted(restored), "failed": failed, "pickler": data.get("pickler")})
+
+
+class _ExitAutocall(object):
+    """``exit``/``quit`` as in ipykernel: ask the frontend to close, do not kill the interpreter."""
+
+    def __init__(self, runtime):
+        self._rt = runtime
+
+    def __repr__(self):
+        return "Use exit() to ask the notebook to close the kernel."
+
+    def __call__(self, keep_kernel=False):
+        self._rt.send("payload", {"source": "ask_exit", "keepkernel": bool(keep_kernel)})
 
 
 class _ActiveSession(object):
