@@ -70,6 +70,9 @@ class Kernel:
         """Run code and collect until idle. ``stdin_answer(content) -> str`` answers input()."""
         if stdin_answer is not None:
             kwargs.setdefault("allow_stdin", True)
+        # A failed cell makes ipykernel abort requests that arrive in the next moments; tests run
+        # cells back to back, so they opt out unless a test is about that.
+        kwargs.setdefault("stop_on_error", False)
         msg_id = self.kc.execute(code, **kwargs)
         run = Run(reply={})
         start = time.monotonic()

@@ -211,7 +211,7 @@ def test_input_without_stdin_fails_at_once(kernel: Kernel) -> None:
 
 def test_interrupt_while_input_waits_ends_the_cell(kernel: Kernel) -> None:
     kernel.execute("kept = 'yes'")
-    msg_id = kernel.kc.execute("input('waiting: ')", allow_stdin=True)
+    msg_id = kernel.kc.execute("input('waiting: ')", allow_stdin=True, stop_on_error=False)
     request = kernel.kc.get_stdin_msg(timeout=30)
     assert request["content"]["prompt"] == "waiting: "
     kernel.interrupt()
