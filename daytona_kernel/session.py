@@ -33,6 +33,7 @@ AskCallback = Callable[[str, bool], Awaitable[str]]
 OUTPUT_KINDS = ("display", "update", "clear", "result")
 REQUEST_TIMEOUT_S = 30.0
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
+IDLE_CHECKPOINT_LEAD_S = 60.0
 STATE_LOST = "Its variables were lost; files in the working directory are intact."
 
 
@@ -131,6 +132,8 @@ class RuntimeSession:
         self._watchdog: asyncio.Future[None] | None = None
         self._repo_checked = False
         self._shut_down = False
+        self._idle_checkpoint: asyncio.Future[None] | None = None
+        self._idle_checkpoint_saved = False
         self._startup_notices: list[str] = []
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
@@ -241,6 +244,7 @@ class RuntimeSession:
         if self._shut_down:
             return
         self._shut_down = True
+        self._disarm_idle_checkpoint()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
         if self._sandbox_started:
@@ -262,6 +266,24 @@ class RuntimeSession:
         ask: AskCallback | None = None,
     ) -> CellOutcome:
         """Run one cell. Every failure becomes the cell's one error output."""
+        self._disarm_idle_checkpoint()
+        try:
+            return await self._execute(code, count, emit, silent, store_history, allow_stdin, user_expressions, progress, ask)
+        finally:
+            self._arm_idle_checkpoint()
+
+    async def _execute(
+        self,
+        code: str,
+        count: int,
+        emit: EmitCallback,
+        silent: bool,
+        store_history: bool,
+        allow_stdin: bool,
+        user_expressions: dict[str, str] | None,
+        progress: ProgressCallback | None,
+        ask: AskCallback | None,
+    ) -> CellOutcome:
         try:
             live = await self.ready(progress)
         except DaytonaKernelError as exc:
@@ -441,6 +463,27 @@ class RuntimeSession:
             return text + "\n"
         raise BackendError("Usage: %daytona status | %daytona checkpoint | %daytona restore")
 
+    def _disarm_idle_checkpoint(self) -> None:
+        if self._idle_checkpoint is not None:
+            self._idle_checkpoint.cancel()
+            self._idle_checkpoint = None
+
+    def _arm_idle_checkpoint(self) -> None:
+        """With checkpoint_on_idle, save the variables shortly before an idle sandbox is auto-stopped."""
+        minutes = self._config.auto_stop_interval
+        if self._config.checkpoint_on_idle and minutes and not self._shut_down:
+            delay = max(minutes * 60 - IDLE_CHECKPOINT_LEAD_S, IDLE_CHECKPOINT_LEAD_S)
+            self._idle_checkpoint = asyncio.ensure_future(self._checkpoint_after(delay))
+
+    async def _checkpoint_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        reply = await self.call("checkpoint", self.checkpoint_path())
+        if reply is None:
+            self._log.warning("the idle checkpoint failed; see above")
+        else:
+            self._log.info("idle checkpoint: saved %s, skipped %s", reply["saved"], reply["skipped"])
+            self._idle_checkpoint_saved = True
+
     def checkpoint_path(self) -> str:
         return posixpath.join(self.sandbox.workdir, ".daytona-kernel", "checkpoint.pkl")
 
@@ -470,7 +513,9 @@ class RuntimeSession:
             {
                 "name": "stderr",
                 "text": f"{cause} It was started again and your cell runs in a fresh interpreter: "
-                "variables were reset; files in the working directory are intact.\n",
+                "variables were reset; files in the working directory are intact."
+                + (" Your variables were checkpointed before the stop: `%daytona restore` brings them back." if self._idle_checkpoint_saved else "")
+                + "\n",
             },
         )
         return live
