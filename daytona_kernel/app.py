@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+
 from ipykernel.kernelapp import IPKernelApp
 from jupyter_core.paths import jupyter_config_path
 from traitlets import Type
@@ -10,6 +12,7 @@ from .config import env_config
 from .kernel import DaytonaKernel
 
 CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
+CONTROL_JOIN_TIMEOUT_S = 10.0
 
 
 class DaytonaKernelApp(IPKernelApp):
@@ -21,6 +24,22 @@ class DaytonaKernelApp(IPKernelApp):
 
     name = "daytona-kernel"
     kernel_class = Type(DaytonaKernel, klass="ipykernel.kernelbase.Kernel")
+
+    def initialize(self, argv=None):  # type: ignore[no-untyped-def]
+        super().initialize(argv)
+        # atexit runs handlers last-registered first: this one runs before ipykernel stops iopub.
+        atexit.register(self._stop_control_thread)
+
+    def _stop_control_thread(self) -> None:
+        """Let the control thread finish its request before the iopub thread goes away.
+
+        The control thread flushes stdout through the iopub thread after each request,
+        shutdown included. If iopub stops first, that flush waits out its timeout and
+        the kernel lingers after a shutdown until the kernel manager kills it.
+        """
+        if self.control_thread and self.control_thread.is_alive():
+            self.control_thread.stop()
+            self.control_thread.join(CONTROL_JOIN_TIMEOUT_S)
 
     def load_config_file(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().load_config_file(*args, **kwargs)

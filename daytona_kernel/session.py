@@ -134,7 +134,7 @@ class RuntimeSession:
         self._shut_down = False
         self._idle_checkpoint: asyncio.Future[None] | None = None
         self._idle_checkpoint_saved = False
-        self._startup_notices: list[str] = []
+        self._startup_notices: list[str] = [mirror.notice] if mirror is not None and mirror.notice else []
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
 

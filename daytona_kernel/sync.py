@@ -123,6 +123,14 @@ class WorkdirMirror:
         self._manifest_path = manifest_path
         self._log = log
         self.mode = config.sync
+        self.notice = ""
+        if self.mode != "off" and self.local_root.resolve() in (Path.home().resolve(), Path("/")):
+            self.mode = "off"
+            self.notice = (
+                f"The automatic mirror is off because the notebook folder is {self.local_root}, which is too "
+                "broad to copy into a sandbox. Open the notebook from a project folder, or move files by "
+                "hand with %upload / %download.\n"
+            )
         self._rules = load_rules(str(self.local_root), config.sync_exclude)
         self._manifest: dict[str, list[Any]] = self._load_manifest()
 

@@ -34,6 +34,20 @@ DEFAULT_EXCLUDES = (
     "*.pyc",
     "*.sandbox-conflict*",
     ".~*",
+    # credentials and caches that live in home folders: never copied into a sandbox
+    ".ssh/",
+    ".aws/",
+    ".gnupg/",
+    ".kube/",
+    ".docker/",
+    ".netrc",
+    ".pgpass",
+    ".cache/",
+    ".local/",
+    ".config/",
+    ".npm/",
+    ".ipython/",
+    ".jupyter/",
 )
 
 

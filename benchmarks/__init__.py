@@ -1,0 +1,1 @@
+"""Benchmarks of daytona-kernel against stock ipykernel and the raw Daytona SDK."""

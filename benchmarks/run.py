@@ -1,0 +1,439 @@
+"""daytona-kernel benchmarks: every figure beside its baseline, measured in the same run.
+
+    python -m benchmarks            # full run (a few minutes), writes benchmarks/results.json
+    python -m benchmarks --quick    # smoke size, only to show the suite still works
+
+Each figure is a median over repetitions after a warm-up, with min and max. Times
+on shared machines are noise, so the verdicts use ratios against the baseline
+measured moments before in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from daytona_emulator import DaytonaEmulator  # noqa: E402
+from kernels import Kernel  # noqa: E402
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    ours: dict[str, float]
+    baseline: dict[str, float] | None = None
+    baseline_name: str = ""
+    goal: str = ""
+    verdict: str = ""
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.baseline or not self.baseline.get("median"):
+            return None
+        return self.ours["median"] / self.baseline["median"]
+
+
+@dataclass
+class Report:
+    machine: str
+    started: str
+    quick: bool
+    figures: list[Figure] = field(default_factory=list)
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+
+
+def timed(fn: Callable[[], Any], reps: int, warmup: int = 3) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
+def ms(d: dict[str, float]) -> dict[str, float]:
+    return {k: (v * 1000 if k != "n" else v) for k, v in d.items()}
+
+
+# -- kernels --------------------------------------------------------------------------
+
+
+def noop_latency(k: Kernel, reps: int) -> dict[str, float]:
+    return ms(timed(lambda: k.execute("pass"), reps))
+
+
+def first_output_latency(k: Kernel, reps: int) -> dict[str, float]:
+    samples = []
+    for i in range(reps + 2):
+        seen: dict[str, float] = {}
+
+        def on_message(msg: dict, seen: dict[str, float] = seen) -> None:
+            if msg["msg_type"] == "stream" and "at" not in seen:
+                seen["at"] = time.time()
+                seen["sent"] = float(msg["content"]["text"].split()[0])
+
+        k.execute("import time\nprint(time.time(), flush=True)\ntime.sleep(0.05)", on_message=on_message)
+        if i >= 2:
+            samples.append(seen["at"] - seen["sent"])
+    return ms(stats(samples))
+
+
+def throughput(k: Kernel, megabytes: int, reps: int) -> dict[str, float]:
+    code = f"line = 'x' * 1023\nfor _ in range({megabytes} * 1024):\n    print(line)"
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run = k.execute(code, timeout=600)
+        elapsed = time.perf_counter() - t0
+        got = len(run.text())
+        assert got == megabytes * 1024 * 1024, f"lost output: {got} bytes"
+        samples.append(megabytes / elapsed)
+    return stats(samples)
+
+
+def rich_display(k: Kernel, reps: int) -> dict[str, float]:
+    k.execute("import os, base64\npng = base64.b64encode(os.urandom(2 * 1024 * 1024)).decode()")
+    return ms(timed(lambda: k.execute("display({'image/png': png}, raw=True)"), reps, warmup=1))
+
+
+def interrupt_latency(k: Kernel, reps: int) -> dict[str, float]:
+    samples = []
+    for _ in range(reps):
+        fired: dict[str, float] = {}
+
+        def fire(fired: dict[str, float] = fired) -> None:
+            time.sleep(0.5)
+            fired["t"] = time.perf_counter()
+            k.interrupt()
+
+        thread = threading.Thread(target=fire)
+        thread.start()
+        k.execute("import time\ntime.sleep(30)")
+        samples.append(time.perf_counter() - fired["t"])
+        thread.join()
+    return ms(stats(samples))
+
+
+def start_to_first_result(name: str, reps: int, env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, float]:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        with Kernel(name, env=env, cwd=cwd) as k:
+            k.execute("1")
+            samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
+def restart_to_first_result(k: Kernel, reps: int) -> dict[str, float]:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        k.restart()
+        k.execute("1")
+        samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
+def rss_kb(k: Kernel) -> int:
+    pid = k.km.provisioner.process.pid  # type: ignore[union-attr]
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+# -- the raw SDK on the emulator ------------------------------------------------------
+
+
+def raw_sdk_noop(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median of a bare run_code('pass'), and of its first-output latency, on the same emulator."""
+    from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, DaytonaConfig
+
+    async def go() -> tuple[dict[str, float], dict[str, float]]:
+        client = AsyncDaytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url, target="us"))
+        sandbox = await client.create(CreateSandboxFromSnapshotParams(labels={"bench": "raw"}, auto_delete_interval=0))
+        ctx = await sandbox.code_interpreter.create_context()
+        for _ in range(5):
+            await sandbox.code_interpreter.run_code("pass", context=ctx)
+        noop = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            await sandbox.code_interpreter.run_code("pass", context=ctx)
+            noop.append(time.perf_counter() - t0)
+        first = []
+        for _ in range(max(5, reps // 5)):
+            seen: dict[str, float] = {}
+
+            def on_stdout(msg: Any, seen: dict[str, float] = seen) -> None:
+                if "at" not in seen:
+                    seen["at"] = time.time()
+                    seen["sent"] = float(msg.output.split()[0])
+
+            await sandbox.code_interpreter.run_code(
+                "import time\nprint(time.time(), flush=True)\ntime.sleep(0.05)", context=ctx, on_stdout=on_stdout
+            )
+            first.append(seen["at"] - seen["sent"])
+        await sandbox.delete()
+        await client.close()
+        return ms(stats(noop)), ms(stats(first))
+
+    return asyncio.run(go())
+
+
+def session_layer_noop(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """A cell through RuntimeSession (runtime wrapper, frames, mirror check) vs a bare run_code, one context."""
+    import logging
+
+    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.config import DaytonaKernelConfig
+    from daytona_kernel.session import RuntimeSession
+    from daytona_kernel.sync import open_mirror
+
+    os.environ.update(emu.env())
+
+    async def go() -> tuple[dict[str, float], dict[str, float]]:
+        config = DaytonaKernelConfig()
+        config.sandbox_policy = "ephemeral"
+        sandbox = DaytonaSandbox(config, "bench-layer", "bench")
+        session = RuntimeSession(sandbox, config, logging.getLogger(), open_mirror(config, sandbox, tempfile.mkdtemp(), logging.getLogger()))
+        live = await session.ready()
+
+        async def sample(fn: Callable[[], Any]) -> dict[str, float]:
+            for _ in range(5):
+                await fn()
+            xs = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                await fn()
+                xs.append(time.perf_counter() - t0)
+            return ms(stats(xs))
+
+        ours = await sample(lambda: session.execute("pass", 1, lambda kind, content: None))
+        raw = await sample(lambda: live.context.run_code("pass", lambda text: None, lambda text: None))
+        await session.shutdown()
+        return ours, raw
+
+    return asyncio.run(go())
+
+
+def raw_bulk_upload(emu: DaytonaEmulator, files: list[tuple[bytes, str]]) -> float:
+    from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, DaytonaConfig, FileUpload
+
+    async def go() -> float:
+        client = AsyncDaytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url, target="us"))
+        sandbox = await client.create(CreateSandboxFromSnapshotParams(labels={"bench": "upload"}, auto_delete_interval=0))
+        uploads = [FileUpload(source=content, destination=f"raw/{name}") for content, name in files]
+        t0 = time.perf_counter()
+        await sandbox.fs.upload_files(uploads)
+        elapsed = time.perf_counter() - t0
+        await sandbox.delete()
+        await client.close()
+        return elapsed
+
+    return asyncio.run(go())
+
+
+# -- the run --------------------------------------------------------------------------
+
+
+def run(quick: bool) -> Report:
+    reps = 15 if quick else 200
+    few = 2 if quick else 5
+    report = Report(f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), quick)
+    add = report.figures.append
+    data_dir = tempfile.mkdtemp(prefix="daytona-kernel-bench-")
+    os.environ["JUPYTER_DATA_DIR"] = data_dir
+    emu = DaytonaEmulator(Path(data_dir) / "emulator").start()
+    emu_env = emu.env()
+    work = Path(tempfile.mkdtemp(prefix="bench-nb-"))
+    try:
+        stock, local = Kernel("python3", cwd=str(work)), Kernel("daytona-local", cwd=str(work), env={"DAYTONA_KERNEL_OUTPUT_LIMIT_MB": "0"})
+        remote = Kernel("daytona", cwd=str(work), env={**emu_env, "DAYTONA_KERNEL_OUTPUT_LIMIT_MB": "0"})
+        for k in (stock, local, remote):
+            k.execute("pass")
+        base_noop = noop_latency(stock, reps)
+        add(Figure("no-op cell, daytona-local vs ipykernel", "ms", noop_latency(local, reps), base_noop, "ipykernel", "≤ 1.5×"))
+        raw_noop, raw_first = raw_sdk_noop(emu, reps)
+        emu.reset_counts()
+        remote_noop = noop_latency(remote, reps)
+        requests = sum(emu.counts.values()) / (reps + 3)
+        add(Figure("no-op cell, daytona (emulator) vs raw run_code", "ms", remote_noop, raw_noop, "AsyncSandbox.code_interpreter.run_code('pass')", "≤ 1.2× + 2 ms",
+                   note="end to end through jupyter_client: includes the Jupyter protocol round trip, which is what stock ipykernel's whole no-op costs"))
+        layer, raw_layer = session_layer_noop(emu, reps)
+        add(Figure("no-op cell at the session layer vs raw run_code, same context", "ms", layer, raw_layer, "the backend's run_code('pass')", "≤ 1.2× + 2 ms",
+                   note="our own cost per cell: wrapping, framing, sync check, decoding"))
+        add(Figure("requests per plain cell (emulator)", "requests", {"median": requests, "min": requests, "max": requests, "n": reps + 3}, goal="exactly 1"))
+        n_first = max(5, reps // 10)
+        base_first = first_output_latency(stock, n_first)
+        add(Figure("first output, daytona-local vs ipykernel", "ms", first_output_latency(local, n_first), base_first, "ipykernel", "≤ 50 ms"))
+        add(Figure("first output, daytona (emulator) vs raw run_code", "ms", first_output_latency(remote, n_first), raw_first, "raw run_code on_stdout", "≤ 50 ms"))
+        mb = 5 if quick else 50
+        base_tp = throughput(stock, mb, 1 if quick else 2)
+        add(Figure(f"stream throughput, {mb} MB in 1 KB lines, daytona-local vs ipykernel", "MB/s", throughput(local, mb, 1 if quick else 2), base_tp, "ipykernel", "not halved (≥ 0.5×)"))
+        add(Figure(f"stream throughput, {mb} MB in 1 KB lines, daytona (emulator) vs ipykernel", "MB/s", throughput(remote, mb, 1 if quick else 2), base_tp, "ipykernel", "not halved (≥ 0.5×)"))
+        base_png = rich_display(stock, few * 2)
+        add(Figure("2 MB PNG display, daytona-local vs ipykernel", "ms", rich_display(local, few * 2), base_png, "ipykernel"))
+        add(Figure("2 MB PNG display, daytona (emulator) vs ipykernel", "ms", rich_display(remote, few * 2), base_png, "ipykernel"))
+        base_int = interrupt_latency(stock, few)
+        add(Figure("interrupt to error reply, daytona-local vs ipykernel", "ms", interrupt_latency(local, few), base_int, "ipykernel", "≤ 1 s"))
+        add(Figure("interrupt to error reply, daytona (emulator) vs ipykernel", "ms", interrupt_latency(remote, few), base_int, "ipykernel", "≤ 1 s"))
+        comp_reps = max(10, reps // 4)
+        stock.execute("alpha_value = 1")
+        local.execute("alpha_value = 1")
+        base_comp = ms(timed(lambda: stock.request("complete", "alpha_v", 7), comp_reps))
+        add(Figure("complete_request, daytona-local vs ipykernel", "ms", ms(timed(lambda: local.request("complete", "alpha_v", 7), comp_reps)), base_comp, "ipykernel", "≤ 30 ms"))
+        base_isc = ms(timed(lambda: stock.request("is_complete", "for i in x:"), comp_reps))
+        add(Figure("is_complete_request, daytona-local vs ipykernel", "ms", ms(timed(lambda: local.request("is_complete", "for i in x:"), comp_reps)), base_isc, "ipykernel", "≤ 5 ms"))
+        rss = {}
+        for i in range(100 if quick else 1000):
+            local.execute(f"v{i % 10} = [{i}] * 100\nprint({i})")
+            if i + 1 in (100, 1000):
+                rss[i + 1] = rss_kb(local)
+        endurance = {"median": rss.get(1000, rss[100]) / 1024, "min": rss[100] / 1024, "max": rss.get(1000, rss[100]) / 1024, "n": len(rss)}
+        add(Figure("kernel RSS after 100 cells (min) and after 1,000 cells (median, max)", "MB", endurance, goal="within 20% of cell 100"))
+        base_restart = restart_to_first_result(stock, few)
+        add(Figure("restart to first result, daytona-local vs ipykernel", "s", restart_to_first_result(local, few), base_restart, "ipykernel"))
+        for k in (stock, local, remote):
+            k.close()
+        base_start = start_to_first_result("python3", few)
+        add(Figure("start to first result, daytona-local vs ipykernel", "s", start_to_first_result("daytona-local", few), base_start, "ipykernel", "≤ 2 s"))
+        cold_env = {**emu_env, "DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}
+        add(Figure("start to first result, daytona (emulator), cold: new sandbox", "s", start_to_first_result("daytona", few, cold_env, str(work)), base_start, "ipykernel"))
+        add(Figure("start to first result, daytona (emulator), warm: reused sandbox", "s", start_to_first_result("daytona", few, emu_env, str(work)), base_start, "ipykernel"))
+        report.figures += sync_figures(emu, quick)
+    finally:
+        emu.close()
+    judge(report)
+    return report
+
+
+def sync_figures(emu: DaytonaEmulator, quick: bool) -> list[Figure]:
+    """The mirror's no-change check on 10,000 files, and its first upload against one raw bulk upload."""
+    import logging
+
+    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.config import DaytonaKernelConfig
+    from daytona_kernel.sync import WorkdirMirror
+
+    figures = []
+    tree = Path(tempfile.mkdtemp(prefix="bench-tree-"))
+    for i in range(10000):
+        sub = tree / f"d{i // 500:02d}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"f{i:05d}.txt").write_text("x" * 100)
+    config = DaytonaKernelConfig()
+    mirror = WorkdirMirror(str(tree), _NoNetwork(), config, tree.parent / f"{tree.name}.manifest.json", logging.getLogger())  # type: ignore[arg-type]
+    asyncio.run(mirror.push())
+    check = ms(timed(lambda: mirror.plan_up(), 3 if quick else 10, warmup=1))
+    figures.append(Figure("sync no-change check, 10,000 files", "ms", check, goal="≤ 100 ms, 0 requests"))
+
+    small = Path(tempfile.mkdtemp(prefix="bench-small-"))
+    files = []
+    for i in range(1000):
+        content = os.urandom(10 * 1024)
+        (small / f"f{i:04d}.bin").write_bytes(content)
+        files.append((content, f"f{i:04d}.bin"))
+    raw = raw_bulk_upload(emu, files)
+    os.environ.update(emu.env())
+    config = DaytonaKernelConfig()
+    config.sandbox_policy = "ephemeral"
+    sandbox = DaytonaSandbox(config, "bench-sync", "bench")
+
+    async def first_sync() -> tuple[float, int]:
+        await sandbox.start(lambda text: None)
+        mirror = WorkdirMirror(str(small), sandbox, config, small.parent / f"{small.name}.manifest.json", logging.getLogger())
+        emu.reset_counts()
+        t0 = time.perf_counter()
+        await mirror.push()
+        elapsed = time.perf_counter() - t0
+        uploads = emu.count("files/bulk-upload")
+        await sandbox.shutdown()
+        return elapsed, uploads
+
+    elapsed, uploads = asyncio.run(first_sync())
+    mb = 1000 * 10 / 1024
+    ours = {"median": mb / elapsed, "min": mb / elapsed, "max": mb / elapsed, "n": 1}
+    base = {"median": mb / raw, "min": mb / raw, "max": mb / raw, "n": 1}
+    figures.append(Figure(f"first sync, 1,000 × 10 KB files ({uploads} bulk request(s))", "MB/s", ours, base, "one raw upload_files", "≥ 0.5× raw"))
+    return figures
+
+
+class _NoNetwork:
+    """A sandbox for the pure no-change check: the first push records the manifest locally."""
+
+    workdir = "/remote"
+
+    async def upload(self, files: list[tuple[bytes, str]]) -> None:
+        return None
+
+
+def judge(report: Report) -> None:
+    """Compare each figure with its goal; a missed goal is shown as missed, never hidden."""
+    for f in report.figures:
+        r, m = f.ratio, f.ours["median"]
+        base = f.baseline["median"] if f.baseline else None
+        checks = {
+            "≤ 1.5×": lambda: r is not None and r <= 1.5,
+            "≤ 1.2× + 2 ms": lambda: base is not None and m <= 1.2 * base + 2,
+            "exactly 1": lambda: abs(m - 1) < 0.01,
+            "≤ 50 ms": lambda: m <= 50,
+            "not halved (≥ 0.5×)": lambda: r is not None and r >= 0.5,
+            "≤ 1 s": lambda: m <= 1000,
+            "≤ 30 ms": lambda: m <= 30,
+            "≤ 5 ms": lambda: m <= 5,
+            "≤ 2 s": lambda: m <= 2,
+            "within 20% of cell 100": lambda: f.ours["max"] <= 1.2 * f.ours["min"],
+            "≤ 100 ms, 0 requests": lambda: m <= 100,
+            "≥ 0.5× raw": lambda: r is not None and r >= 0.5,
+        }
+        if f.goal in checks:
+            f.verdict = "met" if checks[f.goal]() else "MISSED"
+
+
+def table(report: Report) -> str:
+    lines = [
+        f"daytona-kernel benchmarks — {report.machine}, {report.started}{' (quick)' if report.quick else ''}",
+        "",
+        "| figure | ours (median [min–max]) | baseline (median) | ratio | goal | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in report.figures:
+        o = f.ours
+        ours = f"{o['median']:.2f} [{o['min']:.2f}–{o['max']:.2f}] {f.unit}"
+        base = f"{f.baseline['median']:.2f} {f.unit} ({f.baseline_name})" if f.baseline else "—"
+        ratio = f"{f.ratio:.2f}×" if f.ratio is not None else "—"
+        lines.append(f"| {f.name} | {ours} | {base} | {ratio} | {f.goal or '—'} | {f.verdict or '—'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test of the suite")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="where to write the JSON")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    print(table(report))
+    Path(args.out).write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0

@@ -1,0 +1,242 @@
+"""JupyterLab in a real headless Chromium, driven by Playwright, as a user would click.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``); .ci/run installs it. Without it
+these tests are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+TOKEN = "browser-test-token"
+TIMEOUT_MS = 60_000
+
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium); browser tests need it", allow_module_level=True)
+playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def browser():  # type: ignore[no-untyped-def]
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        yield chromium
+        chromium.close()
+
+
+class Lab:
+    """A JupyterLab server on 127.0.0.1 with a temporary root."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(root.parent / f"lab-{self.port}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
+             f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={root}", "--ServerApp.disable_check_xsrf=True",
+             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/api/status?token={TOKEN}", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("JupyterLab did not start; see " + self.log.name)
+
+    def create_notebook(self, name: str, kernel: str) -> None:
+        nb = {
+            "cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [], "execution_count": None}],
+            "metadata": {"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5,
+        }
+        request = urllib.request.Request(
+            f"{self.url}/api/contents/{name}?token={TOKEN}", method="PUT",
+            data=json.dumps({"type": "notebook", "content": nb}).encode(), headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(request, timeout=10)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class NotebookPage:
+    """Typing and running cells in the open notebook."""
+
+    def __init__(self, page) -> None:  # type: ignore[no-untyped-def]
+        self.page = page
+
+    def wait_idle(self) -> None:
+        self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=TIMEOUT_MS)
+
+    def cells(self):  # type: ignore[no-untyped-def]
+        return self.page.locator(".jp-NotebookPanel .jp-Cell")
+
+    def run(self, code: str, wait: bool = True):  # type: ignore[no-untyped-def]
+        """Type code into the last cell and press Shift+Enter; return that cell."""
+        cell = self.cells().last
+        cell.locator(".cm-content").click()
+        self.page.keyboard.type(code)
+        self.page.keyboard.press("Shift+Enter")
+        if wait:
+            self.wait_for_prompt(cell)
+        return cell
+
+    def wait_for_prompt(self, cell) -> None:  # type: ignore[no-untyped-def]
+        """Until the cell shows its execution count ([n]), i.e. it finished."""
+        cell.locator(".jp-InputPrompt").filter(has_text="[").filter(has_not_text="*").wait_for(timeout=TIMEOUT_MS)
+
+    def output_text(self, cell) -> str:  # type: ignore[no-untyped-def]
+        return cell.locator(".jp-OutputArea").inner_text()
+
+
+def _open(browser, lab: Lab, name: str):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{lab.url}/lab/tree/{name}?token={TOKEN}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
+    nb = NotebookPage(page)
+    nb.wait_idle()
+    return context, page, nb
+
+
+def _user_journey(browser, lab: Lab, name: str, screenshot_name: str, docs_screenshot: bool) -> None:  # type: ignore[no-untyped-def]
+    context, page, nb = _open(browser, lab, name)
+    try:
+        # 1. print
+        cell = nb.run("print('hello from the sandbox')")
+        assert "hello from the sandbox" in nb.output_text(cell)
+        # 2. a plot
+        cell = nb.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('sandbox plot');")
+        cell.locator(".jp-OutputArea-output img").wait_for()
+        plot_cell = cell
+        # 3. a DataFrame
+        cell = nb.run("import pandas as pd\npd.DataFrame({'n': [1, 2, 3], 'square': [1, 4, 9]})")
+        cell.locator(".jp-OutputArea-output table").wait_for()
+        # 4. an error showing the user's line
+        cell = nb.run("def broken():\n    return 1 / 0\nbroken()")
+        text = nb.output_text(cell)
+        assert "ZeroDivisionError" in text and "return 1 / 0" in text
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / screenshot_name), full_page=True)
+        if docs_screenshot:
+            DOCS.mkdir(exist_ok=True)
+            plot_cell.scroll_into_view_if_needed()
+            page.locator(".jp-NotebookPanel").screenshot(path=str(DOCS / "jupyterlab.png"))
+        # 5. interrupt from the toolbar keeps variables
+        nb.run("survivor = 'still here'")
+        cell = nb.run("import time\ntime.sleep(60)", wait=False)
+        cell.locator(".jp-InputPrompt").filter(has_text="*").wait_for()
+        time.sleep(1)
+        page.locator(".jp-NotebookPanel-toolbar [data-command='notebook:interrupt-kernel']").click()
+        nb.wait_for_prompt(cell)
+        assert "KeyboardInterrupt" in nb.output_text(cell)
+        cell = nb.run("print(survivor)")
+        assert "still here" in nb.output_text(cell)
+        # 6. input() answered in the page
+        cell = nb.run("name = input('Your name: ')\nprint('hi', name)", wait=False)
+        box = page.locator(".jp-Stdin-input")
+        box.wait_for()
+        box.fill("Ada")
+        box.press("Enter")
+        nb.wait_for_prompt(cell)
+        assert "hi Ada" in nb.output_text(cell)
+        # 7. Tab completion of a remote attribute
+        nb.run("class Remote:\n    attribute_name = 1\nremote = Remote()")
+        cell = nb.cells().last
+        cell.locator(".cm-content").click()
+        page.keyboard.type("remote.attri")
+        page.keyboard.press("Tab")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-NotebookPanel .jp-Cell')].pop().innerText.includes('remote.attribute_name')"
+            " || !!document.querySelector('.jp-Completer-item')"
+        )
+        if page.locator(".jp-Completer-item").count():
+            assert "attribute_name" in page.locator(".jp-Completer").inner_text()
+            page.keyboard.press("Enter")
+        assert "remote.attribute_name" in cell.locator(".cm-content").inner_text()
+        page.keyboard.press("Shift+Enter")
+        nb.wait_for_prompt(cell)
+        # 8. restart clears the namespace
+        page.locator(".jp-NotebookPanel-toolbar [data-command='notebook:restart-kernel']").click()
+        page.locator(".jp-Dialog .jp-mod-accept").click()
+        nb.wait_idle()
+        time.sleep(1)
+        cell = nb.run("survivor")
+        assert "NameError" in nb.output_text(cell)
+        # 9. a console on the same kernel: Enter on an incomplete line continues it
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click(button="right")
+        page.locator(".lm-Menu-item", has_text="New Console for Notebook").click()
+        prompt = page.locator(".jp-CodeConsole-promptCell .cm-content")
+        prompt.wait_for()
+        prompt.click()
+        page.keyboard.type("for i in range(3):")
+        page.keyboard.press("Enter")
+        time.sleep(1)
+        assert page.locator(".jp-CodeConsole-content .jp-Cell").count() == 0
+        assert page.locator(".jp-CodeConsole-promptCell .cm-line").count() == 2
+        page.keyboard.type("print('console', i)")
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-CodeConsole-content .jp-OutputArea").filter(has_text="console 2").wait_for()
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"failed-{screenshot_name}"), full_page=True)
+        raise
+    finally:
+        context.close()
+
+
+def test_jupyterlab_with_the_local_backend(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(root, {})
+    try:
+        lab.create_notebook("local.ipynb", "daytona-local")
+        _user_journey(browser, lab, "local.ipynb", "jupyterlab-daytona-local.png", docs_screenshot=True)
+    finally:
+        lab.close()
+
+
+def test_jupyterlab_with_daytona_on_the_emulator(browser, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(root, emulator.env())
+    try:
+        lab.create_notebook("remote.ipynb", "daytona")
+        _user_journey(browser, lab, "remote.ipynb", "jupyterlab-daytona.png", docs_screenshot=False)
+    finally:
+        lab.close()
