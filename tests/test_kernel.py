@@ -198,3 +198,19 @@ def test_spoofed_frame_in_user_output_is_plain_text(kernel: Kernel) -> None:
     assert run.status == "ok"
     assert not run.errors
     assert "Fake" in run.text()
+
+
+def test_no_write_to_the_daemon_comes_near_its_line_limit(kernel: Kernel) -> None:
+    """Every chunk the runtime hands the interpreter stays far below 1 MiB once JSON-encoded."""
+    code = (
+        "import sys, json\nsizes = []\ntarget = sys.stdout.target\n"
+        "class Spy:\n    def write(self, s):\n        sizes.append(len(json.dumps({'type': 'stdout', 'text': s})))\n"
+        "        return target.write(s)\n"
+        "sys.stdout.target = Spy()\n"
+        "print('a' * 3_000_000)\nprint('\\x01' * 1_000_000)\nprint('é' * 1_000_000)\nprint('\\x1b[31mred\\x1b[0m' * 200_000)\n"
+        "sys.stdout.flush()\nsys.stdout.target = target\n"
+    )
+    run = kernel.execute(code, timeout=120)
+    assert run.status == "ok", run.errors
+    biggest = kernel.execute("max(sizes)").of_type("execute_result")[0]["data"]["text/plain"]
+    assert int(biggest) < 1024 * 1024 * 0.9

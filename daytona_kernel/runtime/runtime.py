@@ -20,6 +20,7 @@ import json
 import json
 import linecache
 import os
+import re
 import struct
 import tempfile
 import sys
@@ -42,7 +43,9 @@ except ImportError:  # imported directly, e.g. by unit tests
 INTERNAL_PREFIX = "<daytona-kernel-"
 INLINE_BACKEND = "_daytona_kernel_inline"
 FLUSH_INTERVAL_S = 0.015
-WRITE_CHARS = 64 * 1024
+WRITE_CHARS = 64 * 1024  # any text: even at 6 bytes a character in the daemon's JSON, far under 1 MiB
+ASCII_WRITE_CHARS = 384 * 1024  # ASCII without control characters: at most 2 bytes a character in JSON
+CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")  # JSON escapes these as 6 bytes
 IDLE_BUFFER_CHARS = 1024 * 1024
 SIMPLE_TYPES = (int, float, complex, bool, str, bytes, type(None))
 
@@ -72,8 +75,10 @@ class OutputStream(io.TextIOBase):
     A write that ends a line goes out at once when nothing was sent for
     FLUSH_INTERVAL_S; anything else is buffered and sent by the flusher thread, so a flood of small prints
     becomes a few large writes (the Daytona daemon drops a client that falls
-    1024 frames behind). No single write exceeds WRITE_CHARS characters, far
-    under the daemon's 1 MiB line limit even for non-ASCII text.
+    1024 frames behind). No single write comes near the daemon's 1 MiB line
+    limit: plain ASCII text goes in pieces of ASCII_WRITE_CHARS, other text in
+    pieces of WRITE_CHARS. Larger pieces matter: the SDK appends each one to
+    the run's whole stdout, so many small pieces cost quadratic copying.
     """
 
     def __init__(self, runtime, name):
@@ -118,7 +123,7 @@ class OutputStream(io.TextIOBase):
             self._buf.append(s)
             self._size += len(s)
             if rt.active and (
-                self._size >= WRITE_CHARS or ("\n" in s and time.monotonic() - rt.last_flush >= FLUSH_INTERVAL_S)
+                self._size >= ASCII_WRITE_CHARS or ("\n" in s and time.monotonic() - rt.last_flush >= FLUSH_INTERVAL_S)
             ):
                 rt.flush_streams_locked()
             elif rt.active:
@@ -149,8 +154,9 @@ class OutputStream(io.TextIOBase):
         text = self._rt.within_budget("".join(self._buf))
         self._buf = []
         self._size = 0
-        for i in range(0, len(text), WRITE_CHARS):
-            self.target.write(text[i : i + WRITE_CHARS])
+        step = ASCII_WRITE_CHARS if text.isascii() and not CONTROL_CHARS.search(text) else WRITE_CHARS
+        for i in range(0, len(text), step):
+            self.target.write(text[i : i + step])
 
 
 class _BinaryWriter(object):
