@@ -6,6 +6,7 @@ transformed here, then run there through runtime helpers.
 
 from __future__ import annotations
 
+import tokenize
 from typing import Any
 
 from IPython.core.inputtransformer2 import TransformerManager
@@ -23,8 +24,15 @@ def check_complete(code: str) -> dict[str, Any]:
 
 
 def transform_cell(code: str) -> str:
-    """IPython syntax (``!cmd``, ``%magic``, ``obj?``) to plain Python calling ``get_ipython()``."""
-    return _transformer.transform_cell(code)
+    """IPython syntax (``!cmd``, ``%magic``, ``obj?``) to plain Python calling ``get_ipython()``.
+
+    Code that does not even tokenize is passed on as it is, so the sandbox reports
+    the SyntaxError with the user's own lines, as for any other error.
+    """
+    try:
+        return _transformer.transform_cell(code)
+    except (SyntaxError, tokenize.TokenError, ValueError):
+        return code
 
 
 KERNEL_MAGICS = ("sync", "upload", "download", "daytona")

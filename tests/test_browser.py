@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 TOKEN = "browser-test-token"
 TIMEOUT_MS = 60_000
 
+if CHROMIUM is None and os.environ.get("CI") == "true":
+    pytest.fail("CI must run the browser tests, but chromium is not installed: .ci/run installs it with apt-get", pytrace=False)
 if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (apt-get install chromium); browser tests need it", allow_module_level=True)
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
@@ -59,9 +62,11 @@ class Lab:
         self.log = open(root.parent / f"lab-{self.port}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
-             f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={root}", "--ServerApp.disable_check_xsrf=True",
+             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", "--ServerApp.disable_check_xsrf=True",
+             "--allow-root",
              "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-            env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "JUPYTERLAB_WORKSPACES_DIR": str(root.parent / "workspaces"), **env},
+            stdout=self.log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -100,16 +105,17 @@ class NotebookPage:
         self.page = page
 
     def wait_idle(self) -> None:
-        self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=TIMEOUT_MS)
+        """Until the status bar says the kernel is connected and idle."""
+        self.page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle")).wait_for(timeout=TIMEOUT_MS)
 
     def cells(self):  # type: ignore[no-untyped-def]
         return self.page.locator(".jp-NotebookPanel .jp-Cell")
 
     def run(self, code: str, wait: bool = True):  # type: ignore[no-untyped-def]
         """Type code into the last cell and press Shift+Enter; return that cell."""
-        cell = self.cells().last
+        cell = self.cells().nth(self.cells().count() - 1)  # pinned: Shift+Enter appends a new last cell
         cell.locator(".cm-content").click()
-        self.page.keyboard.type(code)
+        self.page.keyboard.insert_text(code)  # as pasted: no auto-indent on the way
         self.page.keyboard.press("Shift+Enter")
         if wait:
             self.wait_for_prompt(cell)
@@ -117,7 +123,7 @@ class NotebookPage:
 
     def wait_for_prompt(self, cell) -> None:  # type: ignore[no-untyped-def]
         """Until the cell shows its execution count ([n]), i.e. it finished."""
-        cell.locator(".jp-InputPrompt").filter(has_text="[").filter(has_not_text="*").wait_for(timeout=TIMEOUT_MS)
+        cell.locator(".jp-InputPrompt").filter(has_text=re.compile(r"\[\d+\]")).wait_for(timeout=TIMEOUT_MS)
 
     def output_text(self, cell) -> str:  # type: ignore[no-untyped-def]
         return cell.locator(".jp-OutputArea").inner_text()
@@ -127,10 +133,13 @@ def _open(browser, lab: Lab, name: str):  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(f"{lab.url}/lab/tree/{name}?token={TOKEN}")
+    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={TOKEN}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
     nb = NotebookPage(page)
     nb.wait_idle()
+    news = page.locator(".jp-Notification-Toast-Close, .jp-toast-button", has_text="No")
+    if news.count():
+        news.first.click()  # JupyterLab's "get notified about news?" toast
     return context, page, nb
 
 
@@ -177,7 +186,7 @@ def _user_journey(browser, lab: Lab, name: str, screenshot_name: str, docs_scree
         assert "hi Ada" in nb.output_text(cell)
         # 7. Tab completion of a remote attribute
         nb.run("class Remote:\n    attribute_name = 1\nremote = Remote()")
-        cell = nb.cells().last
+        cell = nb.cells().nth(nb.cells().count() - 1)
         cell.locator(".cm-content").click()
         page.keyboard.type("remote.attri")
         page.keyboard.press("Tab")
@@ -207,11 +216,11 @@ def _user_journey(browser, lab: Lab, name: str, screenshot_name: str, docs_scree
         page.keyboard.type("for i in range(3):")
         page.keyboard.press("Enter")
         time.sleep(1)
-        assert page.locator(".jp-CodeConsole-content .jp-Cell").count() == 0
+        assert page.locator(".jp-CodeConsole-content .jp-CodeCell").count() == 0  # nothing ran
         assert page.locator(".jp-CodeConsole-promptCell .cm-line").count() == 2
         page.keyboard.type("print('console', i)")
         page.keyboard.press("Shift+Enter")
-        page.locator(".jp-CodeConsole-content .jp-OutputArea").filter(has_text="console 2").wait_for()
+        page.locator(".jp-CodeConsole-content .jp-CodeCell .jp-OutputArea").filter(has_text="console 2").wait_for()
     except Exception:
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"failed-{screenshot_name}"), full_page=True)

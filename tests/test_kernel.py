@@ -89,6 +89,12 @@ def test_syntax_error_points_at_the_problem(kernel: Kernel) -> None:
     assert "y = (x +" in tb and "^" in tb
 
 
+def test_code_that_does_not_tokenize_is_a_syntax_error_not_a_hang(kernel: Kernel) -> None:
+    run = kernel.execute("def broken():\n        return 1\n    broken()")
+    assert [e["ename"] for e in run.errors] == ["IndentationError"]
+    assert "broken()" in "\n".join(run.errors[0]["traceback"])
+
+
 def _interrupt_soon(kernel: Kernel, delay: float = 1.0) -> threading.Thread:
     thread = threading.Thread(target=lambda: (time.sleep(delay), kernel.interrupt()))
     thread.start()
