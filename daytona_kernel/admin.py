@@ -54,22 +54,11 @@ def running_kernel_ids() -> set[str]:
     return ids
 
 
-def _timestamp(value: Any) -> float | None:
-    from datetime import datetime
-
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 async def find_orphans(client: Any, older_than_s: float) -> list[Orphan]:
     """Kernel sandboxes of this user and host whose kernel is gone, or idle past the threshold."""
     from daytona import ListSandboxesQuery
 
-    from .backends.daytona import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY
+    from .backends.daytona import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time
 
     me = f"{getpass.getuser()}@{socket.gethostname()}"
     alive = running_kernel_ids()
@@ -80,7 +69,7 @@ async def find_orphans(client: Any, older_than_s: float) -> list[Orphan]:
             continue
         ephemeral = sandbox.labels.get(LABEL_POLICY) == "ephemeral"
         action = "delete" if ephemeral else "stop"
-        last = _timestamp(sandbox.last_activity_at) or _timestamp(sandbox.updated_at)
+        last = parse_time(sandbox.last_activity_at) or parse_time(sandbox.updated_at)
         idle = time.time() - last if last is not None else None
         kernel = sandbox.labels.get(LABEL_KERNEL, "")
         if kernel not in alive and (state == "started" or ephemeral):

@@ -52,3 +52,21 @@ def daytona_env(emulator, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-u
         monkeypatch.setenv(key, value)
     emulator.reset_counts()
     return emulator
+
+
+@pytest.fixture(params=["daytona-local", "daytona"])
+def kernel_name(request, emulator, monkeypatch):  # type: ignore[no-untyped-def]
+    """Run the test on both backends: local, and Daytona against the emulator."""
+    if request.param == "daytona":
+        for key, value in emulator.env().items():
+            monkeypatch.setenv(key, value)
+    emulator.reset_counts()
+    return request.param
+
+
+def sandboxes_of(emulator, folder):  # type: ignore[no-untyped-def]
+    """The emulator's sandboxes of one notebook folder."""
+    from daytona_kernel.backends import workspace_key_for
+
+    key = workspace_key_for(str(folder))
+    return [s for s in emulator.sandboxes.values() if s.labels.get("daytona-kernel-workspace") == key]

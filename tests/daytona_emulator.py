@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 from daytona_api_client.models.create_sandbox import CreateSandbox
 from daytona_api_client.models.create_volume import CreateVolume
 from daytona_api_client.models.list_sandboxes_response import ListSandboxesResponse

@@ -129,3 +129,8 @@ class Kernel:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def result_text(run: Run) -> str:
+    """The text/plain of a cell's execute_result."""
+    return run.of_type("execute_result")[0]["data"]["text/plain"]

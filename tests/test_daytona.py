@@ -9,23 +9,15 @@ from pathlib import Path
 
 import papermill
 import pytest
-from conftest import REAL_DAYTONA_ENV
-from kernels import Kernel
+from conftest import REAL_DAYTONA_ENV, sandboxes_of
+from kernels import Kernel, result_text
 from test_conformance import DaytonaLocalConformance
 
-from daytona_kernel.backends import workspace_key_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WS = "GET /toolbox/{sid}/process/interpreter/execute"
 
 
-def sandboxes_of(emulator, folder: Path) -> list:  # type: ignore[no-untyped-def, type-arg]
-    key = workspace_key_for(str(folder))
-    return [s for s in emulator.sandboxes.values() if s.labels.get("daytona-kernel-workspace") == key]
-
-
-def result_text(run) -> str:  # type: ignore[no-untyped-def]
-    return run.of_type("execute_result")[0]["data"]["text/plain"]
 
 
 @pytest.fixture

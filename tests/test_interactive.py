@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kernels import Kernel
+from kernels import Kernel, result_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -20,9 +20,6 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Kernel:
         k.execute("pass")
         yield k
 
-
-def result_text(run) -> str:  # type: ignore[no-untyped-def]
-    return run.of_type("execute_result")[0]["data"]["text/plain"]
 
 
 # -- shell escapes ---------------------------------------------------------

@@ -12,18 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from kernels import Kernel
-
-from daytona_kernel.backends import workspace_key_for
-
-
-def result_text(run) -> str:  # type: ignore[no-untyped-def]
-    return run.of_type("execute_result")[0]["data"]["text/plain"]
+from conftest import sandboxes_of
+from kernels import Kernel, result_text
 
 
-def sandboxes_of(emulator, folder: Path) -> list:  # type: ignore[no-untyped-def, type-arg]
-    key = workspace_key_for(str(folder))
-    return [s for s in emulator.sandboxes.values() if s.labels.get("daytona-kernel-workspace") == key]
+
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -33,15 +26,6 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-BACKENDS = ["daytona-local", "daytona"]
-
-
-@pytest.fixture(params=BACKENDS)
-def kernel_name(request, emulator, monkeypatch):  # type: ignore[no-untyped-def]
-    if request.param == "daytona":
-        for key, value in emulator.env().items():
-            monkeypatch.setenv(key, value)
-    return request.param
 
 
 def test_sigterm_releases_an_ephemeral_sandbox(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import nbformat
 import papermill
-import pytest
 from kernels import Kernel
 
 from daytona_kernel.runtime.pathrules import PathRules, load_rules, scan
@@ -76,16 +75,6 @@ def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: P
 
 # -- through kernels, on both backends -----------------------------------------------
 
-BACKENDS = ["daytona-local", "daytona"]
-
-
-@pytest.fixture(params=BACKENDS)
-def kernel_name(request, emulator, monkeypatch):  # type: ignore[no-untyped-def]
-    if request.param == "daytona":
-        for key, value in emulator.env().items():
-            monkeypatch.setenv(key, value)
-    emulator.reset_counts()
-    return request.param
 
 
 def test_local_files_are_there_in_the_first_cell(kernel_name: str, tmp_path: Path) -> None:

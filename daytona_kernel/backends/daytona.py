@@ -66,7 +66,8 @@ STARTABLE_STATES = ("stopped", "archived")
 FAILED_STATES = ("error", "build_failed")
 
 
-def _parse_time(value: Any) -> float | None:
+def parse_time(value: Any) -> float | None:
+    """An API timestamp (ISO 8601) as epoch seconds, or None."""
     if not value:
         return None
     try:
@@ -256,11 +257,11 @@ class DaytonaSandbox(Sandbox):
             "policy": self._policy.value,
             "resources": f"{sb.cpu} CPU, {sb.memory} GiB RAM, {sb.disk} GiB disk" + (f", {sb.gpu} GPU" if sb.gpu else ""),
         }
-        created = _parse_time(sb.created_at)
+        created = parse_time(sb.created_at)
         if created is not None:
             info["uptime"] = _duration(time.time() - created)
         interval = sb.auto_stop_interval or 0
-        last = _parse_time(sb.last_activity_at) or _parse_time(sb.updated_at)
+        last = parse_time(sb.last_activity_at) or parse_time(sb.updated_at)
         if interval and last is not None:
             left = interval * 60 - (time.time() - last)
             info["auto-stop"] = f"after {interval} min idle; in about {_duration(max(left, 0))} if idle from now"

@@ -17,7 +17,6 @@ import importlib.machinery
 import importlib.util
 import io
 import json
-import json
 import linecache
 import os
 import re
