@@ -314,6 +314,7 @@ def run(quick: bool) -> Report:
         add(Figure("kernel RSS after 100 cells (min) and after 1,000 cells (median, max)", "MB", endurance, goal="within 20% of cell 100"))
         base_restart = restart_to_first_result(stock, few)
         add(Figure("restart to first result, daytona-local vs ipykernel", "s", restart_to_first_result(local, few), base_restart, "ipykernel"))
+        add(Figure("restart to first result, daytona (emulator), reused sandbox", "s", restart_to_first_result(remote, few), base_restart, "ipykernel"))
         for k in (stock, local, remote):
             k.close()
         base_start = start_to_first_result("python3", few)

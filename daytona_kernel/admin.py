@@ -47,10 +47,21 @@ class Orphan:
 
 
 def running_kernel_ids() -> set[str]:
-    """Kernels whose connection file is present in this machine's Jupyter runtime folder."""
-    ids = set()
-    for path in Path(jupyter_runtime_dir()).glob("kernel-*.json"):
-        ids.add(path.stem[len("kernel-") :])
+    """Ids of daytona kernels running on this machine.
+
+    A kernel's id is the stem of its connection file (``kernel-<id>.json``). Running
+    processes of ``python -m daytona_kernel -f FILE`` are found through /proc where it
+    exists; connection files in Jupyter's runtime folder count as running too.
+    """
+    ids = {path.stem[len("kernel-") :] for path in Path(jupyter_runtime_dir()).glob("kernel-*.json")}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue  # the process ended while we looked
+        if b"daytona_kernel" in argv and b"-f" in argv[:-1]:
+            stem = Path(argv[argv.index(b"-f") + 1].decode(errors="replace")).stem
+            ids.add(stem[len("kernel-") :] if stem.startswith("kernel-") else stem)
     return ids
 
 

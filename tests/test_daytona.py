@@ -140,7 +140,15 @@ def test_a_rejected_key_fails_fast_with_the_fix_and_without_the_key(daytona_env,
 
 def test_reuse_finds_the_same_sandbox_across_kernels(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
     with Kernel("daytona", cwd=str(folder)) as k:
-        first = result_text(k.execute("import os\nos.getcwd()"))
+        run = k.execute("import os\nos.getcwd()")
+        first = result_text(run)
+        # the first cell waited for provisioning: one status line, updated in place, then blanked
+        status = [m for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        assert status and status[0]["msg_type"] == "display_data"
+        assert status[0]["content"]["data"]["text/plain"].startswith("⏳ ")
+        ids = {m["content"]["transient"]["display_id"] for m in status}
+        assert len(ids) == 1
+        assert status[-1]["msg_type"] == "update_display_data" and status[-1]["content"]["data"]["text/plain"] == ""
     with Kernel("daytona", cwd=str(folder)) as k:
         second = result_text(k.execute("import os\nos.getcwd()"))
     mine = sandboxes_of(daytona_env, folder)

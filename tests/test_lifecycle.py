@@ -53,9 +53,15 @@ def test_gc_finds_and_removes_an_orphan(daytona_env, tmp_path: Path) -> None:  #
     k.km.shutdown_kernel(now=True)  # SIGKILL: no chance to clean up
     assert sandbox.state == "started"
     env = {**daytona_env.env(), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    dry = cli("gc", "--dry-run", env=env)
+    live_folder = tmp_path / "live"
+    live_folder.mkdir()
+    with Kernel("daytona", cwd=str(live_folder), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}) as live:
+        live.execute("1")
+        (running,) = sandboxes_of(daytona_env, live_folder)
+        dry = cli("gc", "--dry-run", env=env)
     assert dry.returncode == 0
     assert f"would delete {sandbox.id}: its kernel" in dry.stdout
+    assert running.id not in dry.stdout  # its kernel is alive
     assert sandbox.state == "started"
     real = cli("gc", env=env)
     assert f"deleted {sandbox.id}" in real.stdout
