@@ -257,6 +257,14 @@ def raw_bulk_upload(emu: DaytonaEmulator, files: list[tuple[bytes, str]]) -> flo
 # -- the run --------------------------------------------------------------------------
 
 
+def install_kernelspecs(prefix: Path) -> None:
+    """This checkout's kernelspecs, in a throwaway prefix that Jupyter searches first."""
+    from daytona_kernel import kernelspec
+
+    kernelspec.install(prefix=str(prefix))
+    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", "")
+
+
 def run(quick: bool) -> Report:
     reps = 15 if quick else 200
     few = 2 if quick else 5
@@ -264,6 +272,7 @@ def run(quick: bool) -> Report:
     add = report.figures.append
     data_dir = tempfile.mkdtemp(prefix="daytona-kernel-bench-")
     os.environ["JUPYTER_DATA_DIR"] = data_dir
+    install_kernelspecs(Path(data_dir) / "prefix")
     emu = DaytonaEmulator(Path(data_dir) / "emulator").start()
     emu_env = emu.env()
     work = Path(tempfile.mkdtemp(prefix="bench-nb-"))
