@@ -21,7 +21,7 @@ from ipykernel.kernelbase import Kernel
 from . import __version__
 from .backends import open_sandbox
 from .config import DaytonaKernelConfig
-from .errors import DaytonaKernelError
+from .errors import ConfigError, DaytonaKernelError
 from .history import History
 from .interactive import check_complete, kernel_magic_lines, transform_cell
 from .session import CellOutcome, RuntimeSession, error_content
@@ -199,7 +199,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
         magics = kernel_magic_lines(code)
         if self._problems:
-            content = error_content("DaytonaKernelConfigError", "\n".join(self._problems))
+            content = error_content(ConfigError.ename, "\n".join(self._problems))
             self._emit("error", content)
             outcome = CellOutcome(error=content)
         elif magics:

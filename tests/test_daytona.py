@@ -115,6 +115,17 @@ def test_a_dropped_websocket_gives_a_clear_error_and_the_next_cell_works(daytona
         assert result_text(k.execute("state")) == "'kept'"
 
 
+def test_kernel_info_answers_while_daytona_is_slow(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
+    daytona_env.delay_s = 1.5
+    try:
+        with Kernel("daytona", cwd=str(folder)) as k:  # ready = kernel_info answered
+            assert k.request("kernel_info")["status"] == "ok"
+            assert daytona_env.counts["POST /api/sandbox"] == 0  # provisioning was still under way
+            assert result_text(k.execute("3 * 3")) == "9"
+    finally:
+        daytona_env.delay_s = 0.0
+
+
 def test_transient_errors_are_retried(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
     daytona_env.fail_next("POST /api/sandbox", 503, times=2)
     daytona_env.fail_next("POST /toolbox/{sid}/process/interpreter/context", 429, times=1)
