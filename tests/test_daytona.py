@@ -121,7 +121,14 @@ def test_kernel_info_answers_while_daytona_is_slow(daytona_env, folder: Path) ->
         with Kernel("daytona", cwd=str(folder)) as k:  # ready = kernel_info answered
             assert k.request("kernel_info")["status"] == "ok"
             assert daytona_env.counts["POST /api/sandbox"] == 0  # provisioning was still under way
-            assert result_text(k.execute("3 * 3")) == "9"
+            run = k.execute("3 * 3")
+            assert result_text(run) == "9"
+        # the first cell had to wait: one status line, updated in place, then blanked
+        status = [m for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        assert status and status[0]["msg_type"] == "display_data"
+        assert status[0]["content"]["data"]["text/plain"].startswith("⏳ ")
+        assert len({m["content"]["transient"]["display_id"] for m in status}) == 1
+        assert status[-1]["msg_type"] == "update_display_data" and status[-1]["content"]["data"]["text/plain"] == ""
     finally:
         daytona_env.delay_s = 0.0
 
@@ -151,15 +158,7 @@ def test_a_rejected_key_fails_fast_with_the_fix_and_without_the_key(daytona_env,
 
 def test_reuse_finds_the_same_sandbox_across_kernels(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
     with Kernel("daytona", cwd=str(folder)) as k:
-        run = k.execute("import os\nos.getcwd()")
-        first = result_text(run)
-        # the first cell waited for provisioning: one status line, updated in place, then blanked
-        status = [m for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
-        assert status and status[0]["msg_type"] == "display_data"
-        assert status[0]["content"]["data"]["text/plain"].startswith("⏳ ")
-        ids = {m["content"]["transient"]["display_id"] for m in status}
-        assert len(ids) == 1
-        assert status[-1]["msg_type"] == "update_display_data" and status[-1]["content"]["data"]["text/plain"] == ""
+        first = result_text(k.execute("import os\nos.getcwd()"))
     with Kernel("daytona", cwd=str(folder)) as k:
         second = result_text(k.execute("import os\nos.getcwd()"))
     mine = sandboxes_of(daytona_env, folder)
