@@ -172,8 +172,12 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     # -- requests --------------------------------------------------------
 
-    def _emit(self, kind: str, content: dict) -> None:
-        self.send_response(self.iopub_socket, IOPUB_TYPES[kind], content)
+    def _emit(self, kind: str, content: dict, parent: dict | None = None) -> None:
+        """Publish on iopub. Callers in background tasks pass the request's parent, captured up front."""
+        msg_type = IOPUB_TYPES[kind]
+        self.session.send(
+            self.iopub_socket, msg_type, content, parent or self.get_parent(), ident=self._topic(msg_type)
+        )
 
     async def do_execute(  # type: ignore[override]
         self,
@@ -191,11 +195,12 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         if not code.strip():
             return {"status": "ok", "execution_count": count - 1, "payload": [], "user_expressions": {}}
         outputs: list[str] = []
+        parent = self.get_parent()  # session callbacks may run in other tasks (provisioning, input)
 
         def emit(kind: str, content: dict) -> None:
             if kind == "result":
                 outputs.append(content["data"].get("text/plain", ""))
-            self._emit(kind, content)
+            self._emit(kind, content, parent)
 
         magics = kernel_magic_lines(code)
         if self._problems:
@@ -215,7 +220,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 store_history=store_history,
                 allow_stdin=allow_stdin,
                 user_expressions=user_expressions,
-                progress=self._status_line(),
+                progress=self._status_line(parent),
                 ask=self._ask_frontend if allow_stdin else None,
             )
         if store_history:
@@ -228,7 +233,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             reply.update(status="ok", user_expressions=outcome.user_expressions)
         return reply
 
-    def _status_line(self) -> Any:
+    def _status_line(self, parent: dict) -> Any:
         """A transient status line for provisioning: one output, updated in place, blanked at the end."""
         display_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
         shown = False
@@ -242,7 +247,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 "metadata": {},
                 "transient": {"display_id": display_id},
             }
-            self._emit("update" if shown else "display", content)
+            self._emit("update" if shown else "display", content, parent)
             shown = True
 
         return show
