@@ -28,13 +28,14 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 
-def test_sigterm_releases_an_ephemeral_sandbox(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_termination_signal_releases_an_ephemeral_sandbox(daytona_env, tmp_path: Path, signum: int) -> None:  # type: ignore[no-untyped-def]
     k = Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"})
     try:
         k.execute("x = 1")
         (sandbox,) = sandboxes_of(daytona_env, tmp_path)
         assert sandbox.state == "started"
-        os.kill(k.km.provisioner.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        os.kill(k.km.provisioner.process.pid, signum)  # type: ignore[union-attr]
         deadline = time.monotonic() + 30
         while k.km.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -191,8 +191,12 @@ def test_request_counts(emulator, monkeypatch, tmp_path: Path) -> None:  # type:
         (tmp_path / "many" / f"f{i:04d}.txt").write_text(f"file {i}\n" * 100)
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         emulator.reset_counts()
-        assert k.execute("import os\nlen(os.listdir('many'))").of_type("execute_result")[0]["data"]["text/plain"] == "1000"
+        run = k.execute("import os\nlen(os.listdir('many'))")
+        assert run.of_type("execute_result")[0]["data"]["text/plain"] == "1000"
         assert 1 <= emulator.count(UPLOAD) <= 2
+        progress = [m["content"]["data"]["text/plain"] for m in run.outputs if "display" in m["msg_type"]]
+        assert any(text.startswith("⏳ syncing 1000 files") for text in progress), progress
+        assert progress[-1] == ""  # the progress line is blanked when the sync is done
         emulator.reset_counts()
         k.execute("x = 1")
         assert dict(emulator.counts) == {WS: 1}
