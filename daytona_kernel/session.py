@@ -64,10 +64,9 @@ class _Live:
 class _Request:
     """One request in flight: decodes its output and collects what it reports."""
 
-    def __init__(self, token: str, emit: EmitCallback, log: logging.Logger) -> None:
+    def __init__(self, token: str, emit: EmitCallback) -> None:
         self._decoder = FrameDecoder(token)
         self._emit = emit
-        self._log = log
         self.error: dict[str, Any] | None = None
         self.frames: dict[str, Any] = {}
         self.payload: list[dict[str, Any]] = []
@@ -184,7 +183,7 @@ class RuntimeSession:
         self._sandbox_started = True
         context = await self.sandbox.create_context()
         token = secrets.token_hex(8)
-        request = _Request(token, self._emit_to_log, self._log)
+        request = _Request(token, self._emit_to_log)
         options = dict(self.mirror.runtime_options() if self.mirror else {})
         options["output_limit_chars"] = int(self._config.output_limit_mb * 1024 * 1024)
         error = await context.run_code(bootstrap_code(token, options), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
@@ -233,11 +232,6 @@ class RuntimeSession:
             await context.close()
         except DaytonaKernelError as exc:
             self._log.warning("could not delete the old context %s: %s", context.id, exc)
-
-    async def restart(self) -> None:
-        """A fresh namespace: a new context in the same sandbox."""
-        self._restart_context()
-        await self.ready()
 
     async def shutdown(self) -> None:
         """Delete the context, then stop or delete the sandbox by policy. Safe to call twice."""
@@ -295,7 +289,7 @@ class RuntimeSession:
         answers: list[asyncio.Future[None]] = []
 
         def new_request(token: str) -> _Request:
-            request = _Request(token, emit, self._log)
+            request = _Request(token, emit)
             if ask is not None:
                 request.on_input = lambda payload: answers.append(asyncio.ensure_future(self._answer(payload, ask, emit)))
             self._current = request
@@ -537,7 +531,7 @@ class RuntimeSession:
         if self._live is None:
             return None
         live = self._live
-        request = _Request(live.token, self._emit_to_log, self._log)
+        request = _Request(live.token, self._emit_to_log)
         try:
             error = await live.context.run_code(
                 call_code(method, *args), request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S
