@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 
-from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, Frame, FrameDecoder, Text, encode_frame
+from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, BadFrame, Frame, FrameDecoder, Text, encode_frame
 
 TOKEN = "0123456789abcdef"
 
 
-def feed_all(chunks: list[str], token: str = TOKEN) -> list[Text | Frame]:
+def feed_all(chunks: list[str], token: str = TOKEN) -> list[Text | Frame | BadFrame]:
     dec = FrameDecoder(token)
-    events: list[Text | Frame] = []
+    events: list[Text | Frame | BadFrame] = []
     for chunk in chunks:
         events += dec.feed(chunk)
     events += dec.flush()
-    merged: list[Text | Frame] = []
+    merged: list[Text | Frame | BadFrame] = []
     for ev in events:
         if merged and isinstance(ev, Text) and isinstance(merged[-1], Text):
             merged[-1] = Text(merged[-1].text + ev.text)
@@ -59,9 +59,11 @@ def test_spoofed_frame_with_wrong_token_is_plain_text() -> None:
     assert feed_all([spoof]) == [Text(spoof)]
 
 
-def test_corrupt_json_is_plain_text() -> None:
+def test_corrupt_json_with_our_token_is_a_bad_frame_and_never_shows_the_token() -> None:
     line = MARK + TOKEN + " . {not json\n"
-    assert feed_all([line]) == [Text(line)]
+    events = feed_all([line])
+    assert len(events) == 1 and isinstance(events[0], BadFrame)
+    assert TOKEN not in repr(events)
 
 
 def test_dangling_marker_prefix_is_released_at_flush() -> None:

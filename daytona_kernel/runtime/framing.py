@@ -1,7 +1,8 @@
 """Frames: how the in-sandbox runtime reports structured events through stdout.
 
-This module is pure and standard-library only. The kernel imports it, and the
-same source is sent into the sandbox, so both sides share one implementation.
+This module is pure and standard-library only (Python 3.9+). The kernel imports
+it, and the same source is sent into the sandbox, so both sides share one
+implementation of the wire format and one list of frame kinds (``Kind``).
 
 A frame is one line::
 
@@ -12,10 +13,17 @@ never contains. ``token`` is a random per-context string, so a frame printed by
 user code (which does not know the token) is shown as plain text. ``flag`` is
 ``.`` for the last piece of a frame and ``+`` when more pieces follow: large
 payloads are split so that no line comes near the Daytona daemon's 1 MiB line
-limit. The JSON is ASCII-only, so a piece's length is its size in bytes.
+limit. The JSON is ASCII-only, so a piece's length is its size in bytes, and a
+frame line never contains a raw record separator or newline.
+
+The decoder finds a frame header wherever it sits in the stream (a lone
+record separator in user output does not hide the frame after it), never
+re-scans text it has already seen, and caps the size of every piece and every
+reassembled payload. A line that carries the right token but cannot be decoded
+becomes a ``BadFrame`` (never text: that would show the token).
 
 Examples:
-    >>> lines = encode_frame("t0k", "display", {"data": {"text/plain": "1"}})
+    >>> lines = encode_frame("t0k", Kind.DISPLAY, {"data": {"text/plain": "1"}})
     >>> dec = FrameDecoder("t0k")
     >>> [type(e).__name__ for e in dec.feed("hi " + "".join(lines))]
     ['Text', 'Frame']
@@ -26,6 +34,27 @@ import json
 VERSION = 1
 MARK = "\x1eDKF%d " % VERSION
 PIECE_CHARS = 128 * 1024
+MAX_PAYLOAD_CHARS = 64 * 1024 * 1024  # one reassembled frame; larger ones are dropped as a BadFrame
+RECORD_SEPARATOR = "\x1e"
+KERNEL_MAGICS = ("sync", "upload", "download", "daytona")  # run in the kernel, never in the sandbox
+
+
+class Kind(object):
+    """Every frame kind, sandbox to kernel. Add a kind here, then handle it in ``daytona_kernel.protocol``."""
+
+    HELLO = "hello"  # the runtime is installed: pid, Python version
+    DISPLAY = "display"  # display_data
+    UPDATE = "update"  # update_display_data
+    CLEAR = "clear"  # clear_output
+    RESULT = "result"  # execute_result
+    ERROR = "error"  # the cell's exception
+    USER_EXPRESSIONS = "user_expressions"  # execute_reply's user_expressions
+    PAYLOAD = "payload"  # execute_reply payloads (page, set_next_input, ask_exit)
+    INPUT = "input"  # input() is waiting for the user's answer
+    FILES = "files"  # what the cell changed in the working directory
+    REPLY = "reply"  # the answer to a runtime call (complete, inspect, checkpoint ...)
+
+    ALL = (HELLO, DISPLAY, UPDATE, CLEAR, RESULT, ERROR, USER_EXPRESSIONS, PAYLOAD, INPUT, FILES, REPLY)
 
 
 class Text(object):
@@ -44,7 +73,7 @@ class Text(object):
 
 
 class Frame(object):
-    """One decoded event: a kind (``display``, ``error`` ...) and its payload."""
+    """One decoded frame: a kind (``display``, ``error`` ...) and its payload (still unvalidated)."""
 
     __slots__ = ("kind", "payload")
 
@@ -57,6 +86,21 @@ class Frame(object):
 
     def __repr__(self):
         return "Frame(%r, %r)" % (self.kind, self.payload)
+
+
+class BadFrame(object):
+    """A line with the right token that could not be decoded; ``reason`` says why."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
+
+    def __eq__(self, other):
+        return isinstance(other, BadFrame) and other.reason == self.reason
+
+    def __repr__(self):
+        return "BadFrame(%r)" % (self.reason,)
 
 
 def encode_frame(token, kind, payload, piece_chars=PIECE_CHARS):
@@ -72,72 +116,115 @@ def encode_frame(token, kind, payload, piece_chars=PIECE_CHARS):
 
 
 class FrameDecoder(object):
-    """Split a stream of output text into ``Text`` and ``Frame`` events.
+    """Split a stream of output text into ``Text``, ``Frame`` and ``BadFrame`` events.
 
-    Feed it text in chunks of any size; a frame or marker cut across chunks is
-    held until the rest arrives. Anything that looks like a frame but does not
-    carry the right token, or does not parse, is returned as ``Text``.
+    Feed it text in chunks of any size; a frame or header cut across chunks is
+    held until the rest arrives. Work per chunk is proportional to the chunk.
     """
 
-    def __init__(self, token):
+    def __init__(self, token, max_piece_chars=PIECE_CHARS, max_payload_chars=None):
         self._head = MARK + token + " "
-        self._pending = ""
-        self._pieces = []
+        self._max_line = max_piece_chars + 2  # flag, space, piece
+        self._max_payload = MAX_PAYLOAD_CHARS if max_payload_chars is None else max_payload_chars
+        self._partial = ""  # a possible start of a header at the end of the last chunk
+        self._line = None  # the pieces of a frame line in progress (after its header)
+        self._line_chars = 0
+        self._skipping = False  # the line in progress was too long: drop it up to its newline
+        self._pieces = []  # bodies of "+" pieces waiting for their final "." piece
+        self._pieces_chars = 0
+        self._overflowed = False  # the multi-piece payload was too large: drop it up to its last piece
 
     def feed(self, text):
-        buf = self._pending + text if self._pending else text
-        self._pending = ""
+        buf = self._partial + text if self._partial else text
+        self._partial = ""
         events = []
         pos = 0
-        while True:
-            i = buf.find("\x1e", pos)
+        end = len(buf)
+        head = self._head
+        while pos < end:
+            if self._line is not None:
+                pos = self._continue_line(events, buf, pos)
+                continue
+            i = buf.find(RECORD_SEPARATOR, pos)
             if i < 0:
                 self._text(events, buf[pos:])
-                return events
+                break
             self._text(events, buf[pos:i])
-            nl = buf.find("\n", i)
-            if nl < 0:
-                rest = buf[i:]
-                if MARK.startswith(rest) or rest.startswith(MARK):
-                    self._pending = rest
-                else:
-                    self._text(events, rest)
-                return events
-            self._line(events, buf[i : nl + 1])
-            pos = nl + 1
-
-    def flush(self):
-        """End of output: whatever is held back is plain text after all."""
-        events = []
-        self._text(events, self._pending)
-        self._pending = ""
-        if self._pieces:
-            self._text(events, "".join(self._pieces))
-            self._pieces = []
+            if buf.startswith(head, i):
+                self._line = []
+                self._line_chars = 0
+                pos = i + len(head)
+            elif end - i < len(head) and head.startswith(buf[i:]):
+                self._partial = buf[i:]
+                break
+            else:  # a record separator that does not start our header: ordinary text
+                self._text(events, RECORD_SEPARATOR)
+                pos = i + 1
         return events
 
-    def _line(self, events, line):
-        head = self._head
-        if not line.startswith(head) or len(line) < len(head) + 3 or line[len(head) + 1] != " ":
-            self._text(events, line)
+    def flush(self):
+        """End of output: a held-back header start is text; a frame cut short is a BadFrame."""
+        events = []
+        self._text(events, self._partial)
+        self._partial = ""
+        if self._line is not None:
+            self._line = None
+            if not self._skipping:
+                events.append(BadFrame("a frame was cut off before its end"))
+            self._skipping = False
+        if self._pieces or self._overflowed:
+            if not self._overflowed:
+                events.append(BadFrame("a frame in several pieces ended without its last piece"))
+            self._drop_pieces()
+        return events
+
+    def _continue_line(self, events, buf, pos):
+        """Add ``buf[pos:]`` to the frame line in progress, up to its newline; return the new position."""
+        nl = buf.find("\n", pos)
+        stop = len(buf) if nl < 0 else nl
+        if not self._skipping:
+            self._line.append(buf[pos:stop])
+            self._line_chars += stop - pos
+            if self._line_chars > self._max_line:
+                self._skipping = True
+                self._line = []
+                events.append(BadFrame("a frame line is over %d characters" % self._max_line))
+        if nl < 0:
+            return len(buf)
+        line = "".join(self._line)
+        skipped = self._skipping
+        self._line = None
+        self._skipping = False
+        if skipped:
+            self._drop_pieces()
+        else:
+            self._piece(events, line)
+        return nl + 1
+
+    def _piece(self, events, line):
+        if len(line) < 2 or line[1] != " " or line[0] not in "+.":
+            self._drop_pieces()
+            events.append(BadFrame("a frame line has no valid flag"))
             return
-        flag = line[len(head)]
-        body = line[len(head) + 2 : -1]
-        if flag == "+":
+        flag, body = line[0], line[2:]
+        if not self._overflowed:
             self._pieces.append(body)
+            self._pieces_chars += len(body)
+            if self._pieces_chars > self._max_payload:
+                self._pieces = []
+                self._overflowed = True
+                events.append(BadFrame("a frame is over %d characters" % self._max_payload))
+        if flag == "+":
             return
-        if flag != ".":
-            self._text(events, line)
-            return
-        if self._pieces:
-            body = "".join(self._pieces) + body
-            self._pieces = []
-        try:
-            kind, payload = json.loads(body)
-        except ValueError:
-            self._text(events, line)
-            return
-        events.append(Frame(kind, payload))
+        overflowed, body = self._overflowed, "".join(self._pieces)
+        self._drop_pieces()
+        if not overflowed:
+            events.append(_parse(body))
+
+    def _drop_pieces(self):
+        self._pieces = []
+        self._pieces_chars = 0
+        self._overflowed = False
 
     @staticmethod
     def _text(events, text):
@@ -147,3 +234,13 @@ class FrameDecoder(object):
             events[-1] = Text(events[-1].text + text)
         else:
             events.append(Text(text))
+
+
+def _parse(body):
+    try:
+        decoded = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return BadFrame("a frame is not valid JSON (%s)" % (type(exc).__name__,))
+    if not (isinstance(decoded, list) and len(decoded) == 2 and isinstance(decoded[0], str)):
+        return BadFrame("a frame is not a [kind, payload] pair")
+    return Frame(decoded[0], decoded[1])
