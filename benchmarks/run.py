@@ -205,18 +205,15 @@ def session_layer_noop(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float
     """A cell through RuntimeSession (runtime wrapper, frames, mirror check) vs a bare run_code, one context."""
     import logging
 
-    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.cell import Cell, Recorder
+    from daytona_kernel.compose import build_session
     from daytona_kernel.config import DaytonaKernelConfig
-    from daytona_kernel.session import RuntimeSession
-    from daytona_kernel.sync import open_mirror
 
     os.environ.update(emu.env())
 
     async def go() -> tuple[dict[str, float], dict[str, float]]:
-        config = DaytonaKernelConfig()
-        config.sandbox_policy = "ephemeral"
-        sandbox = DaytonaSandbox(config, "bench-layer", "bench")
-        session = RuntimeSession(sandbox, config, logging.getLogger(), open_mirror(config, sandbox, tempfile.mkdtemp(), logging.getLogger()))
+        config = DaytonaKernelConfig(sandbox_policy="ephemeral", workspace_key="bench-layer")
+        session = build_session(config, tempfile.mkdtemp(), "bench", logging.getLogger())
         live = await session.ready()
 
         async def sample(fn: Callable[[], Any]) -> dict[str, float]:
@@ -229,7 +226,7 @@ def session_layer_noop(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float
                 xs.append(time.perf_counter() - t0)
             return ms(stats(xs))
 
-        ours = await sample(lambda: session.execute("pass", 1, lambda kind, content: None))
+        ours = await sample(lambda: session.execute(Cell("pass", 1), Recorder()))
         raw = await sample(lambda: live.context.run_code("pass", lambda text: None, lambda text: None))
         await session.shutdown()
         return ours, raw

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jupyter_core.paths import jupyter_runtime_dir
-from traitlets.config import Config
 
-from .config import DaytonaKernelConfig, env_config
+from .config import DaytonaKernelConfig, config_outside_kernel, has_credentials
 from .errors import DaytonaKernelError
 
 log = logging.getLogger("daytona_kernel.admin")
@@ -24,16 +23,7 @@ log = logging.getLogger("daytona_kernel.admin")
 
 def load_config() -> DaytonaKernelConfig:
     """The configuration a kernel started now would get (config files, then environment)."""
-    from jupyter_core.paths import jupyter_config_path
-    from traitlets.config.application import Application
-
-    config = Config()
-    for basename in ("jupyter_config", "daytona_kernel_config"):
-        for loaded, _ in Application._load_config_files(basename, path=jupyter_config_path()):
-            config.merge(loaded)
-    config.merge(env_config())
-    config.DaytonaKernelConfig = config.get("DaytonaKernel", Config())
-    return DaytonaKernelConfig(config=config)
+    return config_outside_kernel()
 
 
 # -- gc ---------------------------------------------------------------------------
@@ -53,15 +43,16 @@ def running_kernel_ids() -> set[str]:
     processes of ``python -m daytona_kernel -f FILE`` are found through /proc where it
     exists; connection files in Jupyter's runtime folder count as running too.
     """
-    ids = {path.stem[len("kernel-") :] for path in Path(jupyter_runtime_dir()).glob("kernel-*.json")}
+    from .compose import kernel_id_of
+
+    ids = {kernel_id_of(path) for path in Path(jupyter_runtime_dir()).glob("kernel-*.json")}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue  # the process ended while we looked
         if b"daytona_kernel" in argv and b"-f" in argv[:-1]:
-            stem = Path(argv[argv.index(b"-f") + 1].decode(errors="replace")).stem
-            ids.add(stem[len("kernel-") :] if stem.startswith("kernel-") else stem)
+            ids.add(kernel_id_of(argv[argv.index(b"-f") + 1].decode(errors="replace")))
     return ids
 
 
@@ -142,18 +133,17 @@ class Checks:
 
 async def _round_trip(config: DaytonaKernelConfig, checks: Checks) -> None:
     """Start a throwaway sandbox context and run one cell, the way a kernel does."""
-    from .backends import open_sandbox
-    from .session import RuntimeSession
+    from .cell import Cell, Recorder
+    from .compose import build_session
 
-    outputs: list[tuple[str, dict]] = []
     config.sandbox_policy = "ephemeral"
-    sandbox = open_sandbox(config, tempfile.mkdtemp(prefix="daytona-kernel-doctor-"), "doctor")
-    session = RuntimeSession(sandbox, config, log)
+    session = build_session(config, tempfile.mkdtemp(prefix="daytona-kernel-doctor-"), "doctor", log, mirror=False)
+    frontend = Recorder()
     try:
-        outcome = await session.execute("print(6 * 7)", 1, lambda kind, content: outputs.append((kind, content)))
-        text = "".join(c.get("text", "") for kind, c in outputs if kind == "stream")
+        outcome = await session.execute(Cell("print(6 * 7)", 1), frontend)
+        text = frontend.text()
         if outcome.error is None and text == "42\n":
-            checks.ok(f"a cell ran in {sandbox.description}")
+            checks.ok(f"a cell ran in {session.sandbox.description}")
         else:
             detail = outcome.error["evalue"] if outcome.error else f"unexpected output {text!r}"
             checks.fail(f"a test cell did not run: {detail}", "see the message; `daytona-kernel doctor` again after fixing it")
@@ -173,7 +163,7 @@ async def doctor(out: Callable[[str], None], round_trip: bool = True) -> int:
     except Exception as exc:  # a config file that does not even load
         checks.fail(f"configuration could not be loaded: {exc}", "correct daytona_kernel_config.py / jupyter_config")
         return 1
-    problems = [p for p in config.validate() if "credentials" not in p]
+    problems = config.validate(check_credentials=False)
     if problems:
         for problem in problems:
             checks.fail(f"configuration: {problem}", "see the message above")
@@ -201,7 +191,7 @@ async def _check_daytona(config: DaytonaKernelConfig, checks: Checks) -> None:
 
     from .backends.daytona import translate_error
 
-    if not (os.environ.get("DAYTONA_API_KEY") or os.environ.get("DAYTONA_JWT_TOKEN")):
+    if not has_credentials():
         checks.fail("credentials: DAYTONA_API_KEY is not set", "export DAYTONA_API_KEY=... (from the Daytona dashboard)")
         return
     checks.ok("credentials: DAYTONA_API_KEY is set")

@@ -5,13 +5,11 @@ from __future__ import annotations
 import atexit
 
 from ipykernel.kernelapp import IPKernelApp
-from jupyter_core.paths import jupyter_config_path
 from traitlets import Type
 
-from .config import env_config
+from .config import load_config
 from .kernel import DaytonaKernel
 
-CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
 CONTROL_JOIN_TIMEOUT_S = 10.0
 
 
@@ -43,11 +41,7 @@ class DaytonaKernelApp(IPKernelApp):
 
     def load_config_file(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().load_config_file(*args, **kwargs)
-        for basename in CONFIG_FILES:
-            for config, filename in self._load_config_files(basename, path=jupyter_config_path(), log=self.log):
-                self.log.debug("loaded config file %s", filename)
-                self.update_config(config)
-        self.update_config(env_config())
+        self.update_config(load_config(self.log))
 
 
 def main() -> None:

@@ -14,9 +14,13 @@ A bad value never crashes the kernel: it is recorded, the default is kept, and
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import sys
 from copy import deepcopy
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, TypeVar
 
 from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode
 from traitlets.config import Config, Configurable
@@ -24,7 +28,20 @@ from traitlets.config.loader import DeferredConfig, DeferredConfigString
 
 ENV_PREFIX = "DAYTONA_KERNEL_"
 SECTION = "DaytonaKernel"
+CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
 SECRET_ENV_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "GIT_TOKEN")
+
+
+class FiniteFloat(Float):  # type: ignore[type-arg]
+    """A Float that must be a finite number: nan and inf pass ``min``, but no timer or budget can use them."""
+
+    info_text = "a finite number"
+
+    def validate(self, obj: Any, value: Any) -> float:
+        value = super().validate(obj, value)
+        if not math.isfinite(value):
+            self.error(obj, value)
+        return float(value)
 
 
 class DaytonaKernelConfig(Configurable):
@@ -95,7 +112,7 @@ class DaytonaKernelConfig(Configurable):
     ).tag(config=True)
 
     auto_delete_interval = Int(
-        -1, help="Minutes a stopped sandbox waits before it is deleted (-1 = never, 0 = at stop)."
+        -1, min=-1, help="Minutes a stopped sandbox waits before it is deleted (-1 = never, 0 = at stop)."
     ).tag(config=True)
 
     network_block_all = Bool(False, help="Block all network access from the sandbox.").tag(config=True)
@@ -127,11 +144,11 @@ class DaytonaKernelConfig(Configurable):
         config=True
     )
 
-    sync_max_file_mb = Float(100.0, min=0.0, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
+    sync_max_file_mb = FiniteFloat(100.0, min=0.0, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
         config=True
     )
 
-    sync_max_total_mb = Float(
+    sync_max_total_mb = FiniteFloat(
         1024.0, min=0.0, help="At most this much (MB) is uploaded in one sync; the rest waits, with a notice."
     ).tag(config=True)
 
@@ -150,20 +167,20 @@ class DaytonaKernelConfig(Configurable):
         "API key is never passed unless you list it here.",
     ).tag(config=True)
 
-    cell_timeout = Float(
+    cell_timeout = FiniteFloat(
         0.0,
         min=0.0,
         help="Seconds a cell may run before the sandbox stops it (0 = no limit).",
     ).tag(config=True)
 
-    interrupt_grace = Float(
+    interrupt_grace = FiniteFloat(
         3.0,
         min=0.1,
         help="Seconds to wait for a cell to yield to an interrupt before the context is "
         "restarted (which loses its variables).",
     ).tag(config=True)
 
-    output_limit_mb = Float(
+    output_limit_mb = FiniteFloat(
         20.0,
         min=0.0,
         help="Most stream output (MB) one cell may send; the rest is dropped with a notice, so a "
@@ -194,23 +211,21 @@ class DaytonaKernelConfig(Configurable):
                     parsed = value.get_value(traits[name]) if isinstance(value, DeferredConfig) else value
                     traits[name].validate(self, deepcopy(parsed))
                 except (TraitError, ValueError, SyntaxError) as exc:
-                    problems[name] = f"{name} = {_shown(value)!r} is invalid: {exc}"
+                    problems[name] = f"{name} = {_shown(value)!r} is invalid: {str(exc).rstrip('.')}"
                     continue
                 problems.pop(name, None)
             good[name] = value
         section = type(self).__name__
         super()._load_config(Config({section: good}), section_names=[section], traits=traits)
 
-    def validate(self) -> list[str]:
+    def validate(self, check_credentials: bool = True) -> list[str]:
         """Every problem with the configuration, each with what to set."""
         problems = [
             f"{msg}. Fix it with --DaytonaKernel.{name}=..., {ENV_PREFIX}{name.upper()}, "
             "or daytona_kernel_config.py."
             for name, msg in sorted(self.__dict__.get("_config_problems", {}).items())
         ]
-        if self.backend == "daytona" and not (
-            os.environ.get("DAYTONA_API_KEY") or os.environ.get("DAYTONA_JWT_TOKEN")
-        ):
+        if check_credentials and self.backend == "daytona" and not has_credentials():
             problems.append(
                 "No Daytona credentials: set DAYTONA_API_KEY (from https://app.daytona.io, "
                 "Keys page) in the environment Jupyter starts kernels with, or choose the "
@@ -223,6 +238,37 @@ class DaytonaKernelConfig(Configurable):
         if not self.mount_path.startswith("/"):
             problems.append(f"mount_path must be an absolute path, got {self.mount_path!r}.")
         return problems
+
+
+def has_credentials(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the Daytona SDK will find credentials (an API key or a JWT) in the environment."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("DAYTONA_API_KEY") or environ.get("DAYTONA_JWT_TOKEN"))
+
+
+def load_config(log: logging.Logger | None = None) -> Config:
+    """Config from the files on the Jupyter config path (``jupyter_config.*``, then
+    ``daytona_kernel_config.*``), then ``DAYTONA_KERNEL_*`` variables on top.
+
+    The kernel application and the CLI (``doctor``, ``gc``) both read it from here.
+    """
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config.application import Application
+
+    config = Config()
+    for basename in CONFIG_FILES:
+        for loaded, filename in Application._load_config_files(basename, path=jupyter_config_path(), log=log):
+            if log is not None:
+                log.debug("loaded config file %s", filename)
+            config.merge(loaded)
+    config.merge(env_config())
+    return config
+
+
+def config_outside_kernel(config: Config | None = None) -> DaytonaKernelConfig:
+    """The knobs a kernel started now would get, for the CLI (its ``DaytonaKernel`` section applies)."""
+    config = load_config() if config is None else config
+    return DaytonaKernelConfig(config=Config({"DaytonaKernelConfig": config.get(SECTION, Config())}))
 
 
 def _shown(value: object) -> object:
@@ -248,3 +294,60 @@ def env_config(environ: dict[str, str] | None = None) -> Config:
         else:
             section[name] = DeferredConfigString(raw)
     return Config({SECTION: section}) if section else Config()
+
+
+# -- narrow settings: what each component reads, frozen ------------------------------
+
+S = TypeVar("S")
+
+
+def settings_from(cls: type[S], config: DaytonaKernelConfig) -> S:
+    """The settings dataclass ``cls``, filled from the traitlets of the same names."""
+    return cls(**{f.name: deepcopy(getattr(config, f.name)) for f in fields(cls)})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What the session, its supervisor and its magics read."""
+
+    backend: str = "daytona"
+    cell_timeout: float = 0.0
+    interrupt_grace: float = 3.0
+    output_limit_mb: float = 20.0
+    auto_stop_interval: int = 15
+    checkpoint_on_idle: bool = False
+    repo_url: str = ""
+    repo_ref: str = ""
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """What the local backend reads."""
+
+    sandbox_policy: str
+    volume_name: str
+    env: dict[str, str]
+    local_python: str
+
+
+@dataclass(frozen=True)
+class DaytonaSettings:
+    """What the Daytona backend reads."""
+
+    sandbox_policy: str
+    volume_name: str
+    mount_path: str
+    snapshot: str
+    image: str
+    cpu: int
+    memory: int
+    disk: int
+    gpu: int
+    labels: dict[str, str]
+    auto_stop_interval: int
+    auto_archive_interval: int
+    auto_delete_interval: int
+    network_block_all: bool
+    api_url: str
+    target: str
+    env: dict[str, str]

@@ -64,3 +64,21 @@ class ConnectionLost(BackendError):
     """The stream of a running cell was cut off; the cell's fate is unknown."""
 
     ename = "SandboxConnectionLost"
+
+
+class ProtocolError(BackendError):
+    """The sandbox sent a frame that does not fit the protocol (wrong shape, too big, too deep)."""
+
+    ename = "SandboxProtocolError"
+
+
+class UsageError(DaytonaKernelError):
+    """A kernel-side magic was called the wrong way; the message shows the right way."""
+
+    ename = "UsageError"
+
+
+class RuntimeCallError(BackendError):
+    """A call into the runtime (checkpoint, restore, file_changes ...) failed; the message says how."""
+
+    ename = "SandboxRuntimeError"

@@ -11,6 +11,8 @@ from typing import Any
 
 from IPython.core.inputtransformer2 import TransformerManager
 
+from .runtime.framing import KERNEL_MAGICS
+
 _transformer = TransformerManager()
 
 
@@ -33,9 +35,6 @@ def transform_cell(code: str) -> str:
         return _transformer.transform_cell(code)
     except (SyntaxError, tokenize.TokenError, ValueError):
         return code
-
-
-KERNEL_MAGICS = ("sync", "upload", "download", "daytona")
 
 
 def kernel_magic_lines(code: str) -> list[tuple[str, str]] | None:

@@ -12,20 +12,19 @@ import os
 import platform
 import signal
 import uuid
-from pathlib import Path
 from typing import Any
 
 import zmq
 from ipykernel.kernelbase import Kernel
 
 from . import __version__
-from .backends import open_sandbox
+from .cell import Cell, CellOutcome, error_content
+from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
 from .interactive import check_complete, kernel_magic_lines, transform_cell
-from .session import CellOutcome, RuntimeSession, error_content
-from .sync import open_mirror
+from .session import RuntimeSession
 
 # Session event kind -> iopub message type.
 IOPUB_TYPES = {
@@ -61,16 +60,13 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self.shell_handlers.update(comm_open=self._comm_open, comm_msg=self._comm_ignore, comm_close=self._comm_ignore)
         if not self._problems:
             try:
-                sandbox = open_sandbox(self, os.getcwd(), self._kernel_id())
-                mirror = open_mirror(self, sandbox, os.getcwd(), self.log)
-                self._session = RuntimeSession(sandbox, self, self.log, mirror)
+                self._session = build_session(self, os.getcwd(), self._kernel_id(), self.log)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
 
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""
-        name = Path(getattr(self.parent, "connection_file", "") or "").stem
-        return name[len("kernel-") :] if name.startswith("kernel-") else name or f"pid-{os.getpid()}"
+        return kernel_id_of(getattr(self.parent, "connection_file", "") or "") or f"pid-{os.getpid()}"
 
     # -- kernel_info -----------------------------------------------------
 
@@ -194,14 +190,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         store_history = store_history and not silent  # IPython: silent forces store_history off
         if not code.strip():
             return {"status": "ok", "execution_count": count - 1, "payload": [], "user_expressions": {}}
-        outputs: list[str] = []
         parent = self.get_parent()  # session callbacks may run in other tasks (provisioning, input)
-
-        def emit(kind: str, content: dict) -> None:
-            if kind == "result":
-                outputs.append(content["data"].get("text/plain", ""))
-            self._emit(kind, content, parent)
-
+        frontend = KernelFrontend(self, parent)
         magics = kernel_magic_lines(code)
         if self._problems:
             content = error_content(ConfigError.ename, "\n".join(self._problems))
@@ -209,48 +199,20 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             outcome = CellOutcome(error=content)
         elif magics:
             assert self._session is not None
-            outcome = CellOutcome(error=await self._session.kernel_magics(magics, emit))
+            outcome = CellOutcome(error=await self._session.kernel_magics(magics, frontend))
         else:
             assert self._session is not None
-            outcome = await self._session.execute(
-                transform_cell(code),
-                count,
-                emit,
-                silent=silent,
-                store_history=store_history,
-                allow_stdin=allow_stdin,
-                user_expressions=user_expressions,
-                progress=self._status_line(parent),
-                ask=self._ask_frontend if allow_stdin else None,
-            )
+            cell = Cell(transform_cell(code), count, silent, store_history, allow_stdin, dict(user_expressions or {}))
+            outcome = await self._session.execute(cell, frontend)
         if store_history:
             self._next_count += 1
-            self._history.store(count, code, outputs[-1] if outputs else None)
+            self._history.store(count, code, frontend.last_result)
         reply: dict[str, Any] = {"execution_count": self._next_count - 1, "payload": outcome.payload}
         if outcome.error is not None:
             reply.update(status="error", **outcome.error)
         else:
             reply.update(status="ok", user_expressions=outcome.user_expressions)
         return reply
-
-    def _status_line(self, parent: dict) -> Any:
-        """A transient status line for provisioning: one output, updated in place, blanked at the end."""
-        display_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
-        shown = False
-
-        def show(text: str) -> None:
-            nonlocal shown
-            if not text and not shown:
-                return
-            content = {
-                "data": {"text/plain": f"⏳ {text}" if text else ""},
-                "metadata": {},
-                "transient": {"display_id": display_id},
-            }
-            self._emit("update" if shown else "display", content, parent)
-            shown = True
-
-        return show
 
     async def _ask_frontend(self, prompt: str, password: bool) -> str:
         """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""
@@ -272,7 +234,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
         if self._session is not None:
-            reply = await self._session.call("complete", code, cursor_pos)
+            reply = await self._session.query("complete", code, cursor_pos)
         return {
             "status": "ok",
             "matches": [],
@@ -288,7 +250,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
         if self._session is not None:
-            reply = await self._session.call("inspect", code, cursor_pos, detail_level)
+            reply = await self._session.query("inspect", code, cursor_pos, detail_level)
         return {"status": "ok", "found": False, "data": {}, "metadata": {}, **(reply or {})}
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:
@@ -311,3 +273,35 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             hist_access_type, output=output, session=session, start=start, stop=stop, n=n, pattern=pattern, unique=unique
         )
         return {"status": "ok", "history": entries}
+
+
+class KernelFrontend:
+    """The session's Frontend for one execute request: iopub output under the request's
+    parent, a transient status line for provisioning, and input() through the stdin channel."""
+
+    def __init__(self, kernel: DaytonaKernel, parent: dict[str, Any]) -> None:
+        self._kernel = kernel
+        self._parent = parent
+        self._status_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
+        self._status_shown = False
+        self.last_result: str | None = None  # the text of the last execute_result, for history
+
+    def emit(self, kind: str, content: dict[str, Any]) -> None:
+        if kind == "result":
+            self.last_result = content["data"].get("text/plain", "")
+        self._kernel._emit(kind, content, self._parent)
+
+    def progress(self, text: str) -> None:
+        """One output, updated in place, blanked at the end."""
+        if not text and not self._status_shown:
+            return
+        content = {
+            "data": {"text/plain": f"⏳ {text}" if text else ""},
+            "metadata": {},
+            "transient": {"display_id": self._status_id},
+        }
+        self._kernel._emit("update" if self._status_shown else "display", content, self._parent)
+        self._status_shown = True
+
+    async def ask(self, prompt: str, password: bool) -> str:
+        return await self._kernel._ask_frontend(prompt, password)

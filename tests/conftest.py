@@ -2,6 +2,13 @@
 
 Every test that talks to a kernel starts a real one through jupyter_client,
 from the kernelspec our own installer wrote.
+
+Tiers: a test is ``slow`` when it starts a kernel, the Daytona emulator or a
+subprocess (it uses one of SLOW_FIXTURES, its class derives from one of SLOW_BASES,
+or its body calls one of SLOW_CALLS),
+and ``fast`` otherwise; ``python -m pytest -m fast`` runs the fast tier in
+seconds. A fast test that starts a kernel or the emulator anyway fails with a
+message saying to mark it ``@pytest.mark.slow``, so the tiers cannot drift.
 """
 
 from __future__ import annotations
@@ -12,6 +19,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+SLOW_FIXTURES = {"kernel", "kernel_name", "emulator", "daytona_env", "browser"}
+SLOW_BASES = {"KernelTests"}  # jupyter_kernel_test's conformance suite starts its kernel in setUpClass
+SLOW_CALLS = {"Kernel", "KernelManager", "DaytonaEmulator", "cli", "subprocess", "papermill", "nbclient", "_run_allowing_errors"}
 
 _ROOT = Path(tempfile.mkdtemp(prefix="daytona-kernel-tests-"))
 os.environ["JUPYTER_DATA_DIR"] = str(_ROOT / "data")
@@ -70,3 +81,38 @@ def sandboxes_of(emulator, folder):  # type: ignore[no-untyped-def]
 
     key = workspace_key_for(str(folder))
     return [s for s in emulator.sandboxes.values() if s.labels.get("daytona-kernel-workspace") == key]
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    if any(any(item.iter_markers(name)) for name in ("slow", "browser", "daytona_e2e")):
+        return True
+    if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    cls = getattr(item, "cls", None)
+    if cls is not None and any(base.__name__ in SLOW_BASES for base in cls.__mro__):
+        return True
+    function = getattr(item, "function", None)
+    return bool(function is not None and SLOW_CALLS & set(function.__code__.co_names))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.slow if _is_slow(item) else pytest.mark.fast)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test in the fast tier may not start a kernel or the emulator."""
+    if request.node.get_closest_marker("fast") is None:
+        return
+    from jupyter_client.manager import KernelManager
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a kernel or the emulator but is in the fast tier: mark it @pytest.mark.slow"
+        )
+
+    monkeypatch.setattr(KernelManager, "start_kernel", refuse)
+    from daytona_emulator import DaytonaEmulator
+
+    monkeypatch.setattr(DaytonaEmulator, "start", refuse)

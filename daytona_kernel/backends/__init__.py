@@ -6,7 +6,7 @@ import hashlib
 import os
 import re
 
-from ..config import DaytonaKernelConfig
+from ..config import DaytonaKernelConfig, DaytonaSettings, LocalSettings, settings_from
 from .base import Context, ExecResult, RunError, Sandbox, SandboxPolicy
 
 __all__ = ["Context", "ExecResult", "RunError", "Sandbox", "SandboxPolicy", "open_sandbox", "workspace_key_for"]
@@ -25,7 +25,7 @@ def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sa
     if config.backend == "local":
         from .local import LocalSandbox
 
-        return LocalSandbox(config, key)
+        return LocalSandbox(settings_from(LocalSettings, config), key)
     from .daytona import DaytonaSandbox
 
-    return DaytonaSandbox(config, key, kernel_id)
+    return DaytonaSandbox(settings_from(DaytonaSettings, config), key, kernel_id)

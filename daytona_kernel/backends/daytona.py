@@ -42,7 +42,7 @@ from daytona.common.errors import (
     DaytonaTimeoutError,
 )
 
-from ..config import DaytonaKernelConfig
+from ..config import DaytonaSettings
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
 from .base import Context, ExecResult, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
@@ -185,7 +185,7 @@ class DaytonaContext(Context):
 class DaytonaSandbox(Sandbox):
     """A Daytona sandbox found by its workspace labels (``reuse``) or made for this kernel."""
 
-    def __init__(self, config: DaytonaKernelConfig, workspace_key: str, kernel_id: str) -> None:
+    def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str) -> None:
         self._config = config
         self._key = workspace_key
         self._kernel_id = kernel_id

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
 
-from ..config import SECRET_ENV_VARS, DaytonaKernelConfig
+from ..config import SECRET_ENV_VARS, LocalSettings
 from ..errors import BackendError, ContextDied, ContextTimeout
 from .base import Context, ExecResult, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
@@ -148,7 +148,7 @@ class LocalContext(Context):
 class LocalSandbox(Sandbox):
     """A local stand-in for a Daytona sandbox. See the module docstring."""
 
-    def __init__(self, config: DaytonaKernelConfig, workspace_key: str) -> None:
+    def __init__(self, config: LocalSettings, workspace_key: str) -> None:
         self._config = config
         self._policy = SandboxPolicy(config.sandbox_policy)
         root = local_root()

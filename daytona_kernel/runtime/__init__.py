@@ -46,6 +46,6 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
     )
 
 
-def call_code(method: str, *args: object) -> str:
-    """Code that calls one runtime method, e.g. ``call_code("run_cell", code, 3)``."""
+def call_source(method: str, *args: object) -> str:
+    """Code that calls one runtime method, e.g. ``call_source("run_cell", code, 3)``."""
     return f"{HANDLE}.{method}({', '.join(repr(a) for a in args)})\n"

@@ -17,9 +17,13 @@ import sys
 import threading
 import time
 
+try:  # inside the sandbox the bootstrap installed the framing module under this name
+    from _daytona_kernel_framing import KERNEL_MAGICS
+except ImportError:  # imported from the package (tests)
+    from daytona_kernel.runtime.framing import KERNEL_MAGICS
+
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 NO_VAR_EXPAND = ("time", "timeit", "pinfo", "pinfo2", "config")
-KERNEL_MAGICS = ("sync", "upload", "download", "daytona")
 READ_CHUNK_BYTES = 4096
 
 

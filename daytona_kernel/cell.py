@@ -1,0 +1,94 @@
+"""What the session needs from a request and from whoever shows its output.
+
+``Cell`` is one execute request as a value. ``Frontend`` is the session's view
+of the Jupyter client: it shows output (``emit``), a transient status line
+(``progress``) and asks for input (``ask``). The kernel implements it on top
+of iopub and stdin; tests and ``daytona-kernel doctor`` use ``Recorder``.
+
+Output kinds the session emits: ``stream``, ``display``, ``update``, ``clear``,
+``result``, ``error`` (the kernel maps them to iopub message types).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+ProgressCallback = Callable[[str], None]
+"""Receives status lines while something slow runs; an empty line clears the status."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell to run, as the execute_request asked for it (code already transformed)."""
+
+    code: str
+    count: int
+    silent: bool = False
+    store_history: bool = True
+    allow_stdin: bool = False
+    user_expressions: dict[str, str] = field(default_factory=dict)
+
+
+class Frontend(Protocol):
+    """Where a cell's output goes."""
+
+    def emit(self, kind: str, content: dict[str, Any]) -> None:
+        """Show one output: kind is stream, display, update, clear, result or error."""
+
+    def progress(self, text: str) -> None:
+        """Show a transient status line; an empty text clears it."""
+
+    async def ask(self, prompt: str, password: bool) -> str:
+        """input(): ask the user and return the answer."""
+
+
+@dataclass
+class CellOutcome:
+    """How a cell ended. ``error`` is the content of its one error output, if any."""
+
+    error: dict[str, Any] | None = None
+    user_expressions: dict[str, Any] = field(default_factory=dict)
+    payload: list[dict[str, Any]] = field(default_factory=list)
+
+
+def error_content(ename: str, message: str) -> dict[str, Any]:
+    """An error for the user that comes from the kernel, not from their code."""
+    return {"ename": ename, "evalue": message, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {message}"]}
+
+
+def stderr(text: str) -> dict[str, Any]:
+    """The content of a stderr stream output."""
+    return {"name": "stderr", "text": text}
+
+
+def stdout(text: str) -> dict[str, Any]:
+    """The content of a stdout stream output."""
+    return {"name": "stdout", "text": text}
+
+
+class Recorder:
+    """A Frontend that keeps what it is given: for ``doctor``, tests and output outside a cell."""
+
+    def __init__(self, answers: list[str] | None = None) -> None:
+        self.outputs: list[tuple[str, dict[str, Any]]] = []
+        self.statuses: list[str] = []
+        self.prompts: list[tuple[str, bool]] = []
+        self._answers = list(answers or [])
+
+    def emit(self, kind: str, content: dict[str, Any]) -> None:
+        self.outputs.append((kind, content))
+
+    def progress(self, text: str) -> None:
+        self.statuses.append(text)
+
+    async def ask(self, prompt: str, password: bool) -> str:
+        self.prompts.append((prompt, password))
+        return self._answers.pop(0) if self._answers else ""
+
+    def text(self, name: str = "stdout") -> str:
+        """All stream text of one stream."""
+        return "".join(c["text"] for kind, c in self.outputs if kind == "stream" and c["name"] == name)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [c for k, c in self.outputs if k == kind]

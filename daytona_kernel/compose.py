@@ -1,0 +1,34 @@
+"""The composition root: builds a kernel's sandbox, mirror and session from its configuration.
+
+The kernel, ``daytona-kernel doctor`` and the benchmarks all build their
+sessions here. Each component gets only the settings it reads (frozen
+dataclasses in ``config``), never the kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from .backends import open_sandbox
+from .config import DaytonaKernelConfig, SessionSettings, settings_from
+from .session import RuntimeSession
+from .sync import open_mirror
+
+KERNEL_FILE_PREFIX = "kernel-"
+
+
+def build_session(
+    config: DaytonaKernelConfig, folder: str, kernel_id: str, log: logging.Logger, mirror: bool = True
+) -> RuntimeSession:
+    """The session for a notebook in ``folder``; ``mirror=False`` leaves the folder alone (doctor)."""
+    sandbox = open_sandbox(config, folder, kernel_id)
+    workdir_mirror = open_mirror(config, sandbox, folder, log) if mirror else None
+    return RuntimeSession(sandbox, settings_from(SessionSettings, config), log, workdir_mirror)
+
+
+def kernel_id_of(connection_file: str | os.PathLike[str]) -> str:
+    """The id Jupyter gave a kernel, from its connection file ``kernel-<id>.json`` (the stem otherwise)."""
+    stem = Path(connection_file).stem
+    return stem[len(KERNEL_FILE_PREFIX) :] if stem.startswith(KERNEL_FILE_PREFIX) else stem

@@ -1,0 +1,212 @@
+"""Kernel-side magics: ``%sync``, ``%upload``, ``%download`` and ``%daytona``.
+
+They act on the user's own files or on the kernel, so they run here, not in
+the sandbox (a cell of only these lines never reaches the sandbox). Modelled on
+ipykernel's ``KernelMagics``: one method per magic, registered by name in
+``KERNEL_MAGICS``. The idle checkpoint timer lives here too, since it is
+``%daytona checkpoint`` run by a clock.
+
+To add a magic: add its name to ``runtime.framing.KERNEL_MAGICS`` (the sandbox
+then tells a user who mixes it with code to give it a cell of its own) and a
+``magic_<name>(args)`` method to ``KernelMagics`` that returns the text to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+from typing import Any, Callable
+
+from .backends.base import Sandbox
+from .cell import Frontend, error_content, stderr, stdout
+from .config import SessionSettings
+from .protocol import file_changes
+from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageError
+from .runtime.framing import KERNEL_MAGICS
+from .supervisor import ContextSupervisor
+from .sync import SyncReport, WorkdirMirror
+
+IDLE_CHECKPOINT_LEAD_S = 60.0  # checkpoint this long before auto-stop would stop an idle sandbox
+
+__all__ = ["KERNEL_MAGICS", "IdleCheckpoint", "KernelMagics", "checkpoint_path", "notify"]
+
+
+def checkpoint_path(sandbox: Sandbox) -> str:
+    return posixpath.join(sandbox.workdir, ".daytona-kernel", "checkpoint.pkl")
+
+
+def notify(report: SyncReport, frontend: Frontend) -> None:
+    """Show what a sync skipped or could not do, if anything."""
+    notices = report.notices()
+    if notices:
+        frontend.emit("stream", stderr(notices))
+
+
+def _names(reply: dict[str, Any], key: str) -> list[str]:
+    """A list of names from a runtime reply, checked (the reply comes from the sandbox)."""
+    value = reply.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RuntimeCallError(f"the runtime's reply has a malformed {key!r}")
+    return value
+
+
+class IdleCheckpoint:
+    """With checkpoint_on_idle, save the variables shortly before an idle sandbox is auto-stopped."""
+
+    def __init__(self, supervisor: ContextSupervisor, settings: SessionSettings, log: logging.Logger) -> None:
+        self._supervisor = supervisor
+        self._settings = settings
+        self._log = log
+        self._timer: asyncio.Future[None] | None = None
+        self.saved = False  # a checkpoint exists from this kernel: %daytona restore can bring it back
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def arm(self) -> None:
+        minutes = self._settings.auto_stop_interval
+        if self._settings.checkpoint_on_idle and minutes:
+            delay = max(minutes * 60 - IDLE_CHECKPOINT_LEAD_S, IDLE_CHECKPOINT_LEAD_S)
+            self._timer = asyncio.ensure_future(self._checkpoint_after(delay))
+
+    async def _checkpoint_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            reply = await self._supervisor.call("checkpoint", checkpoint_path(self._supervisor.sandbox))
+        except DaytonaKernelError as exc:
+            self._log.warning("the idle checkpoint failed: %s", exc)
+            return
+        self._log.info("idle checkpoint: saved %s, skipped %s", reply.get("saved"), reply.get("skipped"))
+        self.saved = True
+
+
+class KernelMagics:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        supervisor: ContextSupervisor,
+        mirror: WorkdirMirror | None,
+        settings: SessionSettings,
+        log: logging.Logger,
+    ) -> None:
+        self._supervisor = supervisor
+        self._sandbox = supervisor.sandbox
+        self._mirror = mirror
+        self._settings = settings
+        self._log = log
+        self._frontend: Frontend | None = None
+        self._handlers: dict[str, Callable[[str], Any]] = {name: getattr(self, f"magic_{name}") for name in KERNEL_MAGICS}
+
+    async def run(self, lines: list[tuple[str, str]], frontend: Frontend) -> dict[str, Any] | None:
+        """Run a cell of kernel magics, line by line. Returns the error, if any (also emitted)."""
+        self._frontend = frontend
+        try:
+            for name, args in lines:
+                try:
+                    text = await self._handlers[name](args)
+                except DaytonaKernelError as exc:
+                    content = error_content(exc.ename, str(exc))
+                    frontend.emit("error", content)
+                    return content
+                if text:
+                    frontend.emit("stream", stdout(text))
+            return None
+        finally:
+            self._frontend = None
+
+    def _mirror_for(self, name: str) -> WorkdirMirror:
+        if self._mirror is None:
+            raise BackendError(f"%{name}: the mirror is not available (the sandbox did not start).")
+        return self._mirror
+
+    def _notify(self, report: SyncReport) -> None:
+        if self._frontend is not None:
+            notify(report, self._frontend)
+
+    async def magic_sync(self, args: str) -> str:
+        mirror = self._mirror_for("sync")
+        await self._supervisor.ready()
+        if args.split()[:1] == ["status"]:
+            return mirror.status()
+        report = await mirror.push()
+        changes = file_changes(await self._supervisor.call("file_changes"))
+        if changes.changed or changes.deleted or changes.truncated:
+            down = await mirror.pull(changes.as_dict())
+            report.down, report.bytes_down, report.conflicts = down.down, down.bytes_down, down.conflicts
+            report.skipped += down.skipped
+            report.deleted += down.deleted
+        self._notify(report)
+        return report.summary() + "\n"
+
+    async def magic_upload(self, args: str) -> str:
+        mirror = self._mirror_for("upload")
+        source, dest = _one_or_two(args, "upload")
+        await self._supervisor.ready()
+        report = await mirror.upload_paths(source, dest)
+        return f"uploaded {len(report.up)} file(s), {report.bytes_up} bytes\n"
+
+    async def magic_download(self, args: str) -> str:
+        mirror = self._mirror_for("download")
+        source, dest = _one_or_two(args, "download")
+        await self._supervisor.ready()
+        report = await mirror.download_paths(source, dest)
+        self._notify(report)
+        return f"downloaded {len(report.down)} file(s), {report.bytes_down} bytes\n" if report.down else ""
+
+    async def magic_daytona(self, args: str) -> str:
+        command = args.split()[0] if args.split() else ""
+        if command == "status":
+            return await self._status()
+        if command == "checkpoint":
+            return await self._checkpoint()
+        if command == "restore":
+            return await self._restore()
+        raise UsageError("Usage: %daytona status | %daytona checkpoint | %daytona restore")
+
+    async def _checkpoint(self) -> str:
+        live = await self._supervisor.ready()
+        path = checkpoint_path(self._sandbox)
+        reply = await self._supervisor.call("checkpoint", path)
+        saved, skipped = _names(reply, "saved"), _names(reply, "skipped")
+        text = f"checkpoint: saved {len(saved)} variable(s) with {reply.get('pickler')} ({reply.get('bytes')} bytes) to {path}"
+        if skipped:
+            text += "\nnot picklable, skipped: " + ", ".join(skipped)
+        self._log.info("checkpoint in context of pid %s", live.pid)
+        return text + "\n"
+
+    async def _restore(self) -> str:
+        live = await self._supervisor.ready()
+        try:
+            reply = await self._supervisor.call("restore", checkpoint_path(self._sandbox))
+        except RuntimeCallError as exc:
+            raise RuntimeCallError(f"%daytona restore: {exc}. Is there a checkpoint yet? `%daytona checkpoint` makes one.") from exc
+        restored, failed = _names(reply, "restored"), _names(reply, "failed")
+        text = f"restored {len(restored)} variable(s): " + ", ".join(restored)
+        if failed:
+            text += "\ncould not restore: " + ", ".join(failed)
+        self._log.info("restore in context of pid %s", live.pid)
+        return text + "\n"
+
+    async def _status(self) -> str:
+        info = {"backend": self._settings.backend}
+        try:
+            info.update(await self._sandbox.info())
+        except DaytonaKernelError as exc:
+            info["sandbox"] = f"unavailable: {exc}"
+        live = self._supervisor.live
+        info["interpreter"] = f"Python {live.python}, pid {live.pid}" if live is not None else "not started"
+        if self._mirror is not None:
+            info["mirror"] = f"{self._mirror.mode}: {self._mirror.local_root} <-> {self._sandbox.workdir}"
+        width = max(len(k) for k in info) + 1
+        return "".join(f"{k + ':':<{width}} {v}\n" for k, v in info.items())
+
+
+def _one_or_two(args: str, name: str) -> tuple[str, str | None]:
+    words = args.split()
+    if not words or len(words) > 2:
+        raise UsageError(f"Usage: %{name} PATH [DEST]")
+    return words[0], words[1] if len(words) > 1 else None

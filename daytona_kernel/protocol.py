@@ -1,0 +1,252 @@
+"""The wire protocol, typed: every frame the runtime sends becomes one small event.
+
+Frames come out of the sandbox, which may be hostile (see the security model),
+so each one is checked here against its schema before the kernel uses it. A
+frame that does not fit raises ``ProtocolError``; the session turns that into
+the cell's error, so a bad frame never crashes the kernel or loses a reply.
+
+To add a frame kind: name it in ``runtime.framing.Kind``, send it from the
+runtime, add an event class and its parser here, and handle the event in
+``daytona_kernel.request.Request``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+from .errors import ProtocolError
+from .runtime.framing import Frame, Kind
+
+MAX_DEPTH = 100  # nesting of lists and dicts in one payload
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The runtime is installed in a fresh context."""
+
+    pid: int
+    python: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """Something to show: ``kind`` is display, update, clear or result; ``content`` is the iopub content."""
+
+    kind: str
+    content: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CellError:
+    """The cell raised: ``content`` has ename, evalue, traceback."""
+
+    content: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UserExpressions:
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One execute_reply payload item (page, set_next_input, ask_exit)."""
+
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InputRequest:
+    """input() waits for an answer, which the kernel writes to ``path`` in the sandbox."""
+
+    prompt: str
+    password: bool
+    path: str
+
+
+@dataclass(frozen=True)
+class FileChanges:
+    """Files the cell changed in the working directory: path -> (size, mtime_ns)."""
+
+    changed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape the mirror's ``pull`` takes."""
+        return {"changed": dict(self.changed), "deleted": list(self.deleted), "truncated": self.truncated}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to a runtime call (complete, inspect, checkpoint, file_changes ...)."""
+
+    value: dict[str, Any]
+
+
+Event = Union[Hello, Output, CellError, UserExpressions, Payload, InputRequest, FileChanges, Reply]
+
+
+def decode_event(frame: Frame) -> Event:
+    """The typed event for one decoded frame. Raises ProtocolError when it does not fit its schema."""
+    parse = _PARSERS.get(frame.kind) if isinstance(frame.kind, str) else None
+    if parse is None:
+        raise ProtocolError(f"a frame of unknown kind {str(frame.kind)[:40]!r}")
+    _check_depth(frame.payload, frame.kind)
+    return parse(_dict(frame.payload, frame.kind))
+
+
+def file_changes(payload: Any) -> FileChanges:
+    """The file changes in a runtime reply (``file_changes``), checked like a ``files`` frame."""
+    _check_depth(payload, Kind.FILES)
+    return _files(_dict(payload, "the file_changes reply"))
+
+
+# -- checks --------------------------------------------------------------------
+
+
+def _check_depth(value: Any, kind: str) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"a {kind} frame is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def _dict(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is {_type(value)}, not an object")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what} is {_type(value)}, not a string")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{what} is {_type(value)}, not true or false")
+    return value
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"{what} is {value!r:.40}, not a whole number >= 0")
+    return value
+
+
+def _path(value: Any, what: str) -> str:
+    path = _str(value, what)
+    if not path or "\x00" in path:
+        raise ProtocolError(f"{what} {path!r:.80} is not a valid path")
+    return path
+
+
+def _type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _mimebundle(payload: dict[str, Any], kind: str) -> dict[str, Any]:
+    return _dict(payload.get("data"), f"{kind}.data")
+
+
+# -- one parser per kind -----------------------------------------------------------
+
+
+def _hello(p: dict[str, Any]) -> Hello:
+    return Hello(_int(p.get("pid"), "hello.pid"), _str(p.get("python"), "hello.python"))
+
+
+def _display(kind: str) -> Callable[[dict[str, Any]], Output]:
+    def parse(p: dict[str, Any]) -> Output:
+        content = {
+            "data": _mimebundle(p, kind),
+            "metadata": _dict(p.get("metadata", {}), f"{kind}.metadata"),
+            "transient": _dict(p.get("transient", {}), f"{kind}.transient"),
+        }
+        return Output(kind, content)
+
+    return parse
+
+
+def _clear(p: dict[str, Any]) -> Output:
+    return Output(Kind.CLEAR, {"wait": _bool(p.get("wait", False), "clear.wait")})
+
+
+def _result(p: dict[str, Any]) -> Output:
+    content = {
+        "data": _mimebundle(p, Kind.RESULT),
+        "metadata": _dict(p.get("metadata", {}), "result.metadata"),
+        "execution_count": _int(p.get("execution_count"), "result.execution_count"),
+    }
+    return Output(Kind.RESULT, content)
+
+
+def _error(p: dict[str, Any]) -> CellError:
+    traceback = p.get("traceback", [])
+    if not isinstance(traceback, list) or not all(isinstance(line, str) for line in traceback):
+        raise ProtocolError("error.traceback is not a list of strings")
+    content = {"ename": _str(p.get("ename"), "error.ename"), "evalue": _str(p.get("evalue"), "error.evalue")}
+    return CellError(dict(content, traceback=traceback))
+
+
+def _user_expressions(p: dict[str, Any]) -> UserExpressions:
+    for name, value in p.items():
+        _dict(value, f"user_expressions[{name!r:.40}]")
+    return UserExpressions(p)
+
+
+def _payload(p: dict[str, Any]) -> Payload:
+    _str(p.get("source"), "payload.source")
+    return Payload(p)
+
+
+def _input(p: dict[str, Any]) -> InputRequest:
+    return InputRequest(
+        _str(p.get("prompt", ""), "input.prompt"),
+        _bool(p.get("password", False), "input.password"),
+        _path(p.get("path"), "input.path"),
+    )
+
+
+def _files(p: dict[str, Any]) -> FileChanges:
+    changed: dict[str, tuple[int, int]] = {}
+    for rel, stat in _dict(p.get("changed", {}), "files.changed").items():
+        _path(rel, "files.changed path")
+        if not isinstance(stat, list) or len(stat) != 2:
+            raise ProtocolError(f"files.changed[{rel!r:.80}] is not a [size, mtime] pair")
+        changed[rel] = (_int(stat[0], "a changed file's size"), _int(stat[1], "a changed file's mtime"))
+    deleted = p.get("deleted", [])
+    if not isinstance(deleted, list):
+        raise ProtocolError(f"files.deleted is {_type(deleted)}, not a list")
+    deleted = [_path(rel, "files.deleted path") for rel in deleted]
+    return FileChanges(changed, deleted, _bool(p.get("truncated", False), "files.truncated"))
+
+
+def _reply(p: dict[str, Any]) -> Reply:
+    return Reply(p)
+
+
+_PARSERS: dict[str, Callable[[dict[str, Any]], Event]] = {
+    Kind.HELLO: _hello,
+    Kind.DISPLAY: _display(Kind.DISPLAY),
+    Kind.UPDATE: _display(Kind.UPDATE),
+    Kind.CLEAR: _clear,
+    Kind.RESULT: _result,
+    Kind.ERROR: _error,
+    Kind.USER_EXPRESSIONS: _user_expressions,
+    Kind.PAYLOAD: _payload,
+    Kind.INPUT: _input,
+    Kind.FILES: _files,
+    Kind.REPLY: _reply,
+}
+assert set(_PARSERS) == set(Kind.ALL), "every frame kind needs a parser"

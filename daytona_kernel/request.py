@@ -1,0 +1,127 @@
+"""One request in flight: decodes its output stream and collects what it reports.
+
+Text becomes stream output; frames become typed events (``protocol``); a frame
+that does not fit becomes the request's error. Nothing the sandbox prints can
+raise out of here, so a hostile frame never cuts a run short (which would leave
+the rest of its output to show up in the next cell).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable
+
+from .backends.base import Sandbox
+from .cell import Frontend, error_content, stderr, stdout
+from .errors import DaytonaKernelError, ProtocolError
+from .protocol import CellError, FileChanges, Hello, InputRequest, Output, Payload, Reply, UserExpressions, decode_event
+from .runtime.framing import BadFrame, Frame, FrameDecoder, Text
+
+EmitCallback = Callable[[str, dict[str, Any]], None]
+
+
+class Request:
+    """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests."""
+
+    def __init__(
+        self, token: str, emit: EmitCallback, on_input: Callable[[InputRequest], None] | None = None
+    ) -> None:
+        self._decoder = FrameDecoder(token)
+        self._emit = emit
+        self._on_input = on_input
+        self.error: dict[str, Any] | None = None
+        self.hello: Hello | None = None
+        self.reply: dict[str, Any] | None = None
+        self.files: FileChanges | None = None
+        self.user_expressions: dict[str, Any] = {}
+        self.payload: list[dict[str, Any]] = []
+        self.done = asyncio.Event()
+        self.interrupted = False
+        self.restarted_by_watchdog = False
+
+    def on_stdout(self, text: str) -> None:
+        for event in self._decoder.feed(text):
+            self._handle(event)
+
+    def on_stderr(self, text: str) -> None:
+        self._emit("stream", stderr(text))
+
+    def finish(self) -> None:
+        """The run is over: release what the decoder held back. Safe to call twice."""
+        for event in self._decoder.flush():
+            self._handle(event)
+        self.done.set()
+
+    def fail(self, content: dict[str, Any], overrides: bool = False) -> None:
+        """Record the request's error. A cell shows exactly one error output, emitted
+        at the end; a later error is shown as text unless it ``overrides``."""
+        if self.error is None or overrides:
+            self.error = content
+        else:
+            self._emit("stream", stderr(f"{content['ename']}: {content['evalue']}\n"))
+
+    def _handle(self, event: Text | Frame | BadFrame) -> None:
+        if isinstance(event, Text):
+            self._emit("stream", stdout(event.text))
+            return
+        try:
+            if isinstance(event, BadFrame):
+                raise ProtocolError(event.reason)
+            self._apply(decode_event(event))
+        except ProtocolError as exc:
+            self.fail(
+                error_content(
+                    exc.ename,
+                    f"The sandbox sent output the kernel could not use: {exc}. It was dropped; "
+                    "the cell's other output is shown.",
+                )
+            )
+
+    def _apply(self, event: Any) -> None:
+        if isinstance(event, Output):
+            self._emit(event.kind, event.content)
+        elif isinstance(event, CellError):
+            self.fail(event.content)
+        elif isinstance(event, Payload):
+            self.payload.append(event.item)
+        elif isinstance(event, InputRequest):
+            if self._on_input is None:
+                raise ProtocolError("an input request arrived, but this request does not take input")
+            self._on_input(event)
+        elif isinstance(event, FileChanges):
+            self.files = event
+        elif isinstance(event, UserExpressions):
+            self.user_expressions = event.values
+        elif isinstance(event, Reply):
+            self.reply = event.value
+        elif isinstance(event, Hello):
+            self.hello = event
+
+
+class InputBridge:
+    """input() in the sandbox: ask the frontend, then write the answer where the runtime waits for it."""
+
+    def __init__(self, sandbox: Sandbox, frontend: Frontend, log: logging.Logger) -> None:
+        self._sandbox = sandbox
+        self._frontend = frontend
+        self._log = log
+        self._answers: list[asyncio.Future[None]] = []
+
+    def request(self, event: InputRequest) -> None:
+        self._answers.append(asyncio.ensure_future(self._answer(event)))
+
+    def cancel(self) -> None:
+        """The run is over: stop waiting for answers nobody needs any more."""
+        for answer in self._answers:
+            answer.cancel()
+        self._answers.clear()
+
+    async def _answer(self, event: InputRequest) -> None:
+        value = await self._frontend.ask(event.prompt, event.password)
+        try:
+            await self._sandbox.upload([(json.dumps({"value": value}).encode(), event.path)])
+        except DaytonaKernelError as exc:
+            self._log.warning("could not pass the input to the sandbox: %s", exc)
+            self._frontend.emit("stream", stderr(f"Could not pass your input to the sandbox: {exc}. Interrupt the cell.\n"))

@@ -1,0 +1,198 @@
+"""The context supervisor: one live interpreter context in the sandbox, kept alive.
+
+It provisions the sandbox in the background, bootstraps the runtime into a
+context, clones ``repo_url`` once, replaces a context that died and brings a
+stopped sandbox back. Everyone else asks it for the live context (``ready``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import posixpath
+import secrets
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.base import Context, Sandbox
+from .cell import ProgressCallback
+from .config import SessionSettings
+from .errors import BackendError, DaytonaKernelError, RuntimeCallError
+from .request import Request
+from .runtime import bootstrap_code, call_source
+
+REQUEST_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
+
+
+@dataclass
+class Live:
+    """A bootstrapped context: where requests go."""
+
+    context: Context
+    token: str
+    pid: int
+    python: str
+
+
+class ContextSupervisor:
+    """See the module docstring. ``runtime_options`` are passed to every new runtime."""
+
+    def __init__(
+        self, sandbox: Sandbox, settings: SessionSettings, log: logging.Logger, runtime_options: dict[str, Any]
+    ) -> None:
+        self.sandbox = sandbox
+        self._settings = settings
+        self._log = log
+        self._runtime_options = dict(runtime_options)
+        self._runtime_options["output_limit_chars"] = int(settings.output_limit_mb * 1024 * 1024)
+        self.notices: list[str] = []  # for the user, shown before the next cell's output
+        self._sandbox_started = False
+        self._starting: asyncio.Future[Live] | None = None
+        self.live: Live | None = None
+        self._repo_checked = False
+        self._shut_down = False
+        self._progress: ProgressCallback | None = None
+        self._last_progress = ""
+
+    @property
+    def python_version(self) -> str | None:
+        return self.live.python if self.live else None
+
+    def start(self) -> None:
+        """Begin provisioning in the background, so the first cell rarely waits."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+
+    async def ready(self, progress: ProgressCallback | None = None) -> Live:
+        """The live context, once started. Raises DaytonaKernelError if it cannot start.
+
+        While it waits, ``progress`` receives status lines (the latest one at
+        once), and an empty line when the wait is over.
+        """
+        self.start()
+        assert self._starting is not None
+        waiting = progress if not self._starting.done() else None
+        if waiting is not None:
+            self._progress = waiting
+            if self._last_progress:
+                waiting(self._last_progress)
+        try:
+            return await asyncio.shield(self._starting)
+        except DaytonaKernelError:
+            self._starting = None  # the next request tries again
+            raise
+        finally:
+            self._progress = None
+            if waiting is not None:
+                waiting("")  # the wait is over: clear the status line
+
+    def report(self, text: str) -> None:
+        """A status line for whoever waits for the context."""
+        self._last_progress = text
+        self._log.info("%s", text)
+        if self._progress is not None:
+            self._progress(text)
+
+    async def _start(self) -> Live:
+        self._last_progress = ""
+        await self.sandbox.start(self.report)
+        self._sandbox_started = True
+        context = await self.sandbox.create_context()
+        token = secrets.token_hex(8)
+        request = Request(token, self._output_outside_a_cell)
+        code = bootstrap_code(token, self._runtime_options)
+        error = await context.run_code(code, request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
+        request.finish()
+        hello = request.hello
+        if error is not None or hello is None:
+            await context.close()
+            detail = f"{error.name}: {error.value}" if error else "it did not report back"
+            raise BackendError(
+                f"The runtime could not start in the sandbox ({detail}). "
+                "The sandbox needs Python 3.9 or newer as `python3`."
+            )
+        self.live = Live(context, token, hello.pid, hello.python)
+        if self._settings.repo_url and not self._repo_checked:
+            self._repo_checked = True
+            await self._stage_repo()
+        self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
+        return self.live
+
+    async def _stage_repo(self) -> None:
+        """Clone repo_url into the working directory, unless a clone is already on the volume."""
+        url = self._settings.repo_url
+        dest = posixpath.basename(url.rstrip("/")).removesuffix(".git") or "repo"
+        check = await self.sandbox.exec(f"test -d {shlex.quote(dest)}/.git")
+        if check.exit_code == 0:
+            self.notices.append(f"{dest}/ is already cloned on the volume; left as it is.\n")
+            return
+        self.report(f"cloning {dest}…")
+        await self.sandbox.clone(
+            url, self._settings.repo_ref or None, dest, os.environ.get("GIT_USERNAME"), os.environ.get("GIT_TOKEN")
+        )
+        self.notices.append(f"Cloned {dest}/ into the working directory.\n")
+
+    def _output_outside_a_cell(self, kind: str, content: dict[str, Any]) -> None:
+        self._log.warning("output outside a cell: %s %s", kind, content)
+
+    def restart_context(self) -> None:
+        """Replace the context in the background; the next request waits for it."""
+        live, self.live = self.live, None
+        if live is not None:
+            asyncio.ensure_future(self.close_quietly(live.context))
+        self._starting = asyncio.ensure_future(self._start())
+
+    async def recover(self, cause: DaytonaKernelError, progress: ProgressCallback | None) -> Live:
+        """The sandbox stopped (auto-stop, archive) or could not be reached: start it and a new context."""
+        self._log.warning("sandbox not running (%s); starting it again", cause)
+        self.live = None
+        self._starting = asyncio.ensure_future(self._start())
+        return await self.ready(progress)
+
+    async def close_quietly(self, context: Context) -> None:
+        try:
+            await context.close()
+        except DaytonaKernelError as exc:
+            self._log.warning("could not delete the old context %s: %s", context.id, exc)
+
+    async def shutdown(self) -> None:
+        """Stop provisioning, then stop or delete the sandbox by policy. Safe to call twice."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        if self._sandbox_started:
+            await self.sandbox.shutdown()
+
+    async def call(self, method: str, *args: object) -> dict[str, Any]:
+        """One runtime call answered by a ``reply`` frame. Raises RuntimeCallError saying why it failed."""
+        live = self.live
+        if live is None:
+            raise RuntimeCallError(f"{method}: the sandbox is not ready.")
+        request = Request(live.token, self._output_outside_a_cell)
+        code = call_source(method, *args)
+        try:
+            error = await live.context.run_code(code, request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
+        finally:
+            request.finish()
+        if error is not None:
+            raise RuntimeCallError(f"{method} failed in the sandbox: {error.name}: {error.value}")
+        if request.error is not None:
+            raise RuntimeCallError(f"{method} failed: {request.error['evalue']}")
+        if request.reply is None:
+            raise RuntimeCallError(f"{method}: the runtime did not answer.")
+        return request.reply
+
+    async def query(self, method: str, *args: object) -> dict[str, Any] | None:
+        """``call`` for requests that must never disturb the user (complete, inspect):
+        None when the sandbox is not ready or the call failed; failures are only logged."""
+        if self.live is None:
+            return None
+        try:
+            return await self.call(method, *args)
+        except DaytonaKernelError as exc:
+            self._log.warning("%s", exc)
+            return None

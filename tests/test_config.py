@@ -1,0 +1,56 @@
+"""Configuration in-process: bad numbers are refused by name, settings are narrow, one loader."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets import Float, Int
+
+from daytona_kernel.config import (
+    ENV_PREFIX,
+    DaytonaKernelConfig,
+    DaytonaSettings,
+    LocalSettings,
+    SessionSettings,
+    config_outside_kernel,
+    env_config,
+    settings_from,
+)
+
+NUMERIC = sorted(
+    name for name, trait in DaytonaKernelConfig.class_traits(config=True).items() if isinstance(trait, (Float, Int))
+)
+
+
+def problems_for(environ: dict[str, str]) -> list[str]:
+    return config_outside_kernel(env_config({f"{ENV_PREFIX}BACKEND": "local", **environ})).validate()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-5"])
+@pytest.mark.parametrize("name", NUMERIC)
+def test_every_numeric_setting_refuses_nan_inf_and_negatives_by_name(name: str, value: str) -> None:
+    problems = problems_for({ENV_PREFIX + name.upper(): value})
+    assert len(problems) == 1 and problems[0].startswith(f"{name} = '{value}' is invalid"), problems
+    assert f"{ENV_PREFIX}{name.upper()}" in problems[0]  # and says where to fix it
+
+
+def test_the_numeric_settings_are_all_covered() -> None:
+    assert {"cell_timeout", "output_limit_mb", "interrupt_grace", "auto_stop_interval", "cpu"} <= set(NUMERIC)
+
+
+def test_minus_one_still_means_never_for_auto_delete() -> None:
+    assert problems_for({f"{ENV_PREFIX}AUTO_DELETE_INTERVAL": "-1"}) == []
+
+
+def test_a_bad_value_keeps_the_default_and_the_good_ones_apply() -> None:
+    config = config_outside_kernel(env_config({f"{ENV_PREFIX}CELL_TIMEOUT": "inf", f"{ENV_PREFIX}INTERRUPT_GRACE": "7"}))
+    assert config.cell_timeout == 0.0 and config.interrupt_grace == 7.0
+
+
+def test_each_component_gets_only_its_own_settings() -> None:
+    config = config_outside_kernel(env_config({f"{ENV_PREFIX}CELL_TIMEOUT": "12", f"{ENV_PREFIX}IMAGE": "python:3.12"}))
+    assert settings_from(SessionSettings, config).cell_timeout == 12.0
+    daytona = settings_from(DaytonaSettings, config)
+    assert daytona.image == "python:3.12" and not hasattr(daytona, "cell_timeout")
+    assert not hasattr(settings_from(LocalSettings, config), "image")
+    with pytest.raises(AttributeError):
+        daytona.image = "other"  # type: ignore[misc]

@@ -1,0 +1,199 @@
+"""Threat list: frames from a hostile sandbox (issue 12, items 4 and 5).
+
+Code in a cell runs in the same interpreter as the runtime, so it can read the
+frame token and send any frame. Each test below is one attack; the kernel must
+answer every request, turn a bad frame into a clear error for that cell only,
+and never shift output into the next cell. Most run in-process against the
+session with a scripted sandbox; the last ones run end to end on both backends.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from fakes import FakeSandbox, Run, frame, raw
+from kernels import Kernel
+
+from daytona_kernel.cell import Cell, CellOutcome, Recorder
+from daytona_kernel.config import SessionSettings
+from daytona_kernel.runtime import framing
+from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, BadFrame, FrameDecoder, Text, encode_frame
+from daytona_kernel.session import RuntimeSession
+
+LOG = logging.getLogger("test-hostile")
+PROTOCOL_ERROR = "SandboxProtocolError"
+
+
+class MirrorSpy:
+    """Stands in for the mirror: records what the session asks it to pull."""
+
+    notice = ""
+
+    def __init__(self) -> None:
+        self.pulled: list[dict[str, Any]] = []
+
+    def runtime_options(self) -> dict[str, Any]:
+        return {}
+
+    async def push(self, progress: Any = None) -> Any:
+        from daytona_kernel.sync import SyncReport
+
+        return SyncReport()
+
+    async def pull(self, changes: dict[str, Any]) -> Any:
+        from daytona_kernel.sync import SyncReport
+
+        self.pulled.append(changes)
+        return SyncReport()
+
+
+async def run_cells(*runs: Run, mirror: MirrorSpy | None = None) -> list[tuple[CellOutcome, Recorder]]:
+    """Run one cell per scripted run, in one session; each cell's outcome and what its frontend got."""
+    session = RuntimeSession(FakeSandbox(list(runs)), SessionSettings(), LOG, mirror)  # type: ignore[arg-type]
+    results = []
+    for count in range(1, len(runs) + 1):
+        front = Recorder()
+        results.append((await session.execute(Cell("cell", count), front), front))
+    return results
+
+
+async def assert_rejected_for_its_cell_only(*bad_output: Any) -> Recorder:
+    """The bad frame fails its cell with a protocol error; the next cell is untouched."""
+    (bad, bad_front), (good, good_front) = await run_cells(Run(["before\n", *bad_output, "after\n"]), Run(["next\n"]))
+    assert bad.error is not None and bad.error["ename"] == PROTOCOL_ERROR, bad.error
+    assert bad_front.text() == "before\nafter\n"  # the cell's other output is kept, in order
+    assert good.error is None and good_front.outputs == [("stream", {"name": "stdout", "text": "next\n"})]
+    return bad_front
+
+
+# -- schema ------------------------------------------------------------------------
+
+
+async def test_files_as_a_string() -> None:
+    mirror = MirrorSpy()
+    (outcome, _), = await run_cells(Run([frame("files", "../../etc/passwd")]), mirror=mirror)
+    assert outcome.error is not None and outcome.error["ename"] == PROTOCOL_ERROR
+    assert mirror.pulled == []
+
+
+async def test_a_bad_files_entry() -> None:
+    await assert_rejected_for_its_cell_only(frame("files", {"changed": {"a.txt": "big"}, "deleted": []}))
+
+
+async def test_a_nul_in_a_path() -> None:
+    mirror = MirrorSpy()
+    (outcome, _), = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}})]), mirror=mirror)
+    assert outcome.error is not None and "not a valid path" in outcome.error["evalue"]
+    assert mirror.pulled == []
+
+
+async def test_error_as_a_string() -> None:
+    await assert_rejected_for_its_cell_only(frame("error", "boom"))
+
+
+async def test_result_without_data() -> None:
+    await assert_rejected_for_its_cell_only(frame("result", {"execution_count": 1}))
+
+
+async def test_an_unknown_frame_kind() -> None:
+    await assert_rejected_for_its_cell_only(frame("exec_on_host", {"code": "rm -rf ~"}))
+
+
+async def test_an_input_request_when_the_cell_takes_no_input() -> None:
+    await assert_rejected_for_its_cell_only(frame("input", {"prompt": "", "password": False, "path": "/tmp/x"}))
+
+
+async def test_a_frame_that_is_not_a_kind_payload_pair() -> None:
+    await assert_rejected_for_its_cell_only(raw(lambda token: f"{MARK}{token} . {{\"kind\": 1}}\n"))
+
+
+# -- size and depth ----------------------------------------------------------------
+
+
+async def test_json_nested_200000_deep() -> None:
+    body = '["display",' + "[" * 200_000 + "]" * 200_000 + "]"
+    pieces = [body[i : i + PIECE_CHARS] for i in range(0, len(body), PIECE_CHARS)]
+    lines = "".join(f"{MARK}{{t}} + {p}\n" for p in pieces[:-1]) + f"{MARK}{{t}} . {pieces[-1]}\n"
+    await assert_rejected_for_its_cell_only(raw(lambda token: lines.replace("{t}", token)))
+
+
+async def test_json_nested_deeper_than_any_output_needs() -> None:
+    nested: Any = "x"
+    for _ in range(500):
+        nested = [nested]
+    await assert_rejected_for_its_cell_only(frame("display", {"data": {"application/json": nested}}))
+
+
+async def test_an_oversized_payload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(framing, "MAX_PAYLOAD_CHARS", 4 * PIECE_CHARS)
+    big = {"data": {"text/plain": "A" * (6 * PIECE_CHARS)}}
+    await assert_rejected_for_its_cell_only(frame("display", big))
+
+
+def test_an_overlong_frame_line_is_dropped_as_soon_as_it_passes_the_limit() -> None:
+    dec = FrameDecoder("tok")
+    events = dec.feed(MARK + "tok . " + "x" * 1000)
+    chunk = "y" * 4096
+    for _ in range(PIECE_CHARS // len(chunk) + 1):  # no newline yet: nothing is held back for a re-scan
+        events += dec.feed(chunk)
+    assert events == [BadFrame(f"a frame line is over {PIECE_CHARS + 2} characters")]
+    assert dec.feed("z" * 10_000 + "\nplain\n") == [Text("plain\n")]
+
+
+def test_a_frame_cut_off_at_the_end_of_the_run_never_shows_the_token() -> None:
+    dec = FrameDecoder("secret-token")
+    events = dec.feed("ok\n" + MARK + "secret-token . [\"display\", {")
+    events += dec.flush()
+    assert events[0] == Text("ok\n") and isinstance(events[1], BadFrame)
+    assert "secret-token" not in repr(events)
+
+
+# -- the record separator in ordinary output (issue 12.5) ----------------------------
+
+
+async def test_a_lone_record_separator_does_not_swallow_the_error() -> None:
+    error = {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": []}
+    (outcome, front), = await run_cells(Run(["data\x1e", frame("error", error)]))
+    assert outcome.error == error
+    assert front.text() == "data\x1e"
+
+
+async def test_a_lone_record_separator_does_not_swallow_the_next_display() -> None:
+    (outcome, front), = await run_cells(Run(["a\x1e", frame("display", {"data": {"text/plain": "shown"}}), "b\n"]))
+    assert outcome.error is None
+    assert front.of_kind("display") == [{"data": {"text/plain": "shown"}, "metadata": {}, "transient": {}}]
+    assert front.text() == "a\x1eb\n"
+
+
+def test_a_record_separator_right_before_a_frame_header_split_across_chunks() -> None:
+    stream = "x\x1e\x1e" + "".join(encode_frame("tok", "clear", {"wait": True}))
+    for cut in range(len(stream)):
+        dec = FrameDecoder("tok")
+        events = dec.feed(stream[:cut]) + dec.feed(stream[cut:]) + dec.flush()
+        texts = "".join(e.text for e in events if isinstance(e, Text))
+        assert texts == "x\x1e\x1e" and events[-1] == framing.Frame("clear", {"wait": True}), cut
+
+
+# -- end to end, on both backends ------------------------------------------------------
+
+FORGE = "import sys\nrt = sys.modules['_daytona_kernel_runtime'].current\n"
+
+
+@pytest.mark.slow
+def test_end_to_end_a_lone_record_separator_keeps_the_error(kernel_name: str, tmp_path: Any) -> None:
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        run = k.execute("import sys\nsys.stdout.write('data\\x1e')\n1/0")
+        assert run.status == "error" and run.reply["content"]["ename"] == "ZeroDivisionError"
+        assert run.text() == "data\x1e" and "DKF" not in run.text()
+
+
+@pytest.mark.slow
+def test_end_to_end_forged_frames_fail_only_their_own_cell(kernel_name: str, tmp_path: Any) -> None:
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        forged = k.execute(FORGE + "rt.send('files', 'oops')\nrt.send('result', {})\nrt.send('error', 'x')\nprint('end')")
+        assert forged.status == "error" and forged.reply["content"]["ename"] == PROTOCOL_ERROR
+        assert "end\n" in forged.text()
+        after = k.execute("print(6 * 7)")
+        assert after.status == "ok" and after.text() == "42\n" and not after.errors

@@ -1,0 +1,147 @@
+"""The session in-process, against a scripted sandbox: output order, the error ladder, recovery, input, interrupts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from fakes import FakeSandbox, Run, frame
+
+from daytona_kernel.backends.base import RunError
+from daytona_kernel.cell import Cell, Recorder
+from daytona_kernel.config import SessionSettings
+from daytona_kernel.errors import BackendError, ContextDied, ContextTimeout, SandboxNotRunning
+from daytona_kernel.session import RuntimeSession
+
+LOG = logging.getLogger("test-session")
+
+
+def session_for(sandbox: FakeSandbox, **settings: object) -> RuntimeSession:
+    return RuntimeSession(sandbox, SessionSettings(**settings), LOG)  # type: ignore[arg-type]
+
+
+def result(text: str, count: int = 1) -> object:
+    return frame("result", {"data": {"text/plain": text}, "metadata": {}, "execution_count": count})
+
+
+async def test_text_and_frames_reach_the_frontend_in_order() -> None:
+    sandbox = FakeSandbox([Run(["hi\n", frame("display", {"data": {"text/plain": "d"}}), "there\n", result("3")])])
+    front = Recorder()
+    outcome = await session_for(sandbox).execute(Cell("x", 1), front)
+    assert outcome.error is None
+    assert [k for k, _ in front.outputs] == ["stream", "display", "stream", "result"]
+    assert front.text() == "hi\nthere\n" and front.of_kind("result")[0]["data"] == {"text/plain": "3"}
+    assert "run_cell" in sandbox.codes[-1]
+
+
+async def test_the_cells_error_is_emitted_once_at_the_end() -> None:
+    error = {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb"]}
+    sandbox = FakeSandbox([Run([frame("error", error), "after\n"])])
+    front = Recorder()
+    outcome = await session_for(sandbox).execute(Cell("1/0", 1), front)
+    assert outcome.error == error
+    assert [k for k, _ in front.outputs] == ["stream", "error"]
+
+
+async def test_an_error_that_escaped_the_runtime_becomes_the_cells_error() -> None:
+    sandbox = FakeSandbox([Run(error=RunError("MemoryError", "out of memory", ""))])
+    outcome = await session_for(sandbox).execute(Cell("x", 1), Recorder())
+    assert outcome.error is not None and outcome.error["ename"] == "MemoryError"
+
+
+async def test_a_timeout_is_reported_as_the_timeout_not_as_the_interrupt_the_runtime_saw() -> None:
+    interrupt = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+    sandbox = FakeSandbox([Run([frame("error", interrupt)], raises=ContextTimeout("timeout"))])
+    front = Recorder()
+    outcome = await session_for(sandbox, cell_timeout=2.0).execute(Cell("sleep", 1), front)
+    assert outcome.error is not None and outcome.error["ename"] == "CellTimeoutError"
+    assert len(front.of_kind("error")) == 1
+
+
+async def test_a_dead_context_is_replaced_before_the_next_cell() -> None:
+    sandbox = FakeSandbox([Run(raises=ContextDied("exit code -9")), Run(["ok\n"])])
+    session = session_for(sandbox)
+    outcome = await session.execute(Cell("crash", 1), Recorder())
+    assert outcome.error is not None and outcome.error["ename"] == "SandboxContextDied"
+    front = Recorder()
+    assert (await session.execute(Cell("print('ok')", 2), front)).error is None
+    assert front.text() == "ok\n"
+    assert len(sandbox.contexts) == 2 and sandbox.contexts[0].closed
+
+
+async def test_a_stopped_sandbox_is_started_again_and_the_cell_runs_there() -> None:
+    sandbox = FakeSandbox([Run(raises=SandboxNotRunning("The sandbox was stopped.")), Run(["ran\n"])])
+    front = Recorder()
+    outcome = await session_for(sandbox).execute(Cell("print('ran')", 1), front)
+    assert outcome.error is None and "ran\n" in front.text()
+    assert sandbox.starts == 2 and "fresh interpreter" in front.text("stderr")
+
+
+async def test_a_failed_start_is_the_cells_error_and_the_next_cell_tries_again() -> None:
+    sandbox = FakeSandbox([Run(["second\n"])])
+    sandbox.start_errors.append(BackendError("Daytona is down. Try again later."))
+    session = session_for(sandbox)
+    outcome = await session.execute(Cell("x", 1), Recorder())
+    assert outcome.error is not None and outcome.error["evalue"] == "Daytona is down. Try again later."
+    front = Recorder()
+    assert (await session.execute(Cell("x", 2), front)).error is None and front.text() == "second\n"
+
+
+async def test_a_runtime_that_does_not_say_hello_is_a_clear_start_error() -> None:
+    sandbox = FakeSandbox()
+    sandbox.bootstrap_run = Run(["no hello here\n"])
+    outcome = await session_for(sandbox).execute(Cell("x", 1), Recorder())
+    assert outcome.error is not None and "did not report back" in outcome.error["evalue"]
+
+
+async def test_provisioning_progress_is_shown_then_cleared() -> None:
+    sandbox = FakeSandbox([Run()])
+    front = Recorder()
+    await session_for(sandbox).execute(Cell("x", 1), front)
+    assert "creating sandbox…" in front.statuses and front.statuses[-1] == ""
+
+
+async def test_input_asks_the_frontend_and_writes_the_answer_where_the_runtime_waits() -> None:
+    answered = asyncio.Event()
+    sandbox = FakeSandbox([Run([frame("input", {"prompt": "name? ", "password": False, "path": "/tmp/in/1"})], wait=answered)])
+    front = Recorder(answers=["Ada"])
+    session = session_for(sandbox)
+
+    async def release_when_answered() -> None:
+        while not sandbox.uploads:
+            await asyncio.sleep(0.001)
+        answered.set()
+
+    releaser = asyncio.ensure_future(release_when_answered())
+    outcome = await session.execute(Cell("input('name? ')", 1, allow_stdin=True), front)
+    await releaser
+    assert outcome.error is None and front.prompts == [("name? ", False)]
+    assert sandbox.uploads == [(json.dumps({"value": "Ada"}).encode(), "/tmp/in/1")]
+
+
+async def test_a_cell_that_ignores_the_interrupt_has_its_context_restarted() -> None:
+    forever = asyncio.Event()
+    sandbox = FakeSandbox([Run(["busy\n"], wait=forever), Run(["fresh\n"])])
+    session = session_for(sandbox, interrupt_grace=0.05)
+    front = Recorder()
+    running = asyncio.ensure_future(session.execute(Cell("while True: pass", 1), front))
+    while session._current is None:
+        await asyncio.sleep(0.001)
+    await session.interrupt()
+    outcome = await running
+    assert outcome.error is not None and outcome.error["ename"] == "KeyboardInterrupt"
+    assert "did not stop within 0.05 s" in front.text("stderr")
+    assert any(cmd.startswith("kill -INT 4242") for cmd in sandbox.commands)
+    next_front = Recorder()
+    await session.execute(Cell("print('fresh')", 2), next_front)
+    assert next_front.text() == "fresh\n" and len(sandbox.contexts) == 2
+
+
+async def test_shutdown_releases_the_sandbox_once() -> None:
+    sandbox = FakeSandbox([Run()])
+    session = session_for(sandbox)
+    await session.execute(Cell("x", 1), Recorder())
+    await session.shutdown()
+    await session.shutdown()
+    assert sandbox.shut_down
