@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+from typing import Any
 
 from ipykernel.kernelapp import IPKernelApp
 from traitlets import Type
@@ -21,9 +22,9 @@ class DaytonaKernelApp(IPKernelApp):
     """
 
     name = "daytona-kernel"
-    kernel_class = Type(DaytonaKernel, klass="ipykernel.kernelbase.Kernel")
+    kernel_class = Type(DaytonaKernel, klass="ipykernel.kernelbase.Kernel")  # type: ignore[assignment]  # a trait, as in IPKernelApp
 
-    def initialize(self, argv=None):  # type: ignore[no-untyped-def]
+    def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         # atexit runs handlers last-registered first: this one runs before ipykernel stops iopub.
         atexit.register(self._stop_control_thread)
@@ -39,7 +40,7 @@ class DaytonaKernelApp(IPKernelApp):
             self.control_thread.stop()
             self.control_thread.join(CONTROL_JOIN_TIMEOUT_S)
 
-    def load_config_file(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def load_config_file(self, *args: Any, **kwargs: Any) -> None:
         super().load_config_file(*args, **kwargs)
         self.update_config(load_config(self.log))
 

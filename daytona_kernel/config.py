@@ -32,7 +32,7 @@ CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
 SECRET_ENV_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "GIT_TOKEN")
 
 
-class FiniteFloat(Float):  # type: ignore[type-arg]
+class FiniteFloat(Float):
     """A Float that must be a finite number: nan and inf pass ``min``, but no timer or budget can use them."""
 
     info_text = "a finite number"
@@ -198,7 +198,7 @@ class DaytonaKernelConfig(Configurable):
         help="Python interpreter that runs cells on the local backend.",
     ).tag(config=True)
 
-    def _load_config(self, cfg, section_names=None, traits=None):  # type: ignore[no-untyped-def]
+    def _load_config(self, cfg: Config, section_names: list[str] | None = None, traits: dict[str, Any] | None = None) -> None:
         """Load config leniently: a bad value is recorded as a problem, not raised."""
         problems = self.__dict__.setdefault("_config_problems", {})
         if traits is None:
@@ -209,7 +209,8 @@ class DaytonaKernelConfig(Configurable):
             if name in own and name in traits:
                 try:
                     parsed = value.get_value(traits[name]) if isinstance(value, DeferredConfig) else value
-                    traits[name].validate(self, deepcopy(parsed))
+                    trait: Any = traits[name]
+                    trait.validate(self, deepcopy(parsed))
                 except (TraitError, ValueError, SyntaxError) as exc:
                     problems[name] = f"{name} = {_shown(value)!r} is invalid: {str(exc).rstrip('.')}"
                     continue
@@ -275,7 +276,7 @@ def _shown(value: object) -> object:
     return str(value) if isinstance(value, DeferredConfigString) else value
 
 
-def env_config(environ: dict[str, str] | None = None) -> Config:
+def env_config(environ: Mapping[str, str] | None = None) -> Config:
     """Config from ``DAYTONA_KERNEL_<TRAIT>`` variables (values parsed like the CLI's)."""
     environ = os.environ if environ is None else environ
     section = Config()

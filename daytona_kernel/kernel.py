@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 from ipykernel.kernelbase import Kernel
+from jupyter_client.session import Session
 
 from . import __version__
 from .cell import Cell, CellOutcome, error_content
@@ -57,6 +58,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._history = History()
         self._shell_loop: asyncio.AbstractEventLoop | None = None
         self._session: RuntimeSession | None = None
+        self._terminating: asyncio.Future[None] | None = None
         self.shell_handlers.update(comm_open=self._comm_open, comm_msg=self._comm_ignore, comm_close=self._comm_ignore)
         if not self._problems:
             try:
@@ -67,6 +69,12 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""
         return kernel_id_of(getattr(self.parent, "connection_file", "") or "") or f"pid-{os.getpid()}"
+
+    @property
+    def _messages(self) -> Session:
+        """The Jupyter message session (jupyter_client's ``Session``), set up by the kernel app."""
+        assert self.session is not None
+        return self.session
 
     # -- kernel_info -----------------------------------------------------
 
@@ -99,14 +107,14 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     async def _comm_open(self, stream: Any, ident: Any, parent: Any) -> None:
         comm_id = parent["content"].get("comm_id")
         self.log.info("closing comm %s (target %r): comms are not supported", comm_id, parent["content"].get("target_name"))
-        self.session.send(self.iopub_socket, "comm_close", {"comm_id": comm_id, "data": {}}, parent, ident=self._topic("comm_close"))
+        self._messages.send(self.iopub_socket, "comm_close", {"comm_id": comm_id, "data": {}}, parent, ident=self._topic("comm_close"))
 
     async def _comm_ignore(self, stream: Any, ident: Any, parent: Any) -> None:
         self.log.debug("ignoring %s for comm %s", parent["header"]["msg_type"], parent["content"].get("comm_id"))
 
     # -- execution count: ipykernel's rules ------------------------------
 
-    @property  # type: ignore[override]
+    @property
     def execution_count(self) -> int:
         """The count the next stored cell gets; the base class's bumps are ignored."""
         return self._next_count
@@ -127,7 +135,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     def _on_terminate_signal(self, signum: int) -> None:
         self.log.warning("received %s: releasing the sandbox before exiting", signal.Signals(signum).name)
-        asyncio.ensure_future(self._terminate())
+        if self._terminating is None:
+            self._terminating = asyncio.ensure_future(self._terminate())
 
     async def _terminate(self) -> None:
         try:
@@ -152,7 +161,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             except (DaytonaKernelError, asyncio.TimeoutError) as exc:
                 self.log.error("interrupt failed: %s", exc)
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
-        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+        self._messages.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         if self._session is not None:
@@ -171,11 +180,11 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     def _emit(self, kind: str, content: dict, parent: dict | None = None) -> None:
         """Publish on iopub. Callers in background tasks pass the request's parent, captured up front."""
         msg_type = IOPUB_TYPES[kind]
-        self.session.send(
+        self._messages.send(
             self.iopub_socket, msg_type, content, parent or self.get_parent(), ident=self._topic(msg_type)
         )
 
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -223,9 +232,9 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 self.stdin_socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-        self.session.send(self.stdin_socket, "input_request", {"prompt": prompt, "password": password}, parent, ident=ident)
+        self._messages.send(self.stdin_socket, "input_request", {"prompt": prompt, "password": password}, parent, ident=ident)
         while True:
-            _, reply = self.session.recv(self.stdin_socket, zmq.NOBLOCK)
+            _, reply = self._messages.recv(self.stdin_socket, zmq.NOBLOCK)
             if reply is not None:
                 return str(reply["content"].get("value", ""))
             await asyncio.sleep(STDIN_POLL_S)

@@ -13,7 +13,7 @@ runtime, add an event class and its parser here, and handle the event in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 from .errors import ProtocolError
 from .runtime.framing import Frame, Kind
@@ -85,7 +85,7 @@ class Reply:
     value: dict[str, Any]
 
 
-Event = Union[Hello, Output, CellError, UserExpressions, Payload, InputRequest, FileChanges, Reply]
+Event = Hello | Output | CellError | UserExpressions | Payload | InputRequest | FileChanges | Reply
 
 
 def decode_event(frame: Frame) -> Event:

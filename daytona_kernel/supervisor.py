@@ -53,6 +53,7 @@ class ContextSupervisor:
         self.live: Live | None = None
         self._repo_checked = False
         self._shut_down = False
+        self._closing: set[asyncio.Future[None]] = set()  # old contexts being deleted in the background
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
 
@@ -141,7 +142,9 @@ class ContextSupervisor:
         """Replace the context in the background; the next request waits for it."""
         live, self.live = self.live, None
         if live is not None:
-            asyncio.ensure_future(self.close_quietly(live.context))
+            closing = asyncio.ensure_future(self.close_quietly(live.context))
+            self._closing.add(closing)  # keep a reference until it is done
+            closing.add_done_callback(self._closing.discard)
         self._starting = asyncio.ensure_future(self._start())
 
     async def recover(self, cause: DaytonaKernelError, progress: ProgressCallback | None) -> Live:

@@ -29,7 +29,10 @@ Examples:
     ['Text', 'Frame']
 """
 
+from __future__ import annotations
+
 import json
+from typing import Any, List, Optional, Union
 
 VERSION = 1
 MARK = "\x1eDKF%d " % VERSION
@@ -62,13 +65,13 @@ class Text(object):
 
     __slots__ = ("text",)
 
-    def __init__(self, text):
+    def __init__(self, text: str) -> None:
         self.text = text
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Text) and other.text == self.text
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Text(%r)" % (self.text,)
 
 
@@ -77,14 +80,14 @@ class Frame(object):
 
     __slots__ = ("kind", "payload")
 
-    def __init__(self, kind, payload):
+    def __init__(self, kind: str, payload: Any) -> None:
         self.kind = kind
         self.payload = payload
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Frame) and (other.kind, other.payload) == (self.kind, self.payload)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Frame(%r, %r)" % (self.kind, self.payload)
 
 
@@ -93,17 +96,20 @@ class BadFrame(object):
 
     __slots__ = ("reason",)
 
-    def __init__(self, reason):
+    def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, BadFrame) and other.reason == self.reason
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "BadFrame(%r)" % (self.reason,)
 
 
-def encode_frame(token, kind, payload, piece_chars=PIECE_CHARS):
+Event = Union[Text, Frame, BadFrame]
+
+
+def encode_frame(token: str, kind: str, payload: Any, piece_chars: int = PIECE_CHARS) -> list[str]:
     """Return the lines (each ending in a newline) that carry one frame."""
     body = json.dumps([kind, payload], ensure_ascii=True, separators=(",", ":"), default=repr)
     head = MARK + token + " "
@@ -122,22 +128,22 @@ class FrameDecoder(object):
     held until the rest arrives. Work per chunk is proportional to the chunk.
     """
 
-    def __init__(self, token, max_piece_chars=PIECE_CHARS, max_payload_chars=None):
+    def __init__(self, token: str, max_piece_chars: int = PIECE_CHARS, max_payload_chars: Optional[int] = None) -> None:
         self._head = MARK + token + " "
         self._max_line = max_piece_chars + 2  # flag, space, piece
         self._max_payload = MAX_PAYLOAD_CHARS if max_payload_chars is None else max_payload_chars
         self._partial = ""  # a possible start of a header at the end of the last chunk
-        self._line = None  # the pieces of a frame line in progress (after its header)
+        self._line: Optional[List[str]] = None  # the pieces of a frame line in progress (after its header)
         self._line_chars = 0
         self._skipping = False  # the line in progress was too long: drop it up to its newline
-        self._pieces = []  # bodies of "+" pieces waiting for their final "." piece
+        self._pieces: List[str] = []  # bodies of "+" pieces waiting for their final "." piece
         self._pieces_chars = 0
         self._overflowed = False  # the multi-piece payload was too large: drop it up to its last piece
 
-    def feed(self, text):
+    def feed(self, text: str) -> list[Event]:
         buf = self._partial + text if self._partial else text
         self._partial = ""
-        events = []
+        events: list[Event] = []
         pos = 0
         end = len(buf)
         head = self._head
@@ -162,9 +168,9 @@ class FrameDecoder(object):
                 pos = i + 1
         return events
 
-    def flush(self):
+    def flush(self) -> list[Event]:
         """End of output: a held-back header start is text; a frame cut short is a BadFrame."""
-        events = []
+        events: list[Event] = []
         self._text(events, self._partial)
         self._partial = ""
         if self._line is not None:
@@ -178,8 +184,9 @@ class FrameDecoder(object):
             self._drop_pieces()
         return events
 
-    def _continue_line(self, events, buf, pos):
+    def _continue_line(self, events: list[Event], buf: str, pos: int) -> int:
         """Add ``buf[pos:]`` to the frame line in progress, up to its newline; return the new position."""
+        assert self._line is not None
         nl = buf.find("\n", pos)
         stop = len(buf) if nl < 0 else nl
         if not self._skipping:
@@ -201,7 +208,7 @@ class FrameDecoder(object):
             self._piece(events, line)
         return nl + 1
 
-    def _piece(self, events, line):
+    def _piece(self, events: list[Event], line: str) -> None:
         if len(line) < 2 or line[1] != " " or line[0] not in "+.":
             self._drop_pieces()
             events.append(BadFrame("a frame line has no valid flag"))
@@ -221,13 +228,13 @@ class FrameDecoder(object):
         if not overflowed:
             events.append(_parse(body))
 
-    def _drop_pieces(self):
+    def _drop_pieces(self) -> None:
         self._pieces = []
         self._pieces_chars = 0
         self._overflowed = False
 
     @staticmethod
-    def _text(events, text):
+    def _text(events: list[Event], text: str) -> None:
         if not text:
             return
         if events and isinstance(events[-1], Text):
@@ -236,7 +243,7 @@ class FrameDecoder(object):
             events.append(Text(text))
 
 
-def _parse(body):
+def _parse(body: str) -> Event:
     try:
         decoded = json.loads(body)
     except (ValueError, RecursionError) as exc:
