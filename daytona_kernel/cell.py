@@ -12,10 +12,11 @@ Output kinds the session emits: ``stream``, ``display``, ``update``, ``clear``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-ProgressCallback = Callable[[str], None]
-"""Receives status lines while something slow runs; an empty line clears the status."""
+from .backends.base import ProgressCallback
+
+__all__ = ["Cell", "CellOutcome", "Frontend", "ProgressCallback", "Recorder", "error_content", "stderr", "stdout"]
 
 
 @dataclass(frozen=True)

@@ -247,22 +247,27 @@ def has_credentials(environ: Mapping[str, str] | None = None) -> bool:
     return bool(environ.get("DAYTONA_API_KEY") or environ.get("DAYTONA_JWT_TOKEN"))
 
 
-def load_config(log: logging.Logger | None = None) -> Config:
+def load_config(log: logging.Logger | None = None, sources: dict[str, str] | None = None) -> Config:
     """Config from the files on the Jupyter config path (``jupyter_config.*``, then
     ``daytona_kernel_config.*``), then ``DAYTONA_KERNEL_*`` variables on top.
 
-    The kernel application and the CLI (``doctor``, ``gc``) both read it from here.
+    The kernel application and the CLI (``doctor``, ``gc``, ``config``) all read it from
+    here. ``sources``, when given, receives where each DaytonaKernel setting came from.
     """
     from jupyter_core.paths import jupyter_config_path
     from traitlets.config.application import Application
 
     config = Config()
+    found = {} if sources is None else sources
     for basename in CONFIG_FILES:
         for loaded, filename in Application._load_config_files(basename, path=jupyter_config_path(), log=log):
             if log is not None:
                 log.debug("loaded config file %s", filename)
+            found.update(dict.fromkeys(loaded.get(SECTION, {}), filename))
             config.merge(loaded)
-    config.merge(env_config())
+    from_env = env_config()
+    found.update({name: f"environment {ENV_PREFIX}{name.upper()}" for name in from_env.get(SECTION, {})})
+    config.merge(from_env)
     return config
 
 

@@ -57,12 +57,12 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._next_count = 1
         self._history = History()
         self._shell_loop: asyncio.AbstractEventLoop | None = None
-        self._session: RuntimeSession | None = None
+        self._runtime: RuntimeSession | None = None
         self._terminating: asyncio.Future[None] | None = None
         self.shell_handlers.update(comm_open=self._comm_open, comm_msg=self._comm_ignore, comm_close=self._comm_ignore)
         if not self._problems:
             try:
-                self._session = build_session(self, os.getcwd(), self._kernel_id(), self.log)
+                self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
 
@@ -80,7 +80,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]
-        version = (self._session and self._session.python_version) or platform.python_version()
+        version = (self._runtime and self._runtime.python_version) or platform.python_version()
         return {
             "name": "python",
             "version": version,
@@ -93,7 +93,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        where = self._session.sandbox.description if self._session else "not configured"
+        where = self._runtime.sandbox.description if self._runtime else "not configured"
         return f"Python (daytona-kernel {__version__}) on the {self.backend} backend: {where}\n"
 
     @property
@@ -128,8 +128,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     def start(self) -> None:
         super().start()
         self._shell_loop = self.io_loop.asyncio_loop  # type: ignore[attr-defined]
-        if self._session is not None:
-            self._shell_loop.call_soon(self._session.start)
+        if self._runtime is not None:
+            self._shell_loop.call_soon(self._runtime.start)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             self._shell_loop.add_signal_handler(signum, self._on_terminate_signal, signum)
 
@@ -140,8 +140,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     async def _terminate(self) -> None:
         try:
-            if self._session is not None:
-                await asyncio.wait_for(self._session.shutdown(), SHUTDOWN_TIMEOUT_S)
+            if self._runtime is not None:
+                await asyncio.wait_for(self._runtime.shutdown(), SHUTDOWN_TIMEOUT_S)
         except (DaytonaKernelError, asyncio.TimeoutError) as exc:
             self.log.error("could not release the sandbox: %s; its auto-stop interval bounds the cost", exc)
         finally:
@@ -155,22 +155,22 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     async def interrupt_request(self, stream: Any, ident: Any, parent: Any) -> None:
         content: dict[str, Any] = {"status": "ok"}
-        if self._session is not None:
+        if self._runtime is not None:
             try:
-                await self._on_shell_loop(self._session.interrupt(), SHUTDOWN_TIMEOUT_S)
+                await self._on_shell_loop(self._runtime.interrupt(), SHUTDOWN_TIMEOUT_S)
             except (DaytonaKernelError, asyncio.TimeoutError) as exc:
                 self.log.error("interrupt failed: %s", exc)
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
         self._messages.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
-        if self._session is not None:
+        if self._runtime is not None:
             try:
-                await self._on_shell_loop(self._session.shutdown(), SHUTDOWN_TIMEOUT_S)
+                await self._on_shell_loop(self._runtime.shutdown(), SHUTDOWN_TIMEOUT_S)
             except (DaytonaKernelError, asyncio.TimeoutError) as exc:
                 self.log.error(
                     "could not release the sandbox %s at shutdown: %s; its auto-stop interval bounds the cost",
-                    self._session.sandbox.id,
+                    self._runtime.sandbox.id,
                     exc,
                 )
         return {"status": "ok", "restart": restart}
@@ -207,12 +207,12 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             self._emit("error", content)
             outcome = CellOutcome(error=content)
         elif magics:
-            assert self._session is not None
-            outcome = CellOutcome(error=await self._session.kernel_magics(magics, frontend))
+            assert self._runtime is not None
+            outcome = CellOutcome(error=await self._runtime.kernel_magics(magics, frontend))
         else:
-            assert self._session is not None
+            assert self._runtime is not None
             cell = Cell(transform_cell(code), count, silent, store_history, allow_stdin, dict(user_expressions or {}))
-            outcome = await self._session.execute(cell, frontend)
+            outcome = await self._runtime.execute(cell, frontend)
         if store_history:
             self._next_count += 1
             self._history.store(count, code, frontend.last_result)
@@ -242,8 +242,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
-        if self._session is not None:
-            reply = await self._session.query("complete", code, cursor_pos)
+        if self._runtime is not None:
+            reply = await self._runtime.query("complete", code, cursor_pos)
         return {
             "status": "ok",
             "matches": [],
@@ -258,8 +258,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     ) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
-        if self._session is not None:
-            reply = await self._session.query("inspect", code, cursor_pos, detail_level)
+        if self._runtime is not None:
+            reply = await self._runtime.query("inspect", code, cursor_pos, detail_level)
         return {"status": "ok", "found": False, "data": {}, "metadata": {}, **(reply or {})}
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:

@@ -160,7 +160,7 @@ class KernelMagics:
     async def magic_daytona(self, args: str) -> str:
         command = args.split()[0] if args.split() else ""
         if command == "status":
-            return await self._status()
+            return await self._status_text()
         if command == "checkpoint":
             return await self._checkpoint()
         if command == "restore":
@@ -191,7 +191,7 @@ class KernelMagics:
         self._log.info("restore in context of pid %s", live.pid)
         return text + "\n"
 
-    async def _status(self) -> str:
+    async def _status_text(self) -> str:
         info = {"backend": self._settings.backend}
         try:
             info.update(await self._sandbox.info())

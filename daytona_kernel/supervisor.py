@@ -23,7 +23,7 @@ from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .request import Request
 from .runtime import bootstrap_code, call_source
 
-REQUEST_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
+RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
 
 
 @dataclass
@@ -104,7 +104,7 @@ class ContextSupervisor:
         token = secrets.token_hex(8)
         request = Request(token, self._output_outside_a_cell)
         code = bootstrap_code(token, self._runtime_options)
-        error = await context.run_code(code, request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
+        error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
         request.finish()
         hello = request.hello
         if error is not None or hello is None:
@@ -178,7 +178,7 @@ class ContextSupervisor:
         request = Request(live.token, self._output_outside_a_cell)
         code = call_source(method, *args)
         try:
-            error = await live.context.run_code(code, request.on_stdout, request.on_stderr, REQUEST_TIMEOUT_S)
+            error = await live.context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
         finally:
             request.finish()
         if error is not None:

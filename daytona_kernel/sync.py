@@ -24,14 +24,13 @@ import posixpath
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .backends.base import Sandbox
+from .backends.base import ProgressCallback, Sandbox
 from .config import DaytonaKernelConfig
 from .errors import DaytonaKernelError
 from .runtime.pathrules import load_rules, scan
 
-ProgressCallback = Callable[[str], None]
 BATCH_FILES = 500
 BATCH_BYTES = 64 * 1024 * 1024
 MB = 1024 * 1024
@@ -83,9 +82,9 @@ def open_mirror(config: DaytonaKernelConfig, sandbox: Sandbox, folder: str, log:
     """
     from jupyter_core.paths import jupyter_data_dir
 
-    from .backends import workspace_key_for
+    from .backends import workspace_key
 
-    key = f"{config.backend}-{config.volume_name}-{config.workspace_key or workspace_key_for(folder)}"
+    key = f"{config.backend}-{config.volume_name}-{workspace_key(config, folder)}"
     manifest = Path(jupyter_data_dir()) / "daytona-kernel" / "manifests" / f"{key}.json"
     return WorkdirMirror(folder, sandbox, config, manifest, log)
 

@@ -9,7 +9,7 @@ import re
 from ..config import DaytonaKernelConfig, DaytonaSettings, LocalSettings, settings_from
 from .base import Context, ExecResult, RunError, Sandbox, SandboxPolicy
 
-__all__ = ["Context", "ExecResult", "RunError", "Sandbox", "SandboxPolicy", "open_sandbox", "workspace_key_for"]
+__all__ = ["Context", "ExecResult", "RunError", "Sandbox", "SandboxPolicy", "open_sandbox", "workspace_key", "workspace_key_for"]
 
 
 def workspace_key_for(folder: str) -> str:
@@ -19,9 +19,14 @@ def workspace_key_for(folder: str) -> str:
     return f"{name}-{hashlib.sha256(folder.encode()).hexdigest()[:10]}"
 
 
+def workspace_key(config: DaytonaKernelConfig, folder: str) -> str:
+    """The configured workspace key, else the one derived from the notebook's folder."""
+    return config.workspace_key or workspace_key_for(folder)
+
+
 def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sandbox:
     """The configured backend's sandbox for the notebook in ``folder``."""
-    key = config.workspace_key or workspace_key_for(folder)
+    key = workspace_key(config, folder)
     if config.backend == "local":
         from .local import LocalSandbox
 

@@ -18,6 +18,7 @@ from typing import Callable
 
 OutputCallback = Callable[[str], None]
 ProgressCallback = Callable[[str], None]
+"""Receives status lines while something slow runs; an empty line clears the status."""
 
 
 class SandboxPolicy(str, enum.Enum):

@@ -105,6 +105,12 @@ def _handshake_failure(exc: BaseException) -> aiohttp.ClientError | None:
     return None
 
 
+def state_name(resource: Any) -> str:
+    """The state of an SDK sandbox or volume as plain text (the SDK gives an enum, or a str for unknown states)."""
+    state = resource.state
+    return str(getattr(state, "value", state))
+
+
 def translate_error(exc: DaytonaError, what: str) -> BackendError:
     """The one place where SDK errors become ours."""
     if isinstance(exc, (DaytonaAuthenticationError, DaytonaForbiddenError)):
@@ -276,8 +282,8 @@ class DaytonaSandbox(Sandbox):
         name = self._config.volume_name
         volume = await _call(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
         deadline = time.monotonic() + VOLUME_READY_TIMEOUT_S
-        while str(getattr(volume.state, "value", volume.state)) != "ready":
-            state = str(getattr(volume.state, "value", volume.state))
+        while state_name(volume) != "ready":
+            state = state_name(volume)
             if state == "error":
                 raise BackendError(
                     f"The volume {name!r} is in the error state ({volume.error_reason or 'no reason given'}). "
@@ -297,7 +303,7 @@ class DaytonaSandbox(Sandbox):
 
         async def first() -> Any:
             async for sandbox in client.list(query):
-                if str(getattr(sandbox.state, "value", sandbox.state)) not in ("destroyed", "destroying"):
+                if state_name(sandbox) not in ("destroyed", "destroying"):
                     return sandbox
             return None
 
@@ -328,8 +334,7 @@ class DaytonaSandbox(Sandbox):
         return sandbox
 
     def _state(self) -> str:
-        state = self._sandbox.state
-        return str(getattr(state, "value", state))
+        return state_name(self._sandbox)
 
     async def _ensure_started(self, progress: ProgressCallback) -> None:
         sandbox = self._sandbox
