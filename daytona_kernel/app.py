@@ -8,7 +8,7 @@ from typing import Any
 from ipykernel.kernelapp import IPKernelApp
 from traitlets import Type
 
-from .config import load_config
+from .config import SECTION, checked, load_config
 from .kernel import DaytonaKernel
 
 CONTROL_JOIN_TIMEOUT_S = 10.0
@@ -23,6 +23,14 @@ class DaytonaKernelApp(IPKernelApp):
 
     name = "daytona-kernel"
     kernel_class = Type(DaytonaKernel, klass="ipykernel.kernelbase.Kernel")  # type: ignore[assignment]  # a trait, as in IPKernelApp
+
+    config_problems: dict[str, str]  # DaytonaKernel settings refused by checked(), set by init_kernel
+
+    def init_kernel(self) -> None:
+        """Leave out invalid DaytonaKernel values before the kernel reads its config; it reports them."""
+        good, self.config_problems = checked(self.config)
+        self.config[SECTION] = good[SECTION]
+        super().init_kernel()
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)

@@ -7,8 +7,9 @@ Sources, later ones winning:
 
 Credentials stay the SDK's own: DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET.
 
-A bad value never crashes the kernel: it is recorded, the default is kept, and
-``validate()`` reports it so the first cell can show the user what to fix.
+A bad value never crashes the kernel: ``checked()`` leaves it out (the default is
+kept) and records why, and ``validate()`` reports it so the first cell can show the
+user what to fix.
 """
 
 from __future__ import annotations
@@ -198,33 +199,16 @@ class DaytonaKernelConfig(Configurable):
         help="Python interpreter that runs cells on the local backend.",
     ).tag(config=True)
 
-    def _load_config(self, cfg: Config, section_names: list[str] | None = None, traits: dict[str, Any] | None = None) -> None:
-        """Load config leniently: a bad value is recorded as a problem, not raised."""
-        problems = self.__dict__.setdefault("_config_problems", {})
-        if traits is None:
-            traits = self.traits(config=True)
-        own = DaytonaKernelConfig.class_trait_names(config=True)
-        good = Config()
-        for name, value in self._find_my_config(cfg).items():
-            if name in own and name in traits:
-                try:
-                    parsed = value.get_value(traits[name]) if isinstance(value, DeferredConfig) else value
-                    trait: Any = traits[name]
-                    trait.validate(self, deepcopy(parsed))
-                except (TraitError, ValueError, SyntaxError) as exc:
-                    problems[name] = f"{name} = {_shown(value)!r} is invalid: {str(exc).rstrip('.')}"
-                    continue
-                problems.pop(name, None)
-            good[name] = value
-        section = type(self).__name__
-        super()._load_config(Config({section: good}), section_names=[section], traits=traits)
+    def __init__(self, **kwargs: Any) -> None:
+        self.config_problems: dict[str, str] = {}  # setting -> why its value was refused (see checked())
+        super().__init__(**kwargs)
 
     def validate(self, check_credentials: bool = True) -> list[str]:
         """Every problem with the configuration, each with what to set."""
         problems = [
             f"{msg}. Fix it with --DaytonaKernel.{name}=..., {ENV_PREFIX}{name.upper()}, "
             "or daytona_kernel_config.py."
-            for name, msg in sorted(self.__dict__.get("_config_problems", {}).items())
+            for name, msg in sorted(self.config_problems.items())
         ]
         if check_credentials and self.backend == "daytona" and not has_credentials():
             problems.append(
@@ -273,8 +257,35 @@ def load_config(log: logging.Logger | None = None, sources: dict[str, str] | Non
 
 def config_outside_kernel(config: Config | None = None) -> DaytonaKernelConfig:
     """The knobs a kernel started now would get, for the CLI (its ``DaytonaKernel`` section applies)."""
-    config = load_config() if config is None else config
-    return DaytonaKernelConfig(config=Config({"DaytonaKernelConfig": config.get(SECTION, Config())}))
+    good, problems = checked(load_config() if config is None else config)
+    knobs = DaytonaKernelConfig(config=Config({"DaytonaKernelConfig": good.get(SECTION, Config())}))
+    knobs.config_problems.update(problems)
+    return knobs
+
+
+def checked(config: Config) -> tuple[Config, dict[str, str]]:
+    """``config`` without the values of our settings that do not validate, and why each was refused.
+
+    A bad value must never crash the kernel: it is left out (the default applies) and
+    reported in the first cell. Values are checked as traitlets would check them.
+    """
+    traits = DaytonaKernelConfig.class_traits(config=True)
+    probe = DaytonaKernelConfig()
+    section = Config(config.get(SECTION, Config()))
+    problems: dict[str, str] = {}
+    for name, value in list(section.items()):
+        trait: Any = traits.get(name)
+        if trait is None:
+            continue  # not ours: traitlets reports unknown names as usual
+        try:
+            parsed = value.get_value(trait) if isinstance(value, DeferredConfig) else value
+            trait.validate(probe, deepcopy(parsed))
+        except (TraitError, ValueError, SyntaxError) as exc:
+            problems[name] = f"{name} = {_shown(value)!r} is invalid: {str(exc).rstrip('.')}"
+            del section[name]
+    good = Config(config)
+    good[SECTION] = section
+    return good, problems
 
 
 def _shown(value: object) -> object:

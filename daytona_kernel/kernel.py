@@ -53,6 +53,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.config_problems.update(getattr(self.parent, "config_problems", {}))
         self._problems = self.validate()
         self._next_count = 1
         self._history = History()

@@ -54,3 +54,15 @@ def test_each_component_gets_only_its_own_settings() -> None:
     assert not hasattr(settings_from(LocalSettings, config), "image")
     with pytest.raises(AttributeError):
         daytona.image = "other"  # type: ignore[misc]
+
+
+@pytest.mark.slow
+def test_a_kernel_with_nan_and_inf_settings_answers_every_cell_with_the_names() -> None:
+    from kernels import Kernel
+
+    env = {f"{ENV_PREFIX}OUTPUT_LIMIT_MB": "nan", f"{ENV_PREFIX}CELL_TIMEOUT": "inf"}
+    with Kernel("daytona-local", env=env) as k:
+        for _ in range(2):
+            run = k.execute("print('hi')")
+            assert run.status == "error" and run.errors[0]["ename"] == "DaytonaKernelConfigError"
+            assert "output_limit_mb = 'nan'" in run.errors[0]["evalue"] and "cell_timeout = 'inf'" in run.errors[0]["evalue"]
