@@ -39,6 +39,8 @@ except ImportError:  # imported directly, e.g. by unit tests
     from daytona_kernel.runtime import pathrules as _pathrules
     from daytona_kernel.runtime import shell as _shell
 
+Kind = _framing.Kind
+
 INTERNAL_PREFIX = "<daytona-kernel-"
 INLINE_BACKEND = "_daytona_kernel_inline"
 FLUSH_INTERVAL_S = 0.015
@@ -346,7 +348,7 @@ class Runtime(object):
         """First call after bootstrap: report who we are."""
         with self.session():
             self.send(
-                "hello",
+                Kind.HELLO,
                 {
                     "pid": os.getpid(),
                     "python": "%d.%d.%d" % sys.version_info[:3],
@@ -501,7 +503,7 @@ class Runtime(object):
                     continue
                 if metadata:
                     md = dict(md or {}, **metadata)
-            self.send("update" if update else "display", {"data": data, "metadata": md or {}, "transient": transient})
+            self.send(Kind.UPDATE if update else Kind.DISPLAY, {"data": data, "metadata": md or {}, "transient": transient})
         if display_id:
             return DisplayHandle(self, display_id)
         return None
@@ -511,10 +513,10 @@ class Runtime(object):
         self.display(obj, display_id=display_id, **kwargs)
 
     def publish_display_data(self, data, metadata=None, source=None, transient=None, **kwargs):
-        self.send("display", {"data": data, "metadata": metadata or {}, "transient": transient or {}})
+        self.send(Kind.DISPLAY, {"data": data, "metadata": metadata or {}, "transient": transient or {}})
 
     def clear_output(self, wait=False):
-        self.send("clear", {"wait": bool(wait)})
+        self.send(Kind.CLEAR, {"wait": bool(wait)})
 
     def figure_bundle(self, fig):
         """(data, metadata) for a figure, in the format %config InlineBackend.figure_format chose."""
@@ -551,7 +553,7 @@ class Runtime(object):
         try:
             for manager in managers:
                 data, md = self.figure_bundle(manager.canvas.figure)
-                self.send("display", {"data": data, "metadata": md, "transient": {}})
+                self.send(Kind.DISPLAY, {"data": data, "metadata": md, "transient": {}})
         finally:
             plt.close("all")
 
@@ -576,15 +578,15 @@ class Runtime(object):
                     self._display_result(result, count, store_history)
             except BaseException:
                 etype, evalue, tb = sys.exc_info()
-                self.send("error", self.error_content(etype, evalue, tb))
+                self.send(Kind.ERROR, self.error_content(etype, evalue, tb))
             finally:
                 try:
                     self.flush_figures()
                 except BaseException:
                     etype, evalue, tb = sys.exc_info()
-                    self.send("error", self.error_content(etype, evalue, tb))
+                    self.send(Kind.ERROR, self.error_content(etype, evalue, tb))
             if user_expressions:
-                self.send("user_expressions", self._user_expressions(user_expressions))
+                self.send(Kind.USER_EXPRESSIONS, self._user_expressions(user_expressions))
             self._report_file_changes()
             with self.lock:
                 self.flush_streams_locked()
@@ -681,7 +683,7 @@ class Runtime(object):
             ns["Out"][count] = result
         data, md = self.format(result)
         if data:
-            self.send("result", {"data": data, "metadata": md or {}, "execution_count": count})
+            self.send(Kind.RESULT, {"data": data, "metadata": md or {}, "execution_count": count})
 
     def run_nested(self, code):
         """Run code from a cell magic (%%time, %%capture ...) in the user namespace."""
@@ -853,7 +855,7 @@ class Runtime(object):
                     self.err.write("daytona-kernel: jedi failed (%r); used the plain completer\n" % (exc,))
             if reply is None:
                 reply = self._complete_plain(code, cursor)
-            self.send("reply", reply)
+            self.send(Kind.REPLY, reply)
 
     def _complete_magic(self, code, cursor):
         import re
@@ -918,7 +920,7 @@ class Runtime(object):
             reply = {"found": found, "data": {}, "metadata": {}}
             if found:
                 reply["data"] = {"text/plain": self.object_info(name, obj, detail_level)}
-            self.send("reply", reply)
+            self.send(Kind.REPLY, reply)
 
     def lookup(self, name):
         parts = name.split(".")
@@ -999,7 +1001,7 @@ class Runtime(object):
             with open(path + ".tmp", "wb") as f:
                 f.write(blob)
             os.replace(path + ".tmp", path)
-            self.send("reply", {"saved": sorted(saved), "skipped": skipped, "pickler": name, "bytes": len(blob)})
+            self.send(Kind.REPLY, {"saved": sorted(saved), "skipped": skipped, "pickler": name, "bytes": len(blob)})
 
     def restore(self, path):
         """Load the variables of a checkpoint back into the namespace."""
@@ -1014,7 +1016,7 @@ class Runtime(object):
                     restored.append(var)
                 except Exception as exc:
                     failed.append("%s (%s)" % (var, type(exc).__name__))
-            self.send("reply", {"restored": sorted(restored), "failed": failed, "pickler": data.get("pickler")})
+            self.send(Kind.REPLY, {"restored": sorted(restored), "failed": failed, "pickler": data.get("pickler")})
 
 
 class _ExitAutocall(object):
@@ -1027,7 +1029,7 @@ class _ExitAutocall(object):
         return "Use exit() to ask the notebook to close the kernel."
 
     def __call__(self, keep_kernel=False):
-        self._rt.send("payload", {"source": "ask_exit", "keepkernel": bool(keep_kernel)})
+        self._rt.send(Kind.PAYLOAD, {"source": "ask_exit", "keepkernel": bool(keep_kernel)})
 
 
 class _ActiveSession(object):

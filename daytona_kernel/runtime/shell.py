@@ -18,9 +18,9 @@ import threading
 import time
 
 try:  # inside the sandbox the bootstrap installed the framing module under this name
-    from _daytona_kernel_framing import KERNEL_MAGICS
+    from _daytona_kernel_framing import KERNEL_MAGICS, Kind
 except ImportError:  # imported from the package (tests)
-    from daytona_kernel.runtime.framing import KERNEL_MAGICS
+    from daytona_kernel.runtime.framing import KERNEL_MAGICS, Kind
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 NO_VAR_EXPAND = ("time", "timeit", "pinfo", "pinfo2", "config")
@@ -332,7 +332,7 @@ class Shell(object):
             print("Object `%s` not found." % name)
             return
         text = self._rt.object_info(name, obj, detail_level)
-        self._rt.send("payload", {"source": "page", "data": {"text/plain": text}, "start": 0})
+        self._rt.send(Kind.PAYLOAD, {"source": "page", "data": {"text/plain": text}, "start": 0})
 
     def magic_pinfo2(self, line):
         self.magic_pinfo(line, detail_level=1)
@@ -481,15 +481,15 @@ class Shell(object):
             self.user_ns[names[0]] = captured
 
     def _display_mime(self, mime, cell):
-        self._rt.send("display", {"data": {mime: cell, "text/plain": "<%s>" % mime}, "metadata": {}, "transient": {}})
+        self._rt.send(Kind.DISPLAY, {"data": {mime: cell, "text/plain": "<%s>" % mime}, "metadata": {}, "transient": {}})
 
     # -- misc IPython API ------------------------------------------------
 
     def set_next_input(self, text, replace=False):
-        self._rt.send("payload", {"source": "set_next_input", "text": text, "replace": replace})
+        self._rt.send(Kind.PAYLOAD, {"source": "set_next_input", "text": text, "replace": replace})
 
     def ask_exit(self):
-        self._rt.send("payload", {"source": "ask_exit", "keepkernel": False})
+        self._rt.send(Kind.PAYLOAD, {"source": "ask_exit", "keepkernel": False})
 
     def ev(self, expr):
         return eval(expr, self.user_ns)
