@@ -1,12 +1,24 @@
 """Which files the workdir mirror moves, and a fast scan of a folder.
 
-Pure and standard-library only: the kernel uses it on the user's folder, and
-the same source runs in the sandbox to find what a cell changed.
+Pure and standard-library only (Python 3.9+): the kernel uses it on the user's
+folder, and the same source runs in the sandbox to find what a cell changed.
 
-Rules follow .gitignore's common subset: ``#`` comments, ``!`` negation (the
-last matching rule wins), a trailing ``/`` for folders only, a ``/`` inside a
-pattern anchors it to the root; other patterns match a file or folder name at
-any depth. Folders holding a ``pyvenv.cfg`` (virtualenvs) are always skipped.
+Patterns follow git's .gitignore rules exactly (checked against
+``git check-ignore`` in the tests): ``#`` comments, ``!`` negation (the last
+matching pattern wins), a trailing ``/`` for folders only, a ``/`` at the start
+or in the middle anchors a pattern to its file's folder, ``*`` and ``?`` never
+cross ``/``, ``**`` spans folders, ``[...]`` classes, ``\\`` escapes, trailing
+spaces dropped. Every folder's own ``.gitignore`` applies below it, a deeper
+file beats a shallower one, and nothing inside an excluded folder comes back.
+
+``MirrorRules`` adds three lists on top of the .gitignore files:
+- ``NEVER``: version-control and kernel metadata (``.git`` ...). Never mirrored,
+  in either direction, whatever any setting says.
+- ``SECRET_PATTERNS``: files that usually hold credentials. Skipped unless the
+  user lists them in ``sync_include``.
+- ``DEFAULT_EXCLUDES``: caches and virtualenvs, below every .gitignore (a
+  ``!pattern`` there brings one back). ``sync_exclude`` patterns are above them.
+Folders holding a ``pyvenv.cfg`` (virtualenvs) are always skipped.
 
 Examples:
     >>> rules = PathRules(["*.log", "build/", "!keep.log"])
@@ -14,15 +26,56 @@ Examples:
     (True, False, True)
 """
 
-import fnmatch
+import errno
 import os
 import re
 
+NEVER = (".git", ".hg", ".svn", ".bzr", "_darcs", ".daytona-kernel")
+
+SECRET_PATTERNS = (
+    ".env",
+    ".env.*",
+    "!.env.example",
+    "!.env.sample",
+    "!.env.template",
+    "!.env.dist",
+    ".envrc",
+    ".git-credentials",
+    ".netrc",
+    "_netrc",
+    ".pgpass",
+    ".npmrc",
+    ".pypirc",
+    ".htpasswd",
+    "credentials.json",
+    "client_secret*.json",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "kubeconfig",
+    "*.kubeconfig",
+    "secrets.toml",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.keystore",
+    "*.jks",
+    ".ssh/",
+    ".aws/",
+    ".azure/",
+    ".gnupg/",
+    ".kube/",
+    ".docker/",
+    # home-folder settings that often hold tokens (gh, gcloud, keyrings, Jupyter)
+    ".config/",
+    ".local/",
+    ".ipython/",
+    ".jupyter/",
+)
+
 DEFAULT_EXCLUDES = (
-    ".git/",
-    ".daytona-kernel/",
-    ".hg/",
-    ".svn/",
     ".ipynb_checkpoints/",
     "__pycache__/",
     "node_modules/",
@@ -35,108 +88,370 @@ DEFAULT_EXCLUDES = (
     "*.pyc",
     "*.sandbox-conflict*",
     ".~*",
-    # credentials and caches that live in home folders: never copied into a sandbox
-    ".ssh/",
-    ".aws/",
-    ".gnupg/",
-    ".kube/",
-    ".docker/",
-    ".netrc",
-    ".pgpass",
+    # caches that live in home folders
     ".cache/",
-    ".local/",
-    ".config/",
     ".npm/",
-    ".ipython/",
-    ".jupyter/",
 )
 
+# Why a path is not mirrored (``None``: it is).
+NEVER_REASON = "never"
+SECRET_REASON = "secret"
+IGNORED_REASON = "ignored"
 
-class PathRules(object):
-    """Ordered include/exclude patterns; ``excluded(rel_path, is_dir)`` decides.
+_CLASSES = {
+    "alnum": "a-zA-Z0-9",
+    "alpha": "a-zA-Z",
+    "blank": " \\t",
+    "cntrl": "\\x00-\\x1f\\x7f",
+    "digit": "0-9",
+    "graph": "\\x21-\\x7e",
+    "lower": "a-z",
+    "print": "\\x20-\\x7e",
+    "punct": "!-/:-@\\[-`{-~",
+    "space": " \\t\\n\\r\\f\\v",
+    "upper": "A-Z",
+    "xdigit": "0-9a-fA-F",
+}
 
-    Patterns are compiled once. Without negations, which is the usual case, every
-    pattern of a kind is folded into one regular expression, so a scan of many
-    files costs a few regex matches per file rather than one per pattern.
+
+def _class_char(c):
+    return "\\" + c if c in "\\]^-[" else c
+
+
+def _bracket(pat, i):
+    """Translate the ``[...]`` at pat[i] like git's wildmatch: (regex, next index), or None if it never matches."""
+    n = len(pat)
+    i += 1
+    negated = i < n and pat[i] in "!^"
+    if negated:
+        i += 1
+    items = []
+    prev = None  # the previous literal, which may start a range
+    first = True
+    while True:
+        if i >= n:
+            return None  # unterminated: git aborts, the pattern matches nothing
+        c = pat[i]
+        if c == "]" and not first:
+            break
+        first = False
+        if c == "\\":
+            i += 1
+            if i >= n:
+                return None
+            items.append(_class_char(pat[i]))
+            prev = pat[i]
+        elif c == "-" and prev is not None and i + 1 < n and pat[i + 1] != "]":
+            i += 1
+            hi = pat[i]
+            if hi == "\\":
+                i += 1
+                if i >= n:
+                    return None
+                hi = pat[i]
+            items.pop()
+            if prev <= hi:
+                items.append(_class_char(prev) + "-" + _class_char(hi))
+            prev = None
+        elif c == "[" and i + 1 < n and pat[i + 1] == ":":
+            end = pat.find("]", i + 2)
+            if end < 0:
+                return None
+            name = pat[i + 2 : end]
+            if not name.endswith(":"):  # no ":]": a plain "["
+                items.append(_class_char("["))
+                prev = "["
+            else:
+                if name[:-1] not in _CLASSES:
+                    return None  # git aborts on an unknown class
+                items.append(_CLASSES[name[:-1]])
+                prev = None
+                i = end
+        else:
+            items.append(_class_char(c))
+            prev = c
+        i += 1
+    body = "".join(items)
+    if negated:
+        return "[^/" + body + "]", i + 1
+    return ("(?!/)[" + body + "]" if body else "(?!)"), i + 1
+
+
+def translate(pat):
+    """A .gitignore glob as a regex source (git's wildmatch with WM_PATHNAME), or None if it matches nothing."""
+    out = []
+    i, n = 0, len(pat)
+    while i < n:
+        c = pat[i]
+        if c == "*":
+            j = i
+            while j < n and pat[j] == "*":
+                j += 1
+            whole_component = j - i >= 2 and (i == 0 or pat[i - 1] == "/") and (j == n or pat[j] == "/")
+            if whole_component and j == n:
+                out.append(".*")
+                i = j
+            elif whole_component:
+                out.append("(?:.*/)?")  # "**/": zero or more folders
+                i = j + 1
+            else:
+                out.append("[^/]*")
+                i = j
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            parsed = _bracket(pat, i)
+            if parsed is None:
+                return None
+            source, i = parsed
+            out.append(source)
+        elif c == "\\":
+            if i + 1 >= n:
+                return None  # a trailing backslash never matches in git
+            out.append(re.escape(pat[i + 1]))
+            i += 2
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out) + r"\Z"
+
+
+def _trim_trailing_spaces(line):
+    """git's trim_trailing_spaces: unescaped trailing spaces go."""
+    last_space = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == " ":
+            if last_space is None:
+                last_space = i
+        elif c == "\\":
+            i += 1
+            if i >= len(line):
+                return line
+            last_space = None
+        else:
+            last_space = None
+        i += 1
+    return line if last_space is None else line[:last_space]
+
+
+class PathRules:
+    """One ordered list of .gitignore patterns, relative to one folder.
+
+    ``verdict(rel, is_dir)`` is True (excluded), False (re-included by a ``!``
+    pattern) or None (no pattern matches). Patterns are compiled once; one
+    folded regex answers "does any pattern match?" first, so the usual miss
+    costs one or two regex calls whatever the number of patterns.
     """
 
     def __init__(self, patterns):
         self._rules = []
         for raw in patterns:
-            line = raw.strip()
+            line = _trim_trailing_spaces(raw.removesuffix("\r"))
             if not line or line.startswith("#"):
                 continue
             negate = line.startswith("!")
             if negate:
                 line = line[1:]
             dir_only = line.endswith("/")
-            line = line.rstrip("/")
+            if dir_only:
+                line = line[:-1]
             anchored = "/" in line
-            regex = re.compile(fnmatch.translate(line.lstrip("/")))
-            self._rules.append((regex, negate, dir_only, anchored))
-        self._folded = None
-        if not any(negate for _, negate, _, _ in self._rules):
-            self._folded = {}
-            for dir_only in (False, True):
-                for anchored in (False, True):
-                    parts = [r.pattern for r, _, d, a in self._rules if a == anchored and (d == dir_only or not d)]
-                    self._folded[(dir_only, anchored)] = re.compile("|".join(parts)) if parts else None
+            if anchored and line.startswith("/"):
+                line = line[1:]
+            source = translate(line) if line else None
+            if source is None:
+                continue
+            self._rules.append((re.compile(source, re.DOTALL), negate, dir_only, anchored))
+        self.has_negation = any(negate for _, negate, _, _ in self._rules)
+        self._any = {}
+        for is_dir in (False, True):
+            for anchored in (False, True):
+                parts = [f"(?:{r.pattern})" for r, _, d, a in self._rules if a == anchored and (is_dir or not d)]
+                self._any[(is_dir, anchored)] = re.compile("|".join(parts), re.DOTALL) if parts else None
 
-    def excluded(self, rel, is_dir):
-        rel = rel.replace(os.sep, "/")
+    def __bool__(self):
+        return bool(self._rules)
+
+    def verdict(self, rel, is_dir):
+        is_dir = bool(is_dir)
+        by_name, by_path = self._any[(is_dir, False)], self._any[(is_dir, True)]
         name = rel.rsplit("/", 1)[-1]
-        if self._folded is not None:
-            by_name, by_path = self._folded[(bool(is_dir), False)], self._folded[(bool(is_dir), True)]
-            return bool((by_name and by_name.match(name)) or (by_path and by_path.match(rel)))
-        result = False
-        for regex, negate, dir_only, anchored in self._rules:
+        if not ((by_name is not None and by_name.match(name)) or (by_path is not None and by_path.match(rel))):
+            return None
+        if not self.has_negation:
+            return True
+        for regex, negate, dir_only, anchored in reversed(self._rules):
             if dir_only and not is_dir:
                 continue
             if regex.match(rel if anchored else name):
-                result = not negate
-        return result
+                return not negate
+        return None
+
+    def excluded(self, rel, is_dir):
+        return self.verdict(rel.replace(os.sep, "/"), is_dir) is True
 
 
-def load_rules(root, extra=()):
-    """Default excludes, then the root's .gitignore, then ``extra`` (the sync_exclude list)."""
-    patterns = list(DEFAULT_EXCLUDES)
+def read_gitignore(path):
+    """The lines of a .gitignore, or [] when there is none (a symlink is not followed, as in git)."""
     try:
-        with open(os.path.join(root, ".gitignore"), encoding="utf-8") as f:
-            patterns.extend(f.read().splitlines())
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
-        pass  # no .gitignore: nothing more to honour
-    patterns.extend(extra)
-    return PathRules(patterns)
+        return []
+    try:
+        if not _is_regular(os.fstat(fd).st_mode):
+            os.close(fd)
+            return []
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(1024 * 1024)
+    except OSError:
+        return []  # unreadable: git would not honour it either
+    return data.decode("utf-8", "replace").split("\n")
 
 
-def scan(root, rules, max_files=50000):
-    """{relative path: (size, mtime_ns)} of the files under root that the rules keep.
+def _is_regular(mode):
+    return (mode & 0o170000) == 0o100000
+
+
+class MirrorRules:
+    """Everything that decides whether a path is mirrored. See the module docstring.
+
+    ``check(rel, is_dir)`` judges one path and each folder above it, reading the
+    .gitignore files on the way (cached). ``scan`` uses ``classify`` with the
+    .gitignore levels it has already read.
+    """
+
+    def __init__(self, root, extra=(), include=(), defaults=DEFAULT_EXCLUDES, secrets=SECRET_PATTERNS, gitignore=True):
+        self.root = root
+        self._never = frozenset(NEVER)
+        self._include = PathRules(include)
+        self._secrets = PathRules(secrets)
+        self._extra = PathRules(extra)
+        self._defaults = PathRules(defaults)
+        self._read_gitignore = gitignore
+        self._gitignores = {}
+
+    def gitignore(self, rel_dir):
+        """The rules of the .gitignore in one folder (relative to the root), read once."""
+        if not self._read_gitignore:
+            return None
+        if rel_dir not in self._gitignores:
+            folder = os.path.join(self.root, rel_dir) if rel_dir else self.root
+            rules = PathRules(read_gitignore(os.path.join(folder, ".gitignore")))
+            self._gitignores[rel_dir] = rules if rules else None
+        return self._gitignores[rel_dir]
+
+    def forget_gitignores(self):
+        """Read the .gitignore files again on the next check (they may have changed)."""
+        self._gitignores = {}
+
+    def classify(self, rel, is_dir, levels=()):
+        """Why ``rel`` is not mirrored (NEVER_REASON, SECRET_REASON, IGNORED_REASON), or None.
+
+        ``levels`` are (folder, PathRules) of the .gitignore files above ``rel``,
+        deepest first. The folders above ``rel`` are not checked here.
+        """
+        name = rel.rsplit("/", 1)[-1]
+        if name.lower() in self._never:  # also .GIT: case-insensitive file systems are common
+            return NEVER_REASON
+        if self._include and self._include.verdict(rel, is_dir):
+            return None
+        if self._secrets.verdict(rel, is_dir):
+            return SECRET_REASON
+        verdict = self._extra.verdict(rel, is_dir) if self._extra else None
+        if verdict is None:
+            for base, rules in levels:
+                verdict = rules.verdict(rel[len(base) + 1 :] if base else rel, is_dir)
+                if verdict is not None:
+                    break
+        if verdict is None:
+            verdict = self._defaults.verdict(rel, is_dir)
+        return IGNORED_REASON if verdict else None
+
+    def levels_for(self, rel_dir):
+        """The .gitignore levels that apply inside ``rel_dir``, deepest first."""
+        levels = []
+        parts = rel_dir.split("/") if rel_dir else []
+        for depth in range(len(parts), -1, -1):
+            base = "/".join(parts[:depth])
+            rules = self.gitignore(base)
+            if rules is not None:
+                levels.append((base, rules))
+        return levels
+
+    def check(self, rel, is_dir):
+        """Like ``classify``, for a path and every folder above it: the first reason found, or None."""
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            sub = "/".join(parts[:depth])
+            last = depth == len(parts)
+            reason = self.classify(sub, is_dir if last else True, self.levels_for("/".join(parts[: depth - 1])))
+            if reason is not None:
+                return reason
+        return None
+
+    def excluded(self, rel, is_dir):
+        return self.check(rel.replace(os.sep, "/"), is_dir) is not None
+
+
+def load_rules(root, extra=(), include=(), secrets=SECRET_PATTERNS):
+    """The mirror's rules for a folder: NEVER, secrets (minus ``include``), .gitignore files, ``extra``, defaults."""
+    return MirrorRules(root, extra, include, secrets=secrets)
+
+
+def gone(root, rel):
+    """True when ``rel`` is really not there, False when it exists or cannot be looked at (no permission)."""
+    try:
+        os.lstat(os.path.join(root, rel))
+    except OSError as exc:
+        return exc.errno in (errno.ENOENT, errno.ENOTDIR)
+    return False
+
+
+def file_stat(st):
+    """What the mirror compares: (size, mtime in ns, permission bits)."""
+    return (st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
+
+
+def scan(root, rules, max_files=50000, skipped=None):
+    """{relative path: (size, mtime_ns, mode)} of the regular files under root that the rules keep.
 
     Returns (files, complete); complete is False when max_files was reached.
+    Symlinks, FIFOs and devices are never listed. Paths skipped as secrets are
+    appended to ``skipped`` when it is a list.
     """
     files = {}
-    stack = [""]
+    rules.forget_gitignores()
+    stack = [("", rules.levels_for(""))]
     while stack:
-        rel_dir = stack.pop()
+        rel_dir, levels = stack.pop()
         try:
-            entries = os.scandir(os.path.join(root, rel_dir) if rel_dir else root)
+            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
+                entries = list(it)
         except OSError:
             continue  # vanished or unreadable: nothing to mirror there
-        with entries:
-            for entry in entries:
-                rel = rel_dir + "/" + entry.name if rel_dir else entry.name
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                    if is_dir:
-                        if not rules.excluded(rel, True) and not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
-                            stack.append(rel)
-                        continue
-                    if not entry.is_file(follow_symlinks=False) or rules.excluded(rel, False):
-                        continue
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # removed while we looked
-                files[rel] = (st.st_size, st.st_mtime_ns)
-                if len(files) >= max_files:
-                    return files, False
+        for entry in entries:
+            rel = rel_dir + "/" + entry.name if rel_dir else entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+                if not is_dir and not entry.is_file(follow_symlinks=False):
+                    continue  # symlink, FIFO, socket, device
+                reason = rules.classify(rel, is_dir, levels)
+                if reason is not None:
+                    if reason == SECRET_REASON and skipped is not None:
+                        skipped.append(rel + "/" if is_dir else rel)
+                    continue
+                if is_dir:
+                    if not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+                        inner = rules.gitignore(rel)
+                        stack.append((rel, [(rel, inner)] + levels if inner is not None else levels))
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed while we looked
+            files[rel] = file_stat(st)
+            if len(files) >= max_files:
+                return files, False
     return files, True
