@@ -82,3 +82,9 @@ class RuntimeCallError(BackendError):
     """A call into the runtime (checkpoint, restore, file_changes ...) failed; the message says how."""
 
     ename = "SandboxRuntimeError"
+
+
+class MirrorError(DaytonaKernelError):
+    """The workdir mirror refused or could not move one file (a path outside the folder, a symlink in the way ...)."""
+
+    ename = "MirrorError"

@@ -38,6 +38,14 @@ class RunError:
 
 
 @dataclass(frozen=True)
+class FileError:
+    """One file of a bulk download that failed while the others went through."""
+
+    message: str
+    retry: bool  # True: a later attempt may work (5xx, timeout); False: it fails the same way again
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """The result of a shell command: exit code and combined stdout/stderr."""
 
@@ -102,8 +110,12 @@ class Sandbox(abc.ABC):
         """Write (content, sandbox path) pairs, in as few requests as possible."""
 
     @abc.abstractmethod
-    async def download(self, paths: list[str]) -> dict[str, bytes]:
-        """Read sandbox paths, in as few requests as possible."""
+    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
+        """Read sandbox paths, in as few requests as possible.
+
+        A file that cannot be read is a ``FileError`` in the result; the call
+        raises only when the whole request failed.
+        """
 
     @abc.abstractmethod
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:

@@ -44,7 +44,7 @@ from daytona.common.errors import (
 
 from ..config import DaytonaSettings
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
-from .base import Context, ExecResult, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
+from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -416,17 +416,19 @@ class DaytonaSandbox(Sandbox):
         uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
         await _call("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
 
-    async def download(self, paths: list[str]) -> dict[str, bytes]:
+    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
         sandbox = self.sdk_sandbox
         results = await _call(
             "download files from the sandbox",
             lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
         )
-        out = {}
+        out: dict[str, bytes | FileError] = {}
         for item in results:
             if item.error:
-                raise BackendError(f"Could not download {item.source} from the sandbox: {item.error}")
-            out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
+                status = item.error_details.status_code if item.error_details is not None else None
+                out[item.source] = FileError(str(item.error), retry=status is None or status >= 500 or status in (408, 429))
+            else:
+                out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
         return out
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -26,11 +27,12 @@ from jupyter_core.paths import jupyter_data_dir
 
 from ..config import SECRET_ENV_VARS, LocalSettings
 from ..errors import BackendError, ContextDied, ContextTimeout
-from .base import Context, ExecResult, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
+from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
 WORKER_SCRIPT = Path(__file__).with_name("local_worker.py")
 STREAM_LIMIT_BYTES = 64 * 1024 * 1024
 TIMEOUT_KILL_GRACE_S = 2.0
+PRIVATE_DIR_MODE = 0o700
 
 
 def local_root() -> Path:
@@ -155,6 +157,7 @@ class LocalSandbox(Sandbox):
         sandbox_name = workspace_key if self._policy is SandboxPolicy.REUSE else uuid.uuid4().hex[:12]
         self.id = f"local-{sandbox_name}"
         self.path = root / "sandboxes" / self.id
+        self._tmp = self.path / "tmp"
         self.workdir = str(root / "volumes" / config.volume_name / workspace_key)
         self._contexts: list[LocalContext] = []
 
@@ -172,9 +175,13 @@ class LocalSandbox(Sandbox):
         }
 
     async def start(self, progress: ProgressCallback) -> None:
-        try:
-            Path(self.workdir).mkdir(parents=True, exist_ok=True)
-            self.path.mkdir(parents=True, exist_ok=True)
+        try:  # private to the user: these are copies of their files
+            for folder in (local_root(), local_root() / "volumes", local_root() / "sandboxes"):
+                folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+                folder.chmod(PRIVATE_DIR_MODE)
+            Path(self.workdir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            self.path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            self._tmp.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
         except OSError as exc:
             raise BackendError(
                 f"Could not create the local sandbox directories under {local_root()}: {exc}. "
@@ -186,6 +193,7 @@ class LocalSandbox(Sandbox):
         env.update(self._config.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONIOENCODING"] = "utf-8"
+        env["TMPDIR"] = str(self._tmp)  # temporary files (input() inboxes ...) go when the kernel does
         return env
 
     async def create_context(self) -> LocalContext:
@@ -215,13 +223,31 @@ class LocalSandbox(Sandbox):
         return p if p.is_absolute() else Path(self.workdir) / p
 
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
+        await asyncio.to_thread(self._write_files, files)
+
+    def _write_files(self, files: list[tuple[bytes, str]]) -> None:
         for content, dest in files:
             target = self._local_path(dest)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
 
-    async def download(self, paths: list[str]) -> dict[str, bytes]:
-        return {p: self._local_path(p).read_bytes() for p in paths}
+    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
+        return await asyncio.to_thread(lambda: {p: self._read_file(p) for p in paths})
+
+    def _read_file(self, path: str) -> bytes | FileError:
+        """A regular file's bytes: never through a final symlink, never blocking on a FIFO."""
+        try:
+            fd = os.open(self._local_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            return FileError(f"{exc.strerror or exc}", retry=False)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return FileError("not a regular file", retry=False)
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            return FileError(f"{exc.strerror or exc}", retry=False)
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
         argv = ["git", "clone", "--quiet"] + (["--branch", ref] if ref else []) + [url, dest]
@@ -247,5 +273,6 @@ class LocalSandbox(Sandbox):
         for ctx in self._contexts:
             await ctx.close()
         self._contexts.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)
         if self._policy is SandboxPolicy.EPHEMERAL:
             shutil.rmtree(self.path, ignore_errors=True)
