@@ -133,12 +133,9 @@ class KernelMagics:
         if args.split()[:1] == ["status"]:
             return mirror.status()
         report = await mirror.push()
-        changes = file_changes(await self._supervisor.call("file_changes"))
+        changes = file_changes(await self._supervisor.call("file_changes", mirror.handover()))
         if changes.changed or changes.deleted or changes.truncated:
-            down = await mirror.pull(changes.as_dict())
-            report.down, report.bytes_down, report.conflicts = down.down, down.bytes_down, down.conflicts
-            report.skipped += down.skipped
-            report.deleted += down.deleted
+            report.merge(await mirror.pull(changes.as_dict(), retry_failed=True))
         self._notify(report)
         return report.summary() + "\n"
 
@@ -147,6 +144,7 @@ class KernelMagics:
         source, dest = _one_or_two(args, "upload")
         await self._supervisor.ready()
         report = await mirror.upload_paths(source, dest)
+        self._notify(report)
         return f"uploaded {len(report.up)} file(s), {report.bytes_up} bytes\n"
 
     async def magic_download(self, args: str) -> str:

@@ -67,9 +67,9 @@ class InputRequest:
 
 @dataclass(frozen=True)
 class FileChanges:
-    """Files the cell changed in the working directory: path -> (size, mtime_ns)."""
+    """Files the cell changed in the working directory: path -> (size, mtime_ns, permission bits)."""
 
-    changed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    changed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
     truncated: bool = False
 
@@ -219,12 +219,12 @@ def _input(p: dict[str, Any]) -> InputRequest:
 
 
 def _files(p: dict[str, Any]) -> FileChanges:
-    changed: dict[str, tuple[int, int]] = {}
+    changed: dict[str, tuple[int, ...]] = {}
     for rel, stat in _dict(p.get("changed", {}), "files.changed").items():
         _path(rel, "files.changed path")
-        if not isinstance(stat, list) or len(stat) != 2:
-            raise ProtocolError(f"files.changed[{rel!r:.80}] is not a [size, mtime] pair")
-        changed[rel] = (_int(stat[0], "a changed file's size"), _int(stat[1], "a changed file's mtime"))
+        if not isinstance(stat, list) or len(stat) not in (2, 3):
+            raise ProtocolError(f"files.changed[{rel!r:.80}] is not a [size, mtime, mode] list")
+        changed[rel] = tuple(_int(value, "a changed file's size, mtime or mode") for value in stat)
     deleted = p.get("deleted", [])
     if not isinstance(deleted, list):
         raise ProtocolError(f"files.deleted is {_type(deleted)}, not a list")

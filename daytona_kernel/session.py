@@ -166,19 +166,19 @@ class RuntimeSession:
 
     # -- the workdir mirror ------------------------------------------------
 
-    async def _push(self, frontend: Frontend) -> list[str]:
-        """Upload local changes before a cell; returns what went up. Never fails the cell."""
+    async def _push(self, frontend: Frontend) -> dict[str, Any]:
+        """Upload local changes before a cell; returns the mirror's note for the runtime. Never fails the cell."""
         if self.mirror is None:
-            return []
+            return {}
         try:
             report = await self.mirror.push(frontend.progress)
         except (DaytonaKernelError, OSError) as exc:
             frontend.emit("stream", stderr(f"Could not sync your folder to the sandbox: {exc}\n"))
-            return []
+            return self.mirror.handover()
         finally:
             frontend.progress("")
         notify(report, frontend)
-        return report.up
+        return self.mirror.handover()
 
     async def _pull(self, changes: FileChanges, frontend: Frontend) -> None:
         """Download what the cell changed, before the cell's reply."""

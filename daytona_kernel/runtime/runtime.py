@@ -313,8 +313,11 @@ class Runtime(object):
                 self.patch_ipython_module(sys.modules[name])
         self.workdir = os.getcwd()
         self._watch = None
+        self._mode_notice = None
         if self.options.get("sync_down"):
-            self._watch_rules = _pathrules.load_rules(self.workdir, self.options.get("sync_excludes") or ())
+            self._watch_rules = _pathrules.MirrorRules(
+                self.workdir, self.options.get("sync_excludes") or (), self.options.get("sync_includes") or (), secrets=()
+            )
             self._watch, _ = _pathrules.scan(self.workdir, self._watch_rules)
         builtins.display = self.display
         builtins.get_ipython = lambda: self.shell
@@ -559,10 +562,10 @@ class Runtime(object):
 
     # -- execution -------------------------------------------------------
 
-    def run_cell(self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None, synced=()):
+    def run_cell(self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None, synced=None):
         """Run one cell. Errors become one ``error`` frame; nothing escapes.
 
-        ``synced`` lists files the kernel just uploaded, so they are not reported back as changed.
+        ``synced`` is what the kernel's mirror did since its last call (see ``_note_synced``).
         """
         self._note_synced(synced)
         self.output_used = self.dropped_chars = 0
@@ -593,34 +596,65 @@ class Runtime(object):
                 self._budget_notice()
             self.output_used = self.dropped_chars = 0
 
-    def _note_synced(self, paths):
+    def _note_synced(self, note):
+        """Apply the kernel's note about the last sync.
+
+        ``up``: {path: permission bits} of files it uploaded: their modes are set
+        here and they are not reported back as changed. ``acked``: {path: stat}
+        of reported changes the kernel has handled; ``gone``: reported deletions
+        it has handled. Changes it has not acknowledged are reported again.
+        """
+        note = note or {}
+        for rel, mode in (note.get("up") or {}).items():
+            path = os.path.join(self.workdir, rel)
+            if mode is not None:
+                try:
+                    os.chmod(path, mode & 0o777)
+                except OSError as exc:  # a filesystem without chmod: said once, with the next report
+                    if self._mode_notice is None:
+                        self._mode_notice = "daytona-kernel: this folder does not keep file modes (%s: %s)\n" % (rel, exc)
+            if self._watch is not None:
+                try:
+                    self._watch[rel] = _pathrules.file_stat(os.lstat(path))
+                except OSError:
+                    self._watch.pop(rel, None)
         if self._watch is None:
             return
-        for rel in paths:
-            try:
-                st = os.stat(os.path.join(self.workdir, rel))
-                self._watch[rel] = (st.st_size, st.st_mtime_ns)
-            except OSError:
-                self._watch.pop(rel, None)
+        for rel, stat in (note.get("acked") or {}).items():
+            self._watch[rel] = tuple(stat) if len(stat) == 3 else (stat[0], stat[1], None)
+        for rel in note.get("gone") or ():
+            self._watch.pop(rel, None)
 
-    def file_changes(self):
-        """Reply with what changed in the working directory since the last report (for %sync)."""
+    def file_changes(self, synced=None):
+        """Reply with what changed in the working directory and is not yet acknowledged (for %sync)."""
+        self._note_synced(synced)
         with self.session():
+            self._say_mode_notice()
             self.send("reply", self._file_changes() or {"changed": {}, "deleted": [], "truncated": False})
 
     def _report_file_changes(self):
         """Tell the kernel which files in the working directory this cell created, changed or deleted."""
+        self._say_mode_notice()
         changes = self._file_changes()
         if changes:
             self.send("files", changes)
 
+    def _say_mode_notice(self):
+        if self._mode_notice:
+            self.err.write(self._mode_notice)
+            self._mode_notice = ""  # once per runtime
+
     def _file_changes(self):
+        """Changes against the acknowledged snapshot, which only the kernel's note moves on.
+
+        A path that is merely unreadable now (a folder without permission) is
+        not reported as deleted.
+        """
         if self._watch is None:
             return None
         now, complete = _pathrules.scan(self.workdir, self._watch_rules)
-        changed = dict((rel, stat) for rel, stat in now.items() if self._watch.get(rel) != stat)
-        deleted = [rel for rel in self._watch if rel not in now] if complete else []
-        self._watch = now
+        changed = {rel: list(stat) for rel, stat in now.items() if self._watch.get(rel) != stat}
+        deleted = [rel for rel in self._watch if rel not in now and _pathrules.gone(self.workdir, rel)] if complete else []
         if changed or deleted or not complete:
             return {"changed": changed, "deleted": deleted, "truncated": not complete}
         return None
