@@ -65,12 +65,12 @@ def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: P
     report = asyncio.run(mirror.push())
     assert report.up == ["a.txt"] and sandbox.uploaded == [(b"one", "/remote/a.txt")]
     del sandbox.uploaded
-    assert mirror.plan_up()[0] == []
+    assert mirror.plan_up().todo == []
     assert asyncio.run(mirror.push()).up == [] and not hasattr(sandbox, "uploaded")
     import os
 
     os.utime(folder / "a.txt", ns=(1, 1))  # touched, same content: not a change
-    assert mirror.plan_up()[0] == []
+    assert mirror.plan_up().todo == []
 
 
 # -- through kernels, on both backends -----------------------------------------------

