@@ -20,8 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from daytona_kernel.backends.base import Context, ExecResult, OutputCallback, ProgressCallback, RunError, Sandbox
-from daytona_kernel.errors import BackendError
+from daytona_kernel.backends.base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox
 from daytona_kernel.runtime import HANDLE
 from daytona_kernel.runtime.framing import Kind, encode_frame
 
@@ -175,11 +174,8 @@ class FakeSandbox(Sandbox):
         for content, path in files:
             self.files[path] = content
 
-    async def download(self, paths: list[str]) -> dict[str, bytes]:
-        missing = [p for p in paths if p not in self.files]
-        if missing:
-            raise BackendError(f"no such file in the fake sandbox: {missing}")
-        return {p: self.files[p] for p in paths}
+    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
+        return {p: self.files[p] if p in self.files else FileError("no such file in the fake sandbox", retry=False) for p in paths}
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
         self.commands.append(f"clone {url} {ref} {dest}")

@@ -37,6 +37,9 @@ class MirrorSpy:
     def runtime_options(self) -> dict[str, Any]:
         return {}
 
+    def handover(self) -> dict[str, Any]:
+        return {}
+
     async def push(self, progress: Any = None) -> Any:
         from daytona_kernel.sync import SyncReport
 

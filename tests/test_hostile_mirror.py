@@ -25,7 +25,7 @@ import pytest
 from kernels import Kernel
 
 from daytona_kernel.backends.local import LocalSandbox
-from daytona_kernel.config import DaytonaKernelConfig
+from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, settings_from
 from daytona_kernel.errors import DaytonaKernelError
 from daytona_kernel.runtime.pathrules import MirrorRules, scan
 from daytona_kernel.sync import WorkdirMirror
@@ -37,7 +37,7 @@ class HostileSandbox(LocalSandbox):
     """A local sandbox whose downloads the test can script: content, per-file errors, or a whole failure."""
 
     def __init__(self, config: DaytonaKernelConfig) -> None:
-        super().__init__(config, f"hostile-{uuid.uuid4().hex[:8]}")
+        super().__init__(settings_from(LocalSettings, config), f"hostile-{uuid.uuid4().hex[:8]}")
         self.served: dict[str, Any] = {}
         self.downloaded: list[str] = []
 
