@@ -630,14 +630,14 @@ class Runtime(object):
         self._note_synced(synced)
         with self.session():
             self._say_mode_notice()
-            self.send("reply", self._file_changes() or {"changed": {}, "deleted": [], "truncated": False})
+            self.send(Kind.REPLY, self._file_changes() or {"changed": {}, "deleted": [], "truncated": False})
 
     def _report_file_changes(self):
         """Tell the kernel which files in the working directory this cell created, changed or deleted."""
         self._say_mode_notice()
         changes = self._file_changes()
         if changes:
-            self.send("files", changes)
+            self.send(Kind.FILES, changes)
 
     def _say_mode_notice(self):
         if self._mode_notice:
