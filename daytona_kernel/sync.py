@@ -651,6 +651,7 @@ class WorkdirMirror:
     def _plan_down(self, changed: list[tuple[str, Stat]], report: SyncReport) -> list[tuple[str, str, Stat]]:
         """(path here, path reported, stat) of the files to download; the rest is decided and acknowledged."""
         max_file = int(self._config.sync_max_file_mb * MB)
+        budget = int(self._config.sync_max_total_mb * MB)
         self._rules.forget_gitignores()
         wanted = []
         for raw, reported in changed:
@@ -677,6 +678,12 @@ class WorkdirMirror:
                 report.skipped.append((rel, f"{_size(reported[0])} is over sync_max_file_mb={self._config.sync_max_file_mb:g}"))
                 self._ack(raw, reported)
                 continue
+            if reported[0] > budget:  # not acknowledged: it comes with a later cell
+                report.left_behind.append(
+                    (rel, f"this sync would pass sync_max_total_mb={self._config.sync_max_total_mb:g}; it comes after a later cell")
+                )
+                continue
+            budget -= reported[0]
             wanted.append((rel, raw, reported))
         return wanted
 
@@ -689,6 +696,9 @@ class WorkdirMirror:
             if isinstance(content, FileError) or not isinstance(content, bytes):
                 error = content if isinstance(content, FileError) else FileError("the sandbox sent nothing for it", retry=True)
                 self._left_behind(rel, raw, reported, error.message, error.retry, report)
+                continue
+            if len(content) > max(reported[0], int(self._config.sync_max_file_mb * MB)):
+                self._left_behind(rel, raw, reported, f"it is {_size(len(content))}, more than the sandbox reported", False, report)
                 continue
             try:
                 self._write_local(rel, content, reported[2], report)

@@ -365,6 +365,52 @@ def test_folder_holding_the_home_folder_is_not_mirrored_automatically(tmp_path: 
     assert WorkdirMirror(str(project), sandbox, config, tmp_path / "m.json", log).mode == "both"
 
 
+def test_a_file_bigger_than_reported_is_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    config.sync_max_file_mb = 0.001
+    reported = sandbox.put("small.txt", b"x")
+    (Path(sandbox.workdir) / "small.txt").write_bytes(b"y" * 5000)  # grew past the cap after the report
+    result = pull(mirror_of(folder, sandbox, config), report({"small.txt": reported}))
+    assert not (folder / "small.txt").exists()
+    assert "more than the sandbox reported" in result.notices()
+
+
+def test_many_small_files_cannot_fill_the_disk_in_one_go(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    config.sync_max_total_mb = 0.01  # about 10 KB a sync
+    changes = report({f"f{i}.bin": sandbox.put(f"f{i}.bin", b"z" * 4000) for i in range(5)})
+    mirror = mirror_of(folder, sandbox, config)
+    first = pull(mirror, changes)
+    assert len(first.down) == 2 and "sync_max_total_mb" in first.notices()
+    assert len(mirror.handover()["acked"]) == 2  # the rest stays in the runtime's report
+    pull(mirror, report({rel: changes["changed"][rel] for rel in changes["changed"] if rel not in first.down}))
+    assert len(list(folder.iterdir())) == 4
+
+
+def test_a_vanished_file_on_daytona_costs_only_that_file(daytona_env, folder: Path, config) -> None:  # type: ignore[no-untyped-def]
+    from daytona_kernel.backends.base import FileError
+    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.config import DaytonaSettings
+
+    config.backend = "daytona"
+    config.sandbox_policy = "ephemeral"
+
+    async def go() -> tuple[Any, Any]:
+        box = DaytonaSandbox(settings_from(DaytonaSettings, config), f"hostile-{uuid.uuid4().hex[:8]}", "k")
+        await box.start(lambda text: None)
+        try:
+            mirror = WorkdirMirror(str(folder), box, config, folder.parent / "m.json", log)
+            await box.upload([(b"kept", mirror.remote_path("kept.txt"))])
+            got = await box.download([mirror.remote_path("kept.txt"), mirror.remote_path("gone.txt")])
+            result = await mirror.pull(report({"kept.txt": [4, 1], "gone.txt": [4, 1]}))
+            return got, result
+        finally:
+            await box.shutdown()
+
+    got, result = asyncio.run(go())
+    assert isinstance(got[next(p for p in got if p.endswith("gone.txt"))], FileError)
+    assert result.down == ["kept.txt"] and (folder / "kept.txt").read_bytes() == b"kept"
+    assert "Not copied from the sandbox: gone.txt" in result.notices() and "%sync" in result.notices()
+
+
 # -- down: nothing is lost -------------------------------------------------------------------------
 
 
