@@ -181,7 +181,9 @@ class KernelMagics:
         try:
             reply = await self._supervisor.call("restore", checkpoint_path(self._sandbox))
         except RuntimeCallError as exc:
-            raise RuntimeCallError(f"%daytona restore: {exc}. Is there a checkpoint yet? `%daytona checkpoint` makes one.") from exc
+            raise RuntimeCallError(
+                f"%daytona restore: {exc}. Is there a checkpoint yet? `%daytona checkpoint` makes one."
+            ) from exc
         restored, failed = _names(reply, "restored"), _names(reply, "failed")
         text = f"restored {len(restored)} variable(s): " + ", ".join(restored)
         if failed:

@@ -25,9 +25,7 @@ EmitCallback = Callable[[str, dict[str, Any]], None]
 class Request:
     """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests."""
 
-    def __init__(
-        self, token: str, emit: EmitCallback, on_input: Callable[[InputRequest], None] | None = None
-    ) -> None:
+    def __init__(self, token: str, emit: EmitCallback, on_input: Callable[[InputRequest], None] | None = None) -> None:
         self._decoder = FrameDecoder(token)
         self._emit = emit
         self._on_input = on_input
@@ -74,8 +72,7 @@ class Request:
             self.fail(
                 error_content(
                     exc.ename,
-                    f"The sandbox sent output the kernel could not use: {exc}. It was dropped; "
-                    "the cell's other output is shown.",
+                    f"The sandbox sent output the kernel could not use: {exc}. It was dropped; the cell's other output is shown.",
                 )
             )
 

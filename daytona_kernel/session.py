@@ -120,9 +120,7 @@ class RuntimeSession:
             frontend.emit("error", request.error)
         return CellOutcome(error=request.error, user_expressions=request.user_expressions, payload=request.payload)
 
-    async def _run(
-        self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None
-    ) -> tuple[Request, RunEnd]:
+    async def _run(self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None) -> tuple[Request, RunEnd]:
         """Run the cell's code; a sandbox found stopped is started again and the cell run there."""
         request = self._new_request(live, frontend, bridge)
         run_error: RunError | None = None

@@ -39,9 +39,7 @@ class Live:
 class ContextSupervisor:
     """See the module docstring. ``runtime_options`` are passed to every new runtime."""
 
-    def __init__(
-        self, sandbox: Sandbox, settings: SessionSettings, log: logging.Logger, runtime_options: dict[str, Any]
-    ) -> None:
+    def __init__(self, sandbox: Sandbox, settings: SessionSettings, log: logging.Logger, runtime_options: dict[str, Any]) -> None:
         self.sandbox = sandbox
         self._settings = settings
         self._log = log
@@ -111,8 +109,7 @@ class ContextSupervisor:
             await context.close()
             detail = f"{error.name}: {error.value}" if error else "it did not report back"
             raise BackendError(
-                f"The runtime could not start in the sandbox ({detail}). "
-                "The sandbox needs Python 3.9 or newer as `python3`."
+                f"The runtime could not start in the sandbox ({detail}). The sandbox needs Python 3.9 or newer as `python3`."
             )
         self.live = Live(context, token, hello.pid, hello.python)
         if self._settings.repo_url and not self._repo_checked:

@@ -16,9 +16,7 @@ from daytona_kernel.config import (
     settings_from,
 )
 
-NUMERIC = sorted(
-    name for name, trait in DaytonaKernelConfig.class_traits(config=True).items() if isinstance(trait, (Float, Int))
-)
+NUMERIC = sorted(name for name, trait in DaytonaKernelConfig.class_traits(config=True).items() if isinstance(trait, (Float, Int)))
 
 
 def problems_for(environ: dict[str, str]) -> list[str]:
