@@ -20,7 +20,7 @@ import math
 import os
 import sys
 from copy import deepcopy
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, TypeVar
 
 from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode
@@ -344,6 +344,18 @@ class SessionSettings:
     checkpoint_on_idle: bool = False
     repo_url: str = ""
     repo_ref: str = ""
+
+
+@dataclass(frozen=True)
+class MirrorSettings:
+    """What the workdir mirror reads."""
+
+    sync: str = "both"
+    sync_exclude: list[str] = field(default_factory=list)
+    sync_include: list[str] = field(default_factory=list)
+    sync_deletes: bool = False
+    sync_max_file_mb: float = 100.0
+    sync_max_total_mb: float = 1024.0
 
 
 @dataclass(frozen=True)

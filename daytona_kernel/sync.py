@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.base import FileError, ProgressCallback, Sandbox
-from .config import DaytonaKernelConfig
+from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import DaytonaKernelError, MirrorError
 from .runtime.pathrules import (
     NEVER_REASON,
@@ -166,7 +166,7 @@ def open_mirror(config: DaytonaKernelConfig, sandbox: Sandbox, folder: str, log:
 
     key = f"{config.backend}-{config.volume_name}-{workspace_key(config, folder)}"
     manifest = Path(jupyter_data_dir()) / "daytona-kernel" / "manifests" / f"{key}.json"
-    return WorkdirMirror(folder, sandbox, config, manifest, log)
+    return WorkdirMirror(folder, sandbox, settings_from(MirrorSettings, config), manifest, log)
 
 
 def conflict_name(rel: str) -> str:
@@ -385,7 +385,7 @@ class WorkdirMirror:
         self,
         local_root: str,
         sandbox: Sandbox,
-        config: DaytonaKernelConfig,
+        config: MirrorSettings,
         manifest_path: Path,
         log: logging.Logger,
     ) -> None:
@@ -414,17 +414,19 @@ class WorkdirMirror:
         self._failed: dict[str, Stat] = {}  # sandbox files that failed in a way a retry would repeat
 
     @property
-    def up(self) -> bool:
+    def syncs_up(self) -> bool:
+        """Local changes go to the sandbox before each cell (``SyncReport.up`` lists what went)."""
         return self.mode in ("both", "up")
 
     @property
-    def down(self) -> bool:
+    def syncs_down(self) -> bool:
+        """Files a cell writes come back after it (``SyncReport.down`` lists what came)."""
         return self.mode in ("both", "down")
 
     def runtime_options(self) -> dict[str, Any]:
         """What the runtime needs to report a cell's file changes."""
         return {
-            "sync_down": self.down,
+            "sync_down": self.syncs_down,
             "sync_excludes": list(self._config.sync_exclude),
             "sync_includes": list(self._config.sync_include),
         }
@@ -526,7 +528,7 @@ class WorkdirMirror:
     async def push(self, progress: ProgressCallback | None = None) -> SyncReport:
         """Upload what changed locally. A no-change push makes no request."""
         report = SyncReport()
-        if not self.up:
+        if not self.syncs_up:
             return report
         plan = await asyncio.to_thread(self.plan_up)
         report.skipped = plan.skipped
@@ -604,7 +606,7 @@ class WorkdirMirror:
         a plain retry would repeat.
         """
         report = SyncReport()
-        if not self.down:
+        if not self.syncs_down:
             return report
         if retry_failed:
             self._failed.clear()

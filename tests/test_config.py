@@ -10,6 +10,7 @@ from daytona_kernel.config import (
     DaytonaKernelConfig,
     DaytonaSettings,
     LocalSettings,
+    MirrorSettings,
     SessionSettings,
     config_outside_kernel,
     env_config,
@@ -50,6 +51,7 @@ def test_each_component_gets_only_its_own_settings() -> None:
     daytona = settings_from(DaytonaSettings, config)
     assert daytona.image == "python:3.12" and not hasattr(daytona, "cell_timeout")
     assert not hasattr(settings_from(LocalSettings, config), "image")
+    assert not hasattr(settings_from(MirrorSettings, config), "cell_timeout")
     with pytest.raises(AttributeError):
         daytona.image = "other"  # type: ignore[misc]
 
