@@ -131,7 +131,7 @@ class KernelMagics:
         mirror = self._mirror_for("sync")
         await self._supervisor.ready()
         if args.split()[:1] == ["status"]:
-            return mirror.status()
+            return await asyncio.to_thread(mirror.status)
         report = await mirror.push()
         changes = file_changes(await self._supervisor.call("file_changes", mirror.handover()))
         if changes.changed or changes.deleted or changes.truncated:

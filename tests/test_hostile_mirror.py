@@ -169,6 +169,19 @@ def test_local_symlinked_folder_is_not_written_through(folder: Path, sandbox: Ho
     assert "Not copied from the sandbox: data/bashrc: data here is a symlink" in result.notices()
 
 
+def test_without_dir_fd_support_a_symlinked_folder_is_still_not_written_through(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import daytona_kernel.sync as sync_module
+
+    monkeypatch.setattr(sync_module, "_DIR_FD", False)  # as on a platform without openat()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (folder / "data").symlink_to(outside)
+    changes = report({"data/x.txt": sandbox.put("data/x.txt", b"evil"), "sub/ok.txt": sandbox.put("sub/ok.txt", b"ok")})
+    result = pull(mirror_of(folder, sandbox, config), changes)
+    assert list(outside.iterdir()) == [] and (folder / "sub" / "ok.txt").read_bytes() == b"ok"
+    assert "data here is a symlink or a file" in result.notices()
+
+
 def test_sandbox_symlink_is_neither_followed_nor_created_here(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "host-secret.txt"
     secret.write_text("host secret")
