@@ -424,7 +424,7 @@ def scan(root, rules, max_files=50000, skipped=None):
     """
     files = {}
     rules.forget_gitignores()
-    stack = [("", rules.levels_for(""))]
+    stack = [("", [])]
     while stack:
         rel_dir, levels = stack.pop()
         try:
@@ -432,6 +432,10 @@ def scan(root, rules, max_files=50000, skipped=None):
                 entries = list(it)
         except OSError:
             continue  # vanished or unreadable: nothing to mirror there
+        if any(entry.name == ".gitignore" for entry in entries):  # no open() per folder without one
+            inner = rules.gitignore(rel_dir)
+            if inner is not None:
+                levels = [(rel_dir, inner)] + levels
         for entry in entries:
             rel = rel_dir + "/" + entry.name if rel_dir else entry.name
             try:
@@ -445,8 +449,7 @@ def scan(root, rules, max_files=50000, skipped=None):
                     continue
                 if is_dir:
                     if not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
-                        inner = rules.gitignore(rel)
-                        stack.append((rel, [(rel, inner)] + levels if inner is not None else levels))
+                        stack.append((rel, levels))
                     continue
                 st = entry.stat(follow_symlinks=False)
             except OSError:
