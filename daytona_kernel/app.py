@@ -5,13 +5,22 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-from ipykernel.kernelapp import IPKernelApp
-from traitlets import Type
+from IPython.core.profiledir import ProfileDir
+from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
+from jupyter_client.session import Session
+from traitlets import Dict, Type
 
 from .config import SECTION, checked, load_config
 from .kernel import DaytonaKernel
 
 CONTROL_JOIN_TIMEOUT_S = 10.0
+
+
+_SHELL_CLASSES = {"InteractiveShell", "InteractiveShellApp", "PlainTextFormatter"}
+
+
+def _trait_class(alias: str | tuple[str, str]) -> str:
+    return (alias if isinstance(alias, str) else alias[0]).split(".")[0]
 
 
 class DaytonaKernelApp(IPKernelApp):
@@ -22,6 +31,18 @@ class DaytonaKernelApp(IPKernelApp):
     """
 
     name = "daytona-kernel"
+    description = (
+        "The Daytona Jupyter kernel: a Python kernel whose cells run in a Daytona sandbox "
+        "(backend 'daytona') or in a worker process on this machine (backend 'local'). Jupyter "
+        "starts it from a kernelspec; `daytona-kernel --help` manages kernelspecs, sandboxes and "
+        "configuration. Every setting is a DaytonaKernel option (see --help-all), also settable as "
+        "DAYTONA_KERNEL_<NAME> or in daytona_kernel_config.py."
+    )
+    subcommands = {}  # type: ignore[assignment]  # IPKernelApp's `install` would install ipykernel's spec
+    classes = [DaytonaKernel, ProfileDir, Session]  # type: ignore[assignment]
+    # Without IPython's shell options (autocall, pylab, --no-ignore-cwd ...): cells do not run in this process.
+    aliases = Dict({k: v for k, v in kernel_aliases.items() if _trait_class(v) not in _SHELL_CLASSES})
+    flags = Dict({k: v for k, v in kernel_flags.items() if not set(v[0]) & _SHELL_CLASSES})
     kernel_class = Type(DaytonaKernel, klass="ipykernel.kernelbase.Kernel")  # type: ignore[assignment]  # a trait, as in IPKernelApp
 
     config_problems: dict[str, str]  # DaytonaKernel settings refused by checked(), set by init_kernel

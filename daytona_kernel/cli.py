@@ -1,12 +1,70 @@
-"""``daytona-kernel install | uninstall | list | gc | doctor``: a thin argparse layer."""
+"""``daytona-kernel install | uninstall | list | doctor | gc | config | example``: a thin argparse layer."""
 
 from __future__ import annotations
 
 import argparse
 import errno
+import shutil
 import sys
+from importlib import metadata
+from pathlib import Path
 
-from . import kernelspec
+from . import __version__, kernelspec
+
+DESCRIPTION = """\
+A Jupyter kernel for Python that runs every cell in a Daytona sandbox (kernel "Python (Daytona)",
+needs DAYTONA_API_KEY) or in a worker process on this machine (kernel "Python (Daytona local)").
+Installing the package already made both kernels available to Jupyter in this environment."""
+
+EPILOG = """\
+examples:
+  daytona-kernel doctor                 check configuration, credentials and a test cell
+  daytona-kernel config                 show the settings in effect and where each comes from
+  daytona-kernel install --user         make the kernels available outside this environment
+  daytona-kernel gc --dry-run           list sandboxes whose kernel is gone
+  daytona-kernel example                copy the example notebook here"""
+
+
+def _install_epilog() -> str:
+    from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir
+
+    return f"""\
+where the specs go (as with `jupyter kernelspec install`):
+  (default)      system-wide: {Path(SYSTEM_JUPYTER_PATH[0]) / 'kernels'} (needs write access)
+  --user         {Path(jupyter_data_dir()) / 'kernels'}
+  --sys-prefix   {Path(sys.prefix) / 'share' / 'jupyter' / 'kernels'}
+  --prefix P     P/share/jupyter/kernels
+
+`pip install daytona-kernel` already puts `daytona` and `daytona-local` into this environment's
+share/jupyter/kernels. Use this command for a --user install, for another display name, or for a
+named spec with its own settings.
+
+examples:
+  daytona-kernel install --user
+  daytona-kernel install --user --name daytona-gpu --display-name "Python (Daytona GPU)" \\
+      --env DAYTONA_KERNEL_SNAPSHOT=my-gpu-snapshot --env DAYTONA_KERNEL_SANDBOX_POLICY=ephemeral
+  daytona-kernel install --sys-prefix --name daytona-eu --env DAYTONA_KERNEL_TARGET=eu
+
+Secrets are refused (names with KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, and URLs with
+user:token@): kernel.json is readable by anyone who can read your Jupyter folders. Set them in
+the environment Jupyter starts from instead."""
+
+
+def _version() -> str:
+    try:
+        sdk = metadata.version("daytona")
+    except metadata.PackageNotFoundError:
+        sdk = "not installed"
+    return f"daytona-kernel {__version__} (daytona SDK {sdk}, Python {sys.version.split()[0]})"
+
+
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; no answer (EOF, e.g. no stdin) means no."""
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        print()
+        return False
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -14,7 +72,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--env takes KEY=VALUE, got {pair!r}")
+            raise SystemExit(f"error: --env takes KEY=VALUE, got {key or pair!r}")
         env[key] = value
     return env
 
@@ -28,7 +86,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         return 2
     except OSError as exc:
         if exc.errno == errno.EACCES:
-            print(f"{exc}\nPermission denied: try --user or --sys-prefix.", file=sys.stderr)
+            print(f"error: {exc}\nPermission denied: try --user or --sys-prefix.", file=sys.stderr)
             return 1
         raise
     for name, path in done:
@@ -37,15 +95,33 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    try:
-        removed = kernelspec.uninstall(args.names)
-    except KeyError as exc:
-        print(f"error: no such kernelspec: {exc}", file=sys.stderr)
-        return 1
-    for name in removed:
-        print(f"Removed kernelspec {name}")
-    if not removed:
+    specs = kernelspec.all_specs()
+    names = args.names or sorted(n for n, s in specs.items() if kernelspec.is_ours(s["spec"]))
+    if not names:
         print("No daytona-kernel kernelspecs are installed.")
+        return 0
+    missing = [n for n in names if n not in specs]
+    if missing:
+        print(f"error: no such kernelspec: {', '.join(missing)} (see `daytona-kernel list`)", file=sys.stderr)
+        return 1
+    foreign = [n for n in names if not kernelspec.is_ours(specs[n]["spec"])]
+    if foreign:
+        for name in foreign:
+            print(
+                f"error: {name} ({specs[name]['resource_dir']}) is not a daytona-kernel kernelspec; nothing was removed. "
+                f"If you mean to remove it, use `jupyter kernelspec uninstall {name}`.",
+                file=sys.stderr,
+            )
+        return 1
+    print("Kernelspecs to remove:")
+    for name in names:
+        print(f"  {name:20} {specs[name]['resource_dir']}")
+    if not args.yes and not _confirm(f"Remove {len(names)} kernelspec{'s' if len(names) > 1 else ''}?"):
+        print("Nothing was removed.")
+        return 1
+    kernelspec.remove(names)
+    for name in names:
+        print(f"Removed kernelspec {name}")
     return 0
 
 
@@ -73,7 +149,7 @@ def _duration(text: str) -> float:
 def cmd_gc(args: argparse.Namespace) -> int:
     from . import admin
 
-    return admin.run(admin.gc(args.older_than, args.dry_run, print))
+    return admin.run(admin.gc(args.older_than, args.dry_run, print, args.volumes_older_than))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -82,11 +158,48 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return admin.run(admin.doctor(print, round_trip=not args.no_round_trip))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="daytona-kernel", description="Manage the Daytona Jupyter kernel.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_config(args: argparse.Namespace) -> int:
+    from . import admin
 
-    p = sub.add_parser("install", help="install the kernelspecs (default: daytona and daytona-local)")
+    if args.generate:
+        return admin.generate_config(print, args.yes, _confirm)
+    return admin.show_config(print)
+
+
+def example_notebook() -> Path:
+    """The example notebook: packaged in the wheel, or in the source tree."""
+    packaged = Path(__file__).with_name("examples") / "quickstart.ipynb"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "examples" / "quickstart.ipynb"
+
+
+def cmd_example(args: argparse.Namespace) -> int:
+    dest = Path(args.dest)
+    if dest.is_dir():
+        dest = dest / "quickstart.ipynb"
+    if dest.exists():
+        print(f"error: {dest} exists; nothing was written. Give another path: daytona-kernel example PATH", file=sys.stderr)
+        return 1
+    shutil.copyfile(example_notebook(), dest)
+    print(f"Wrote {dest}. Run it on this machine with: papermill {dest} out.ipynb -k daytona-local")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="daytona-kernel", description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
+    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument(
+        "--generate-config", action="store_true",
+        help="write a commented daytona_kernel_config.py into the Jupyter config folder (same as `config --generate`)",
+    )
+    parser.add_argument("-y", "--yes", action="store_true", help="answer yes to questions (overwrite the config file)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "install", help="install kernelspecs (default: daytona and daytona-local)",
+        description="Install the kernelspecs `daytona` and `daytona-local`, or one named spec.",
+        epilog=_install_epilog(), formatter_class=raw,
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (e.g. the virtualenv)")
@@ -94,30 +207,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="install one spec with this name instead of the two defaults")
     p.add_argument("--display-name", help="the name shown in Jupyter")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment for the kernel, e.g. DAYTONA_KERNEL_SNAPSHOT=gpu (repeatable)")
+                   help="environment for the kernel, e.g. DAYTONA_KERNEL_SNAPSHOT=gpu (repeatable; no secrets)")
     p.set_defaults(func=cmd_install)
 
-    p = sub.add_parser("uninstall", help="remove kernelspecs (default: all daytona-kernel ones)")
-    p.add_argument("names", nargs="*")
+    p = sub.add_parser("uninstall", help="remove daytona-kernel kernelspecs (asks first)",
+                       description="Remove kernelspecs of this kernel (default: all of them). Asks before deleting.")
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_uninstall)
 
     p = sub.add_parser("list", help="list the installed daytona-kernel kernelspecs")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("gc", help="stop or delete sandboxes whose kernel is gone or that sat idle")
+    p = sub.add_parser(
+        "gc", help="clean up after kernels that are gone",
+        description="Daytona backend: stop (or delete, if ephemeral) this installation's sandboxes whose kernel is "
+        "gone or that sat idle; sandboxes in a transition are left alone. Local backend "
+        "(DAYTONA_KERNEL_BACKEND=local): remove leftover sandboxes, input() inboxes and old working copies.",
+    )
     p.add_argument("--older-than", type=_duration, default=3600.0, metavar="AGE",
-                   help="idle time that makes a running sandbox an orphan (default 1h; e.g. 30m, 2d)")
+                   help="idle time that makes a running sandbox or a leftover an orphan (default 1h; e.g. 30m, 2d)")
+    p.add_argument("--volumes-older-than", type=_duration, default=30 * 86400.0, metavar="AGE",
+                   help="local backend: remove working copies unused this long (default 30d); files only there "
+                   "(over sync_max_file_mb, or with sync off) go with them")
     p.add_argument("--dry-run", action="store_true", help="only list what would be done")
     p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser("doctor", help="check configuration, credentials, API, volume, kernelspecs and a round trip")
+    p = sub.add_parser("doctor", help="check configuration, credentials, API, volume, kernelspecs and a test cell")
     p.add_argument("--no-round-trip", action="store_true", help="skip running a test cell in a sandbox")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("config", help="show the effective configuration and where each value came from")
+    p.add_argument("--generate", action="store_true", help="write a commented daytona_kernel_config.py instead")
+    p.add_argument("-y", "--yes", action="store_true", help="overwrite an existing config file without asking")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("example", help="copy the example notebook (quickstart.ipynb) to a folder")
+    p.add_argument("dest", nargs="?", default=".", help="folder or file name (default: the current folder)")
+    p.set_defaults(func=cmd_example)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.generate_config:
+        from . import admin
+
+        return admin.generate_config(print, args.yes, _confirm)
+    if args.command is None:
+        parser.print_help()
+        return 0
     return int(args.func(args))
 
 

@@ -1,4 +1,4 @@
-"""The install/list/uninstall CLI, run as a user runs it."""
+"""The ``daytona-kernel`` CLI, run as a user runs it: one test per behaviour a user relies on."""
 
 from __future__ import annotations
 
@@ -6,17 +6,80 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+from daytona_kernel import __version__, kernelspec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
+    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "daytona_kernel.cli", *args],
         capture_output=True,
         text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
+        timeout=120,
+        env=full_env,
+        input=stdin if stdin is not None else "",
     )
+
+
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """An installation of its own: Jupyter data, config and temp folders under tmp_path."""
+    for name in ("data", "config", "tmp"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return {
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        "JUPYTER_PATH": "",
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
+
+
+# -- help and version ---------------------------------------------------------------
+
+
+def test_no_arguments_prints_help() -> None:
+    proc = cli()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: daytona-kernel")
+    for command in ("install", "uninstall", "list", "gc", "doctor", "config", "example"):
+        assert command in proc.stdout
+
+
+def test_version() -> None:
+    proc = cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith(f"daytona-kernel {__version__} (daytona SDK ")
+
+
+def test_install_help_gives_the_default_location_and_examples(tmp_path: Path) -> None:
+    proc = cli("install", "--help", env=user_env(tmp_path))
+    assert proc.returncode == 0
+    assert "system-wide:" in proc.stdout and "share/jupyter/kernels" in proc.stdout
+    assert str(tmp_path / "data" / "kernels") in proc.stdout  # --user
+    assert "examples:" in proc.stdout and "daytona-kernel install --user" in proc.stdout
+
+
+def test_kernel_help_describes_this_kernel_and_every_setting() -> None:
+    short = subprocess.run([sys.executable, "-m", "daytona_kernel", "--help"], capture_output=True, text=True, timeout=60)
+    assert short.returncode == 0
+    assert short.stdout.startswith("The Daytona Jupyter kernel")
+    assert "IPython: an enhanced interactive Python shell" not in short.stdout
+    full = subprocess.run([sys.executable, "-m", "daytona_kernel", "--help-all"], capture_output=True, text=True, timeout=60)
+    from daytona_kernel.config import DaytonaKernelConfig
+
+    for name in DaytonaKernelConfig.class_trait_names(config=True):
+        assert f"--DaytonaKernel.{name}=" in full.stdout, name
+    assert "--autocall" not in full.stdout  # IPython shell options do nothing here
+
+
+# -- install ----------------------------------------------------------------------
 
 
 def test_install_writes_both_default_specs(tmp_path: Path) -> None:
@@ -28,41 +91,255 @@ def test_install_writes_both_default_specs(tmp_path: Path) -> None:
     assert local["display_name"] == "Python (Daytona local)"
     assert remote["display_name"] == "Python (Daytona)"
     for spec in (local, remote):
-        assert spec["argv"] == [sys.executable, "-m", "daytona_kernel", "-f", "{connection_file}"]
-        assert os.path.isabs(spec["argv"][0])
+        assert spec["argv"] == [sys.executable, "-Xfrozen_modules=off", "-c", kernelspec.LAUNCH_CODE, "-f", "{connection_file}"]
         assert spec["interrupt_mode"] == "message"
         assert spec["language"] == "python"
         assert spec["metadata"] == {"debugger": False}
+        assert spec["kernel_protocol_version"] == "5.3"
     assert local["env"]["DAYTONA_KERNEL_BACKEND"] == "local"
     assert remote["env"]["DAYTONA_KERNEL_BACKEND"] == "daytona"
-    assert (kernels / "daytona" / "logo-64x64.png").is_file()
+    for logo in ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg"):
+        assert (kernels / "daytona" / logo).is_file()
     assert f"Installed kernelspec daytona-local in {kernels / 'daytona-local'}" in proc.stdout
+
+
+def test_shipped_specs_are_what_install_writes() -> None:
+    """The package-data specs (zero-step install) match get_kernel_dict, with a plain `python`."""
+    for name, (display, env) in kernelspec.DEFAULT_SPECS.items():
+        shipped = json.loads((ROOT / "kernelspec" / name / "kernel.json").read_text())
+        assert shipped == kernelspec.get_kernel_dict(display, env, executable="python")
+        for logo in kernelspec.RESOURCES:
+            assert (ROOT / "kernelspec" / name / logo).read_bytes() == (ROOT / "kernelspec" / "daytona" / logo).read_bytes()
 
 
 def test_named_spec_with_env(tmp_path: Path) -> None:
     proc = cli("install", "--prefix", str(tmp_path), "--name", "gpu", "--display-name", "Python (GPU)",
-               "--env", "DAYTONA_KERNEL_CELL_TIMEOUT=600")
+               "--env", "DAYTONA_KERNEL_CELL_TIMEOUT=600", "--env", "DAYTONA_KERNEL_WORKSPACE_KEY=shared")
     assert proc.returncode == 0, proc.stderr
     spec = json.loads((tmp_path / "share" / "jupyter" / "kernels" / "gpu" / "kernel.json").read_text())
     assert spec["display_name"] == "Python (GPU)"
-    assert spec["env"] == {"DAYTONA_KERNEL_BACKEND": "daytona", "DAYTONA_KERNEL_CELL_TIMEOUT": "600"}
+    assert spec["env"] == {
+        "DAYTONA_KERNEL_BACKEND": "daytona",
+        "DAYTONA_KERNEL_CELL_TIMEOUT": "600",
+        "DAYTONA_KERNEL_WORKSPACE_KEY": "shared",
+    }
 
 
-def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    proc = cli("install", "--prefix", str(tmp_path), "--name", "leaky", "--env", "DAYTONA_API_KEY=dtn_secret_value")
+@pytest.mark.parametrize(
+    "pair, named",
+    [
+        ("DAYTONA_API_KEY=dtn_secret_value", "DAYTONA_API_KEY"),
+        ("GIT_TOKEN=ghp_secret_value", "GIT_TOKEN"),
+        ("OPENAI_API_KEY=sk-secret_value", "OPENAI_API_KEY"),
+        ("MY_SECRET=secret_value", "MY_SECRET"),
+        ("DB_PASSWORD=secret_value", "DB_PASSWORD"),
+        ("AWS_CREDENTIALS_FILE=secret_value", "AWS_CREDENTIALS_FILE"),
+        ("DAYTONA_KERNEL_REPO_URL=https://me:secret_value@github.com/me/repo", "DAYTONA_KERNEL_REPO_URL"),
+        ("DAYTONA_KERNEL_REPO_URL=https://ghp_secret_value@github.com/me/repo", "DAYTONA_KERNEL_REPO_URL"),
+        ('DAYTONA_KERNEL_ENV={"HF_TOKEN": "secret_value"}', "HF_TOKEN"),
+    ],
+)
+def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path, pair: str, named: str) -> None:
+    proc = cli("install", "--prefix", str(tmp_path), "--name", "leaky", "--env", pair)
     assert proc.returncode == 2
-    assert "DAYTONA_API_KEY" in proc.stderr and "dtn_secret_value" not in proc.stderr
-    assert not (tmp_path / "share" / "jupyter" / "kernels" / "leaky").exists()
+    assert named in proc.stderr and "environment" in proc.stderr
+    assert "secret_value" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "share").exists()
+
+
+def test_a_url_without_credentials_is_fine(tmp_path: Path) -> None:
+    proc = cli("install", "--prefix", str(tmp_path), "--name", "repo",
+               "--env", "DAYTONA_KERNEL_REPO_URL=https://github.com/me/repo.git")
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- list and uninstall -------------------------------------------------------------
 
 
 def test_list_and_uninstall(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    env = {"JUPYTER_DATA_DIR": str(data)}
-    name = "daytona-cli-test"  # a unique name, so no real installation is ever touched
+    env = user_env(tmp_path)
+    name = "daytona-cli-test"
     assert cli("install", "--user", "--name", name, "--env", "DAYTONA_KERNEL_BACKEND=local", env=env).returncode == 0
     listing = cli("list", env=env)
     assert any(line.startswith(name) and "backend=local" in line for line in listing.stdout.splitlines())
-    removed = cli("uninstall", name, env=env)
+    removed = cli("uninstall", "-y", name, env=env)
     assert removed.returncode == 0 and f"Removed kernelspec {name}" in removed.stdout
-    assert not (data / "kernels" / name).exists()
-    assert cli("uninstall", name, env=env).returncode == 1
+    assert not (tmp_path / "data" / "kernels" / name).exists()
+    again = cli("uninstall", "-y", name, env=env)
+    assert again.returncode == 1 and "no such kernelspec" in again.stderr
+
+
+def _foreign_spec(tmp_path: Path, name: str = "python3") -> Path:
+    folder = tmp_path / "data" / "kernels" / name
+    folder.mkdir(parents=True)
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "Python 3", "language": "python"}
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    return folder
+
+
+def test_uninstall_refuses_a_spec_that_is_not_ours(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    folder = _foreign_spec(tmp_path)
+    proc = cli("uninstall", "-y", "python3", env=env)
+    assert proc.returncode == 1
+    assert "python3" in proc.stderr and "not a daytona-kernel kernelspec" in proc.stderr
+    assert "jupyter kernelspec uninstall python3" in proc.stderr
+    assert (folder / "kernel.json").is_file()
+
+
+def test_uninstall_without_names_removes_only_ours(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    foreign = _foreign_spec(tmp_path)
+    assert cli("install", "--user", "--name", "daytona-mine", env=env).returncode == 0
+    proc = cli("uninstall", "-y", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Removed kernelspec daytona-mine" in proc.stdout and "python3" not in proc.stdout
+    assert foreign.is_dir() and not (tmp_path / "data" / "kernels" / "daytona-mine").exists()
+
+
+@pytest.mark.parametrize("answer, removed", [("y\n", True), ("n\n", False), ("", False)])
+def test_uninstall_asks_before_deleting(tmp_path: Path, answer: str, removed: bool) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", "--name", "daytona-ask", env=env).returncode == 0
+    proc = cli("uninstall", "daytona-ask", env=env, stdin=answer)
+    assert "Remove 1 kernelspec? [y/N]" in proc.stdout
+    assert str(tmp_path / "data" / "kernels" / "daytona-ask") in proc.stdout
+    assert (proc.returncode == 0) is removed
+    assert (tmp_path / "data" / "kernels" / "daytona-ask").exists() is not removed
+    if not removed:
+        assert "Nothing was removed." in proc.stdout
+
+
+# -- gc and doctor without a key ----------------------------------------------------------
+
+
+def test_gc_without_a_key_says_so(tmp_path: Path) -> None:
+    proc = cli("gc", env=user_env(tmp_path))
+    assert proc.returncode == 2
+    assert "DAYTONA_API_KEY is not set" in proc.stdout
+    assert "refused" not in proc.stdout and "restart the kernel" not in proc.stdout
+
+
+def test_doctor_without_a_key_suggests_the_local_kernel(tmp_path: Path) -> None:
+    proc = cli("doctor", env=user_env(tmp_path))
+    assert proc.returncode == 1
+    fails = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert any("DAYTONA_API_KEY is not set" in line and "daytona-local" in line for line in fails), proc.stdout
+    assert all(line.count("fix:") == 1 for line in fails), proc.stdout
+    assert "restart the kernel" not in proc.stdout
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_doctor_runs_a_cell_locally_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", env=env).returncode == 0
+    before = _tree(tmp_path)
+    proc = cli("doctor", env={**env, "DAYTONA_KERNEL_BACKEND": "local"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok: a cell ran in local sandbox" in proc.stdout
+    assert _tree(tmp_path) - before == set(), "doctor left files behind"
+
+
+def test_doctor_flags_a_spec_with_the_old_launcher(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", env=env).returncode == 0
+    path = tmp_path / "data" / "kernels" / "daytona" / "kernel.json"
+    spec = json.loads(path.read_text())
+    spec["argv"] = [sys.executable, "-m", "daytona_kernel", "-f", "{connection_file}"]
+    path.write_text(json.dumps(spec))
+    proc = cli("doctor", "--no-round-trip", env={**env, "DAYTONA_KERNEL_BACKEND": "local"})
+    assert proc.returncode == 1
+    assert any(line.startswith("FAIL: kernelspec daytona") and "old launcher" in line for line in proc.stdout.splitlines())
+
+
+# -- config -------------------------------------------------------------------------
+
+
+def test_config_shows_each_value_and_where_it_came_from(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    (tmp_path / "config" / "daytona_kernel_config.py").write_text("c.DaytonaKernel.cell_timeout = 30.0\nc.DaytonaKernel.cpu = 2\n")
+    proc = cli("config", env={**env, "DAYTONA_KERNEL_CPU": "4", "DAYTONA_API_KEY": "dtn_secret_value"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"cell_timeout = 30.0  # {tmp_path / 'config' / 'daytona_kernel_config.py'}" in lines
+    assert "cpu = 4  # environment DAYTONA_KERNEL_CPU" in lines
+    assert "backend = 'daytona'  # default" in lines
+    assert "DAYTONA_API_KEY: set" in lines
+    assert "dtn_secret_value" not in proc.stdout
+
+
+def test_generate_config_writes_a_commented_template_that_loads(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    proc = cli("--generate-config", env=env)
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "config" / "daytona_kernel_config.py"
+    text = path.read_text()
+    from daytona_kernel.config import DaytonaKernelConfig
+
+    for name in DaytonaKernelConfig.class_trait_names(config=True):
+        assert f"# c.DaytonaKernel.{name} = " in text, name
+    shown = cli("config", env=env)
+    assert "backend = 'daytona'  # default" in shown.stdout  # everything in it is commented out
+    kept = cli("--generate-config", env=env, stdin="n\n")
+    assert kept.returncode == 1 and "Overwrite" in kept.stdout
+
+
+# -- example ------------------------------------------------------------------------
+
+
+def test_example_copies_the_notebook_and_never_overwrites(tmp_path: Path) -> None:
+    proc = cli("example", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    notebook = tmp_path / "quickstart.ipynb"
+    assert notebook.read_bytes() == (ROOT / "examples" / "quickstart.ipynb").read_bytes()
+    assert "papermill" in proc.stdout
+    notebook.write_text("mine")
+    again = cli("example", str(tmp_path))
+    assert again.returncode == 1 and notebook.read_text() == "mine"
+
+
+# -- gc on the local backend --------------------------------------------------------------
+
+
+def test_gc_on_the_local_backend_removes_leftovers_and_keeps_what_is_in_use(tmp_path: Path) -> None:
+    env = {**user_env(tmp_path), "DAYTONA_KERNEL_BACKEND": "local"}
+    root = tmp_path / "data" / "daytona-kernel"
+    old = time.time() - 40 * 86400
+
+    def made(path: Path, age: float | None = old, file: str = "f") -> Path:
+        path.mkdir(parents=True)
+        (path / file).write_text("x")
+        if age is not None:
+            for p in (path / file, path):
+                os.utime(p, (age, age))
+        return path
+
+    dead_ephemeral = made(root / "sandboxes" / "local-0123456789ab")
+    reuse_sandbox = made(root / "sandboxes" / "local-notebook-0123456789")
+    old_copy = made(root / "volumes" / "daytona-kernel" / "old-0123456789")
+    manifest = root / "manifests" / "local-daytona-kernel-old-0123456789.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("{}")
+    fresh_copy = made(root / "volumes" / "daytona-kernel" / "fresh-0123456789", age=None)
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead_inbox = made(tmp_path / "tmp" / f"daytona-kernel-inbox-{dead_pid}-abc123", age=None)
+    live_inbox = made(tmp_path / "tmp" / f"daytona-kernel-inbox-{os.getpid()}-abc123")
+    old_inbox = made(tmp_path / "tmp" / "daytona-kernel-inbox-abc123")  # named before the pid was in it
+    doctor_dir = made(tmp_path / "tmp" / "daytona-kernel-doctor-abc123")
+    unrelated = made(tmp_path / "tmp" / "something-else")
+
+    dry = cli("gc", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"would remove ephemeral local sandbox {dead_ephemeral}" in dry.stdout
+    assert dead_ephemeral.exists()
+
+    proc = cli("gc", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "DAYTONA_API_KEY" not in proc.stdout  # Daytona is not asked at all
+    for gone in (dead_ephemeral, old_copy, manifest, dead_inbox, old_inbox, doctor_dir):
+        assert not gone.exists(), gone
+    for kept in (reuse_sandbox, fresh_copy, live_inbox, unrelated):
+        assert kept.exists(), kept

@@ -9,13 +9,11 @@ jittered backoff for a bounded time; 401/403 fail at once.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import logging
 import os
 import posixpath
 import random
 import shlex
-import socket
 import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable, TypeVar
@@ -44,6 +42,7 @@ from daytona.common.errors import (
 
 from ..config import DaytonaSettings
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
+from ..identity import owner_id
 from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
 log = logging.getLogger("daytona_kernel.daytona")
@@ -111,12 +110,21 @@ def state_name(resource: Any) -> str:
     return str(getattr(state, "value", state))
 
 
-def translate_error(exc: DaytonaError, what: str) -> BackendError:
-    """The one place where SDK errors become ours."""
+def client_config(config: DaytonaSettings) -> DaytonaConfig:
+    """The SDK's config: the kernel's api_url/target, else DAYTONA_API_URL/DAYTONA_TARGET."""
+    return DaytonaConfig(
+        api_key=os.environ.get("DAYTONA_API_KEY") or None,
+        api_url=(config.api_url or os.environ.get("DAYTONA_API_URL") or "").rstrip("/") or None,
+        target=config.target or os.environ.get("DAYTONA_TARGET") or None,
+    )
+
+
+def translate_error(exc: DaytonaError, what: str, then: str = "then restart the kernel") -> BackendError:
+    """The one place where SDK errors become ours. ``then`` is the last step of the fix."""
     if isinstance(exc, (DaytonaAuthenticationError, DaytonaForbiddenError)):
         return AuthError(
             f"Daytona refused to {what} ({_status(exc) or 'auth'}): check DAYTONA_API_KEY and DAYTONA_TARGET "
-            "(and DAYTONA_API_URL for a self-hosted Daytona), then restart the kernel."
+            f"(and DAYTONA_API_URL for a self-hosted Daytona), {then}."
         )
     if isinstance(exc, DaytonaNotFoundError):
         return BackendError(f"Could not {what}: not found ({exc}).")
@@ -194,6 +202,7 @@ class DaytonaSandbox(Sandbox):
     def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str) -> None:
         self._config = config
         self._key = workspace_key
+        self._owner_id = owner_id()
         self._kernel_id = kernel_id
         self._policy = SandboxPolicy(config.sandbox_policy)
         self._client: AsyncDaytona | None = None
@@ -218,7 +227,7 @@ class DaytonaSandbox(Sandbox):
             {
                 LABEL_APP: "true",
                 LABEL_WORKSPACE: self._key,
-                LABEL_OWNER: f"{getpass.getuser()}@{socket.gethostname()}",
+                LABEL_OWNER: self._owner_id,
                 LABEL_KERNEL: self._kernel_id,
                 LABEL_POLICY: self._policy.value,
             }
@@ -226,11 +235,12 @@ class DaytonaSandbox(Sandbox):
         return labels
 
     def _client_config(self) -> DaytonaConfig:
-        return DaytonaConfig(
-            api_key=os.environ.get("DAYTONA_API_KEY") or None,
-            api_url=(self._config.api_url or os.environ.get("DAYTONA_API_URL") or "").rstrip("/") or None,
-            target=self._config.target or os.environ.get("DAYTONA_TARGET") or None,
-        )
+        return client_config(self._config)
+
+    @property
+    def _subpath(self) -> str:
+        """This workspace's sub-folder of the volume, inside this installation's own folder."""
+        return f"{self._owner_id}/{self._key}"
 
     async def start(self, progress: ProgressCallback) -> None:
         if self._client is None:
@@ -273,7 +283,7 @@ class DaytonaSandbox(Sandbox):
             info["auto-stop"] = f"after {interval} min idle; in about {_duration(max(left, 0))} if idle from now"
         else:
             info["auto-stop"] = "off"
-        info["volume"] = f"{self._config.volume_name} at {self._config.mount_path} (sub-folder {self._key})"
+        info["volume"] = f"{self._config.volume_name} at {self._config.mount_path} (sub-folder {self._subpath})"
         return info
 
     async def _ready_volume(self, progress: ProgressCallback) -> Any:
@@ -299,7 +309,7 @@ class DaytonaSandbox(Sandbox):
     async def _find(self) -> Any:
         client = self._client
         assert client is not None
-        query = ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_WORKSPACE: self._key})
+        query = ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_OWNER: self._owner_id, LABEL_WORKSPACE: self._key})
 
         async def first() -> Any:
             async for sandbox in client.list(query):
@@ -319,7 +329,7 @@ class DaytonaSandbox(Sandbox):
             auto_stop_interval=cfg.auto_stop_interval,
             auto_archive_interval=cfg.auto_archive_interval or None,
             auto_delete_interval=0 if self._policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
-            volumes=[VolumeMount(volume_id=volume.id, mount_path=cfg.mount_path, subpath=self._key)],
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=cfg.mount_path, subpath=self._subpath)],
             network_block_all=cfg.network_block_all or None,
         )
         if cfg.image:

@@ -770,18 +770,15 @@ class Runtime(object):
             raise _shell.StdinNotImplementedError(
                 "%s was called, but this frontend does not support input requests." % name
             )
-        if self._inbox_dir is None:
-            self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-")
+        if self._inbox_dir is None:  # the pid tells `daytona-kernel gc` whether the folder is still in use
+            self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
         self._input_seq += 1
         path = os.path.join(self._inbox_dir, "reply-%d.json" % self._input_seq)
         self.send("input", {"prompt": prompt, "password": password, "path": path})
-        while True:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    reply = json.loads(f.read())
-                break
-            except (OSError, ValueError):  # not written (completely) yet
-                time.sleep(0.01)
+        reply = _read_reply(path)
+        while reply is None:  # waiting outside any except block: Ctrl-C here is a plain KeyboardInterrupt
+            time.sleep(0.01)
+            reply = _read_reply(path)
         os.remove(path)
         if reply.get("value") == "\x04":
             raise EOFError
@@ -1098,6 +1095,15 @@ def _name_at(code, cursor):
                 return m.group().rstrip(".") if m else None
             depth -= 1
     return None
+
+
+def _read_reply(path):
+    """The kernel's answer to an input request, or None while it is not (completely) written."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _safe_str(value):
