@@ -689,6 +689,7 @@ class Runtime(object):
     def _execute(self, code, filename):
         flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
         tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | flags, dont_inherit=True)
+        tree.body = [self._autocall_exit(node) for node in tree.body]
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(code):
             last = ast.Expression(tree.body.pop().value)
@@ -698,6 +699,14 @@ class Runtime(object):
         if last is not None:
             return self._run(compile(last, filename, "eval", flags, dont_inherit=True), ns)
         return None
+
+    def _autocall_exit(self, node):
+        """A bare ``exit`` or ``quit`` line calls it, as IPython autocalls its exit object."""
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Name):
+            if isinstance(self.user_ns.get(node.value.id), _ExitAutocall):
+                call = ast.copy_location(ast.Call(func=node.value, args=[], keywords=[]), node.value)
+                return ast.copy_location(ast.Expr(value=call), node)
+        return node
 
     def _run(self, code_obj, ns):
         result = eval(code_obj, ns)

@@ -1,0 +1,69 @@
+"""``jupyter console`` in a pseudo-terminal, as a user types into it (pexpect), on both backends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+from kernels import Kernel, result_text
+
+PROMPT = r"In \[\d+\]: "
+TIMEOUT_S = 60
+
+pytestmark = pytest.mark.skipif(shutil.which("jupyter-console") is None, reason="jupyter-console is not installed")
+
+
+def console(kernel_name: str, folder: Path) -> pexpect.spawn:
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "jupyter_console", "--kernel", kernel_name, "--simple-prompt"],
+        cwd=str(folder),
+        env=dict(os.environ),
+        encoding="utf-8",
+        timeout=TIMEOUT_S,
+        dimensions=(40, 200),
+    )
+    child.expect(PROMPT)
+    return child
+
+
+def test_ctrl_c_at_an_input_prompt_is_a_plain_keyboard_interrupt(kernel_name: str, tmp_path: Path) -> None:
+    child = console(kernel_name, tmp_path)
+    try:
+        child.sendline("x = input('name? ')")
+        child.expect_exact("input('name? ')")  # the echo of the line typed
+        child.expect_exact("name? ")  # the prompt itself
+        child.sendintr()
+        child.expect(PROMPT)
+        shown = child.before
+        assert "KeyboardInterrupt" in shown
+        assert "FileNotFoundError" not in shown and "During handling" not in shown, shown
+        child.sendline("print('still', 'here')")
+        child.expect_exact("still here")
+        child.expect(PROMPT)
+    finally:
+        child.terminate(force=True)
+
+
+@pytest.mark.parametrize("word", ["exit", "quit"])
+def test_bare_exit_closes_the_console(kernel_name: str, tmp_path: Path, word: str) -> None:
+    child = console(kernel_name, tmp_path)
+    try:
+        child.sendline(word)
+        child.expect(pexpect.EOF)
+        assert "Use exit() to" not in child.before
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_a_variable_named_exit_is_just_a_variable(kernel_name: str, tmp_path: Path) -> None:
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        k.execute("exit = 5")
+        run = k.execute("exit")
+        assert run.status == "ok" and result_text(run) == "5"
+        assert not [m for m in run.messages if m["content"].get("payload")]
