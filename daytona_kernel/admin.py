@@ -75,7 +75,7 @@ def show_config(out: Out) -> int:
 
 def config_template() -> str:
     """A commented daytona_kernel_config.py listing every setting with its help and default."""
-    section = type(SECTION, (DaytonaKernelConfig,), {"__doc__": DaytonaKernelConfig.__doc__})
+    section: type[DaytonaKernelConfig] = type(SECTION, (DaytonaKernelConfig,), {"__doc__": DaytonaKernelConfig.__doc__})
     body = section.class_config_section()
     header = (
         "# Configuration file for daytona-kernel.\n"
@@ -294,16 +294,22 @@ def gc_local(older_than_s: float, volumes_older_than_s: float, dry_run: bool, ou
                     if manifest.exists():
                         candidates.append((manifest, "mirror manifest"))
     tmp = Path(tempfile.gettempdir())
-    for pattern, what in (("daytona-kernel-inbox-*", "input() inbox"), ("daytona-kernel-doctor-*", "doctor folder")):
-        for path in tmp.glob(pattern):
-            try:
-                mine = path.lstat().st_uid == os.getuid()
-            except OSError:
-                continue  # gone while we looked
-            if not mine or _inbox_in_use(path):
-                continue
-            if re.fullmatch(r"daytona-kernel-inbox-\d+-.*", path.name) or _age_s(path) > older_than_s:
-                candidates.append((path, what))
+    # Local sandboxes keep their temporary files in their own tmp/ (older versions used the system's).
+    places = [tmp, *(path / "tmp" for path in (sandboxes.iterdir() if sandboxes.is_dir() else ()) if (path / "tmp").is_dir())]
+    removed_whole = [path for path, _ in candidates]
+    for place in places:
+        if any(place.is_relative_to(whole) for whole in removed_whole):
+            continue  # inside a sandbox that goes as a whole
+        for pattern, what in (("daytona-kernel-inbox-*", "input() inbox"), ("daytona-kernel-doctor-*", "doctor folder")):
+            for path in place.glob(pattern):
+                try:
+                    mine = path.lstat().st_uid == os.getuid()
+                except OSError:
+                    continue  # gone while we looked
+                if not mine or _inbox_in_use(path):
+                    continue
+                if re.fullmatch(r"daytona-kernel-inbox-\d+-.*", path.name) or _age_s(path) > older_than_s:
+                    candidates.append((path, what))
     if not candidates:
         out(f"Nothing to clean up for the local backend (under {root} and {tmp}).")
         return 0

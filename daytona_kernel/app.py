@@ -38,7 +38,7 @@ class DaytonaKernelApp(IPKernelApp):
         "configuration. Every setting is a DaytonaKernel option (see --help-all), also settable as "
         "DAYTONA_KERNEL_<NAME> or in daytona_kernel_config.py."
     )
-    subcommands = {}  # type: ignore[assignment]  # IPKernelApp's `install` would install ipykernel's spec
+    subcommands: dict[str, Any] = {}  # IPKernelApp's `install` would install ipykernel's spec
     classes = [DaytonaKernel, ProfileDir, Session]  # type: ignore[assignment]
     # Without IPython's shell options (autocall, pylab, --no-ignore-cwd ...): cells do not run in this process.
     aliases = Dict({k: v for k, v in kernel_aliases.items() if _trait_class(v) not in _SHELL_CLASSES})

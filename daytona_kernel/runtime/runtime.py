@@ -702,10 +702,10 @@ class Runtime(object):
 
     def _autocall_exit(self, node):
         """A bare ``exit`` or ``quit`` line calls it, as IPython autocalls its exit object."""
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Name):
-            if isinstance(self.user_ns.get(node.value.id), _ExitAutocall):
-                call = ast.copy_location(ast.Call(func=node.value, args=[], keywords=[]), node.value)
-                return ast.copy_location(ast.Expr(value=call), node)
+        named = isinstance(node, ast.Expr) and isinstance(node.value, ast.Name)
+        if named and isinstance(self.user_ns.get(node.value.id), _ExitAutocall):
+            call = ast.copy_location(ast.Call(func=node.value, args=[], keywords=[]), node.value)
+            return ast.copy_location(ast.Expr(value=call), node)
         return node
 
     def _run(self, code_obj, ns):
