@@ -48,7 +48,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     language = "python"
     help_links = [
         {"text": "Python Reference", "url": "https://docs.python.org/3/"},
-        {"text": "daytona-kernel", "url": "https://pypi.org/project/daytona-kernel/"},
+        {"text": "Daytona documentation", "url": "https://www.daytona.io/docs/"},
     ]
 
     def __init__(self, **kwargs: Any) -> None:

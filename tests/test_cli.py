@@ -343,3 +343,22 @@ def test_gc_on_the_local_backend_removes_leftovers_and_keeps_what_is_in_use(tmp_
         assert not gone.exists(), gone
     for kept in (reuse_sandbox, fresh_copy, live_inbox, unrelated):
         assert kept.exists(), kept
+
+
+# -- documentation ------------------------------------------------------------------
+
+
+def test_the_usage_guide_lists_every_setting() -> None:
+    from daytona_kernel.config import DaytonaKernelConfig
+
+    text = (ROOT / "docs" / "usage.md").read_text()
+    missing = [name for name in DaytonaKernelConfig.class_trait_names(config=True) if f"`{name}`" not in text]
+    assert not missing, f"docs/usage.md does not describe {missing}"
+
+
+def test_help_links_point_at_pages_that_exist() -> None:
+    from daytona_kernel.kernel import DaytonaKernel
+
+    urls = [link["url"] for link in DaytonaKernel.help_links]
+    assert "https://www.daytona.io/docs/" in urls
+    assert not [u for u in urls if "pypi.org/project/daytona-kernel" in u]  # not published there
