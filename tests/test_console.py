@@ -31,6 +31,14 @@ def console(kernel_name: str, folder: Path) -> pexpect.spawn:
     return child
 
 
+def close(child: pexpect.spawn) -> None:
+    """Leave as a user does, so the kernel shuts down and cleans up after itself."""
+    if child.isalive():
+        child.sendline("exit")
+        child.expect(pexpect.EOF)
+    child.close()
+
+
 def test_ctrl_c_at_an_input_prompt_is_a_plain_keyboard_interrupt(kernel_name: str, tmp_path: Path) -> None:
     child = console(kernel_name, tmp_path)
     try:
@@ -46,7 +54,7 @@ def test_ctrl_c_at_an_input_prompt_is_a_plain_keyboard_interrupt(kernel_name: st
         child.expect_exact("still here")
         child.expect(PROMPT)
     finally:
-        child.terminate(force=True)
+        close(child)
 
 
 @pytest.mark.parametrize("word", ["exit", "quit"])
@@ -67,3 +75,15 @@ def test_a_variable_named_exit_is_just_a_variable(kernel_name: str, tmp_path: Pa
         run = k.execute("exit")
         assert run.status == "ok" and result_text(run) == "5"
         assert not [m for m in run.messages if m["content"].get("payload")]
+
+
+def test_the_first_cell_prints_no_frozen_modules_warning(tmp_path: Path) -> None:
+    """The kernelspec passes -Xfrozen_modules=off, as ipykernel's does (else debugpy warns on the first cell)."""
+    child = console("daytona-local", tmp_path)
+    try:
+        child.sendline("6 * 7")
+        child.expect(PROMPT)
+        assert "42" in child.before
+        assert "frozen modules" not in child.before.lower()
+    finally:
+        close(child)
