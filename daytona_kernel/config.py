@@ -197,6 +197,17 @@ class DaytonaKernelConfig(Configurable):
         "runaway print loop cannot swamp the browser (0 = no limit).",
     ).tag(config=True)
 
+    output_policy = Enum(
+        ["auto", "safe", "trusted"],
+        default_value="auto",
+        help="What the sandbox's output may do in your browser. 'safe': scripts are removed "
+        "(application/javascript, widget and plotly views, <script> and on*= handlers in HTML, SVG "
+        "and markdown) and set_next_input may not replace your cell, because a script in an output "
+        "runs with your Jupyter token. 'trusted': output is shown as ipykernel would show it; only "
+        "for a sandbox you trust. 'auto': 'safe' on the daytona backend, 'trusted' on the local "
+        "backend (its cells already run as you, on your machine). See docs/security-output.md.",
+    ).tag(config=True)
+
     checkpoint_on_idle = Bool(
         False,
         help="Checkpoint the variables (%daytona checkpoint) shortly before auto_stop_interval "
@@ -340,10 +351,16 @@ class SessionSettings:
     cell_timeout: float = 0.0
     interrupt_grace: float = 3.0
     output_limit_mb: float = 20.0
+    output_policy: str = "auto"
     auto_stop_interval: int = 15
     checkpoint_on_idle: bool = False
     repo_url: str = ""
     repo_ref: str = ""
+
+    @property
+    def output_trusted(self) -> bool:
+        """Whether the sandbox's output is shown as it is (see ``output_policy``)."""
+        return self.output_policy == "trusted" or (self.output_policy == "auto" and self.backend == "local")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Input history, kept per kernel session in the kernel process.
 
 Reply shapes match ipykernel's ``history_reply``: ``(session, line, input)``
-tuples, or ``(session, line, (input, output))`` when output is asked for.
+tuples, or ``(session, line, (input, output))`` when output is asked for. The
+output is the start of the result's text/plain (``OUTPUT_CHARS``), so a kernel
+that shows large results does not keep them all.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CURRENT_SESSION = 1
+OUTPUT_CHARS = 10_000  # the most of a result's text/plain that history keeps; results can be many MB
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class History:
         self._entries: list[HistoryEntry] = []
 
     def store(self, line: int, source: str, output: str | None) -> None:
-        self._entries.append(HistoryEntry(line, source.rstrip("\n"), output))
+        self._entries.append(HistoryEntry(line, source.rstrip("\n"), bounded(output)))
 
     def query(
         self,
@@ -67,3 +70,10 @@ class History:
         if output:
             return [(CURRENT_SESSION, e.line, (e.source, e.output)) for e in entries]
         return [(CURRENT_SESSION, e.line, e.source) for e in entries]
+
+
+def bounded(output: str | None, limit: int = OUTPUT_CHARS) -> str | None:
+    """At most ``limit`` characters of ``output``, saying how many more there were."""
+    if output is None or len(output) <= limit:
+        return output
+    return f"{output[:limit]}… [{len(output) - limit} more characters not kept in history]"

@@ -1,7 +1,8 @@
 """One request in flight: decodes its output stream and collects what it reports.
 
 Text becomes stream output; frames become typed events (``protocol``); a frame
-that does not fit becomes the request's error. Nothing the sandbox prints can
+that does not fit becomes the request's error. Everything shown passes the
+output policy and the cell's output budget (``outputs``). Nothing the sandbox prints can
 raise out of here, so a hostile frame never cuts a run short (which would leave
 the rest of its output to show up in the next cell).
 """
@@ -16,6 +17,7 @@ from typing import Any, Callable
 from .backends.base import Sandbox
 from .cell import Frontend, error_content, stderr, stdout
 from .errors import DaytonaKernelError, ProtocolError
+from .outputs import OutputBudget, OutputPolicy
 from .protocol import CellError, FileChanges, Hello, InputRequest, Output, Payload, Reply, UserExpressions, decode_event
 from .runtime.framing import BadFrame, Frame, FrameDecoder, Text
 
@@ -23,12 +25,22 @@ EmitCallback = Callable[[str, dict[str, Any]], None]
 
 
 class Request:
-    """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests."""
+    """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests.
+    ``policy`` cleans what is shown (default: the safe policy); ``budget`` caps its size."""
 
-    def __init__(self, token: str, emit: EmitCallback, on_input: Callable[[InputRequest], None] | None = None) -> None:
+    def __init__(
+        self,
+        token: str,
+        emit: EmitCallback,
+        on_input: Callable[[InputRequest], None] | None = None,
+        policy: OutputPolicy | None = None,
+        budget: OutputBudget | None = None,
+    ) -> None:
         self._decoder = FrameDecoder(token)
         self._emit = emit
         self._on_input = on_input
+        self._policy = policy or OutputPolicy(trusted=False)
+        self._budget = budget or OutputBudget(0)
         self.error: dict[str, Any] | None = None
         self.hello: Hello | None = None
         self.reply: dict[str, Any] | None = None
@@ -44,13 +56,22 @@ class Request:
             self._handle(event)
 
     def on_stderr(self, text: str) -> None:
-        self._emit("stream", stderr(text))
+        self._stream(stderr(text))
 
     def finish(self) -> None:
-        """The run is over: release what the decoder held back. Safe to call twice."""
+        """The run is over: release what the decoder held back, then say what was removed
+        or dropped (each notice once). Safe to call twice."""
         for event in self._decoder.flush():
             self._handle(event)
+        for notice in (self._policy.take_notice(), self._budget.take_notice()):
+            if notice:
+                self._emit("stream", stderr(notice))
         self.done.set()
+
+    def _stream(self, content: dict[str, Any]) -> None:
+        text = self._budget.text(content["text"])
+        if text:
+            self._emit("stream", dict(content, text=text))
 
     def fail(self, content: dict[str, Any], overrides: bool = False) -> None:
         """Record the request's error. A cell shows exactly one error output, emitted
@@ -62,7 +83,7 @@ class Request:
 
     def _handle(self, event: Text | Frame | BadFrame) -> None:
         if isinstance(event, Text):
-            self._emit("stream", stdout(event.text))
+            self._stream(stdout(event.text))
             return
         try:
             if isinstance(event, BadFrame):
@@ -78,11 +99,15 @@ class Request:
 
     def _apply(self, event: Any) -> None:
         if isinstance(event, Output):
-            self._emit(event.kind, event.content)
+            content = self._policy.content(event.kind, event.content)
+            if self._budget.fits(content):
+                self._emit(event.kind, content)
         elif isinstance(event, CellError):
             self.fail(event.content)
         elif isinstance(event, Payload):
-            self.payload.append(event.item)
+            item = self._policy.payload(event.item)
+            if item is not None:
+                self.payload.append(item)
         elif isinstance(event, InputRequest):
             if self._on_input is None:
                 raise ProtocolError("an input request arrived, but this request does not take input")
@@ -90,7 +115,7 @@ class Request:
         elif isinstance(event, FileChanges):
             self.files = event
         elif isinstance(event, UserExpressions):
-            self.user_expressions = event.values
+            self.user_expressions = self._policy.user_expressions(event.values)
         elif isinstance(event, Reply):
             self.reply = event.value
         elif isinstance(event, Hello):

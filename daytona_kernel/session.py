@@ -20,6 +20,7 @@ from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, SandboxNotRunning
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify
+from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
 from .request import InputBridge, Request
 from .runtime import call_source
@@ -48,6 +49,7 @@ class RuntimeSession:
             self.supervisor.notices.append(mirror.notice)
         self.magics = KernelMagics(self.supervisor, mirror, settings, log)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
+        self.outputs = OutputPolicy(settings.output_trusted)  # what the sandbox's output may do in the browser
         self._current: Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
         self._shut_down = False
@@ -87,8 +89,8 @@ class RuntimeSession:
         return await self.magics.run(lines, frontend)
 
     async def query(self, method: str, *args: object) -> dict[str, Any] | None:
-        """A quiet runtime call (complete, inspect): its reply, or None."""
-        return await self.supervisor.query(method, *args)
+        """A quiet runtime call (complete, inspect): its reply, cleaned by the output policy, or None."""
+        return self.outputs.reply(method, await self.supervisor.query(method, *args))
 
     async def _execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         try:
@@ -105,7 +107,8 @@ class RuntimeSession:
             "run_cell", cell.code, cell.count, cell.store_history, cell.silent, cell.allow_stdin, cell.user_expressions, synced
         )
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
-        request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None)
+        budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+        request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
         verdict = settle(end, self._settings.cell_timeout, self._settings.interrupt_grace)
         if verdict.restart_context:
@@ -120,9 +123,11 @@ class RuntimeSession:
             frontend.emit("error", request.error)
         return CellOutcome(error=request.error, user_expressions=request.user_expressions, payload=request.payload)
 
-    async def _run(self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None) -> tuple[Request, RunEnd]:
+    async def _run(
+        self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
+    ) -> tuple[Request, RunEnd]:
         """Run the cell's code; a sandbox found stopped is started again and the cell run there."""
-        request = self._new_request(live, frontend, bridge)
+        request = self._new_request(live, frontend, bridge, budget)
         run_error: RunError | None = None
         exception: BackendError | None = None
         try:
@@ -130,7 +135,7 @@ class RuntimeSession:
                 run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self._recover(exc, frontend)
-                request = self._new_request(live, frontend, bridge)
+                request = self._new_request(live, frontend, bridge, budget)
                 run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
         except BackendError as exc:
             exception = exc
@@ -141,8 +146,9 @@ class RuntimeSession:
         request.finish()
         return request, RunEnd(exception, run_error, request.interrupted, request.restarted_by_watchdog)
 
-    def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None) -> Request:
-        self._current = Request(live.token, frontend.emit, bridge.request if bridge is not None else None)
+    def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
+        on_input = bridge.request if bridge is not None else None
+        self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget)
         return self._current
 
     def _timeout(self) -> float | None:
