@@ -143,7 +143,18 @@ def _open(browser, lab: Lab, name: str):  # type: ignore[no-untyped-def]
     return context, page, nb
 
 
-def _user_journey(browser, lab: Lab, name: str, screenshot_name: str, docs_screenshot: bool) -> None:  # type: ignore[no-untyped-def]
+ACTIVE_CONTENT = (
+    "from IPython.display import HTML, Javascript, display\n"
+    "display(Javascript('window.__dk_javascript = 1'))\n"
+    "display(HTML('<img src=\"nope\" onerror=\"window.__dk_onerror = 1\">'))\n"
+    "display(HTML('<b>after</b><script>window.__dk_script = 1</script>'))"
+)
+RAN = "() => [window.__dk_javascript, window.__dk_onerror, window.__dk_script]"
+
+
+def _user_journey(  # type: ignore[no-untyped-def]
+    browser, lab: Lab, name: str, screenshot_name: str, docs_screenshot: bool, scripts_run: bool
+) -> None:
     context, page, nb = _open(browser, lab, name)
     try:
         # 1. print
@@ -166,6 +177,15 @@ def _user_journey(browser, lab: Lab, name: str, screenshot_name: str, docs_scree
             DOCS.mkdir(exist_ok=True)
             plot_cell.scroll_into_view_if_needed()
             page.locator(".jp-NotebookPanel").screenshot(path=str(DOCS / "jupyterlab.png"))
+        # 4b. scripts in outputs: they run for the local backend (trusted by default), never for daytona
+        cell = nb.run(ACTIVE_CONTENT)
+        cell.locator(".jp-OutputArea-output", has_text="after").wait_for()
+        if scripts_run:
+            page.wait_for_function(f"() => ({RAN})().every(v => v === 1)")
+        else:
+            time.sleep(2)  # time for a script to run, had it reached the page
+            assert page.evaluate(RAN) == [None, None, None]
+            assert "output_policy" in nb.output_text(cell)
         # 5. interrupt from the toolbar keeps variables
         nb.run("survivor = 'still here'")
         cell = nb.run("import time\ntime.sleep(60)", wait=False)
@@ -235,7 +255,7 @@ def test_jupyterlab_with_the_local_backend(browser, tmp_path: Path) -> None:  # 
     lab = Lab(root, {})
     try:
         lab.create_notebook("local.ipynb", "daytona-local")
-        _user_journey(browser, lab, "local.ipynb", "jupyterlab-daytona-local.png", docs_screenshot=True)
+        _user_journey(browser, lab, "local.ipynb", "jupyterlab-daytona-local.png", docs_screenshot=True, scripts_run=True)
     finally:
         lab.close()
 
@@ -246,6 +266,6 @@ def test_jupyterlab_with_daytona_on_the_emulator(browser, emulator, tmp_path: Pa
     lab = Lab(root, emulator.env())
     try:
         lab.create_notebook("remote.ipynb", "daytona")
-        _user_journey(browser, lab, "remote.ipynb", "jupyterlab-daytona.png", docs_screenshot=False)
+        _user_journey(browser, lab, "remote.ipynb", "jupyterlab-daytona.png", docs_screenshot=False, scripts_run=False)
     finally:
         lab.close()
