@@ -152,11 +152,8 @@ SCRIPT_URL = re.compile(
 )
 BLOCKED_URL = "blocked:"
 AUTOLINK = re.compile(r"<((?:https?|mailto):[^\s<>()\[\]]+)>", re.IGNORECASE)
-CODE_SPLIT = re.compile(
-    r"(^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}(?P=fence)[`~]*[ \t]*$|\Z)"  # a fenced block
-    r"|(?<!\\)(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))",  # an inline code span
-    re.MULTILINE | re.DOTALL,
-)
+FENCE = re.compile(r"[ \t]{0,3}(`{3,}|~{3,})")
+BACKTICKS = re.compile(r"`+")
 
 
 def sanitize_html(html: str) -> str:
@@ -173,17 +170,62 @@ def sanitize_svg(svg: str) -> str:
 def sanitize_markdown(markdown: str) -> str:
     """Markdown with its raw HTML cleaned and no javascript: links. Code spans and fenced
     blocks stay as they are, unless they hold something that could be taken for markup:
-    then they become the same <code> / <pre><code> element, written here with the text escaped."""
+    then they become the same <code> / <pre><code> element, written here with the text escaped.
+
+    Where this reading of the markdown differs from the frontend's, only fidelity suffers: every
+    piece that holds a '<' that could open a tag is cleaned or escaped, code or not."""
     if not TAG_START.search(markdown) and not SCRIPT_URL.search(unescape(markdown)):
         return markdown
-    parts: list[str] = []
-    pos = 0
-    for match in CODE_SPLIT.finditer(markdown):
-        parts.append(_markdown_text(markdown[pos : match.start()]))
-        parts.append(_markdown_code(match))
-        pos = match.end()
-    parts.append(_markdown_text(markdown[pos:]))
-    return "".join(parts)
+    return "".join(_markdown_text(text) if kind == "text" else _markdown_code(kind, text) for kind, text in _pieces(markdown))
+
+
+def _pieces(markdown: str) -> list[tuple[str, str]]:
+    """Markdown split into ("text" | "fence" | "span", text) pieces, in order, in linear time."""
+    pieces: list[tuple[str, str]] = []
+    lines = markdown.splitlines(keepends=True)
+    text: list[str] = []
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            text.append(lines[i])
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and not _closes(lines[end], opening.group(1)):
+            end += 1
+        pieces += _spans("".join(text))
+        pieces.append(("fence", "".join(lines[i : end + 1])))
+        text = []
+        i = end + 1
+    return pieces + _spans("".join(text))
+
+
+def _closes(line: str, fence: str) -> bool:
+    body = line.rstrip()
+    stripped = body.lstrip(" \t")
+    return len(body) - len(stripped) <= 3 and len(stripped) >= len(fence) and stripped == fence[0] * len(stripped)
+
+
+def _spans(text: str) -> list[tuple[str, str]]:
+    """Inline code spans: a run of backticks up to the next run of the same length."""
+    runs = [(m.start(), m.end()) for m in BACKTICKS.finditer(text)]
+    following: list[int | None] = [None] * len(runs)
+    last: dict[int, int] = {}
+    for k in range(len(runs) - 1, -1, -1):
+        length = runs[k][1] - runs[k][0]
+        following[k], last[length] = last.get(length), k
+    pieces: list[tuple[str, str]] = []
+    pos = k = 0
+    while k < len(runs):
+        start, close = runs[k][0], following[k]
+        if close is None or text[start - 1 : start] == "\\":  # no closing run, or an escaped backtick
+            k += 1
+            continue
+        pieces += [("text", text[pos:start]), ("span", text[start : runs[close][1]])]
+        pos, k = runs[close][1], close + 1
+    pieces.append(("text", text[pos:]))
+    return [piece for piece in pieces if piece[1]]
 
 
 def _markdown_text(text: str) -> str:
@@ -196,21 +238,20 @@ def _markdown_text(text: str) -> str:
     return SCRIPT_URL.sub(BLOCKED_URL, cleaned)
 
 
-def _markdown_code(match: re.Match[str]) -> str:
-    code = match.group(0)
+def _markdown_code(kind: str, code: str) -> str:
     if not TAG_START.search(code) and not SCRIPT_URL.search(unescape(code)):
         return code
-    if match.group("fence"):
-        first, _, rest = code.partition("\n")
-        fence = match.group("fence")
-        language = first.strip().lstrip(fence[0]).strip().split(" ")[0]
-        body = rest.rstrip()
-        if body.endswith(fence):
-            body = body.rstrip("`~").rstrip()
+    if kind == "fence":
+        lines = code.splitlines()
+        fence = FENCE.match(lines[0])
+        assert fence is not None
+        language = lines[0][fence.end() :].strip().split(" ")[0]
+        if len(lines) > 1 and _closes(lines[-1], fence.group(1)):
+            lines.pop()
         css = f' class="language-{escape(language)}"' if language else ""
-        return f"<pre><code{css}>{escape(body)}\n</code></pre>\n"
-    ticks = match.group("ticks")
-    inner = code[len(ticks) : -len(ticks)]
+        return f"<pre><code{css}>{escape(chr(10).join(lines[1:]))}\n</code></pre>\n"
+    ticks = len(code) - len(code.lstrip("`"))
+    inner = code[ticks:-ticks]
     if inner.startswith(" ") and inner.endswith(" ") and inner.strip():
         inner = inner[1:-1]
     return f"<code>{escape(inner)}</code>"
@@ -233,7 +274,7 @@ def clean_bundle(data: dict[str, Any], trusted: bool) -> Cleaned:
     out: dict[str, Any] = {}
     removed: set[str] = set()
     for mime, value in data.items():
-        if not _well_typed(mime, value):
+        if not _well_typed(mime, value, trusted):
             removed.add(f"{str(mime)[:60]} (malformed)")
             continue
         if trusted:
@@ -253,12 +294,14 @@ def clean_bundle(data: dict[str, Any], trusted: bool) -> Cleaned:
     return Cleaned(out, removed)
 
 
-def _well_typed(mime: Any, value: Any) -> bool:
+def _well_typed(mime: Any, value: Any, trusted: bool) -> bool:
+    """text/plain is always a string (the kernel keeps it for history); when not ``trusted``,
+    every type but JSON is. A trusted bundle may hold anything else, as with ipykernel."""
     if not isinstance(mime, str):
         return False
-    if mime == "application/json" or mime.endswith("+json"):
-        return True
-    return isinstance(value, str)
+    if mime == "text/plain" or not (trusted or mime == "application/json" or mime.endswith("+json")):
+        return isinstance(value, str)
+    return True
 
 
 def _noting(clean: Any, value: str, mime: str, removed: set[str]) -> str:
@@ -405,8 +448,8 @@ class OutputBudget:
         return text
 
     def fits(self, content: dict[str, Any]) -> bool:
-        """Whether a display, update or result fits; counts it if so."""
-        if not self.limit:
+        """Whether a display, update or result fits; counts it if so. Output without data (clear) always fits."""
+        if not self.limit or "data" not in content:
             return True
         size = size_of(content.get("data"))
         if self.used + size > self.limit:

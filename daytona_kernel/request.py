@@ -99,9 +99,8 @@ class Request:
 
     def _apply(self, event: Any) -> None:
         if isinstance(event, Output):
-            content = self._policy.content(event.kind, event.content)
-            if self._budget.fits(content):
-                self._emit(event.kind, content)
+            if self._budget.fits(event.content):  # before cleaning: what is dropped costs no cleaning
+                self._emit(event.kind, self._policy.content(event.kind, event.content))
         elif isinstance(event, CellError):
             self.fail(event.content)
         elif isinstance(event, Payload):

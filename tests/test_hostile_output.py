@@ -199,6 +199,9 @@ async def test_an_execute_result_and_a_display_update_are_cleaned_too() -> None:
 async def test_a_malformed_bundle_value_is_dropped() -> None:
     data, _ = await shown({"text/plain": ["not", "a", "string"], "text/html": "<b>ok</b>"})
     assert data == {"text/html": "<b>ok</b>"}
+    # trusted output may hold anything, as with ipykernel; but the kernel keeps text/plain for history
+    data, _ = await shown({"text/plain": 5, "a": 1}, kind="result", output_policy="trusted")
+    assert data == {"a": 1}
 
 
 # -- what must still render the same ------------------------------------------------
