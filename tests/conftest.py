@@ -22,7 +22,7 @@ import pytest
 
 SLOW_FIXTURES = {"kernel", "kernel_name", "emulator", "daytona_env", "browser"}
 SLOW_BASES = {"KernelTests"}  # jupyter_kernel_test's conformance suite starts its kernel in setUpClass
-SLOW_CALLS = {"Kernel", "KernelManager", "DaytonaEmulator", "cli", "subprocess", "papermill", "nbclient", "_run_allowing_errors"}
+SLOW_CALLS = {"Kernel", "KernelManager", "DaytonaEmulator", "cli", "console", "pexpect", "subprocess", "papermill", "nbclient", "_run_allowing_errors"}
 
 _ROOT = Path(tempfile.mkdtemp(prefix="daytona-kernel-tests-"))
 os.environ["JUPYTER_DATA_DIR"] = str(_ROOT / "data")
@@ -102,17 +102,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test in the fast tier may not start a kernel or the emulator."""
+    """A test in the fast tier may not start a kernel, the emulator or a console."""
     if request.node.get_closest_marker("fast") is None:
         return
     from jupyter_client.manager import KernelManager
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(
-            f"{request.node.nodeid} starts a kernel or the emulator but is in the fast tier: mark it @pytest.mark.slow"
+            f"{request.node.nodeid} starts a kernel, the emulator or a console but is in the fast tier: "
+            "mark it @pytest.mark.slow"
         )
 
     monkeypatch.setattr(KernelManager, "start_kernel", refuse)
     from daytona_emulator import DaytonaEmulator
 
     monkeypatch.setattr(DaytonaEmulator, "start", refuse)
+    import pexpect
+
+    monkeypatch.setattr(pexpect, "spawn", refuse)

@@ -783,7 +783,7 @@ class Runtime(object):
             self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
         self._input_seq += 1
         path = os.path.join(self._inbox_dir, "reply-%d.json" % self._input_seq)
-        self.send("input", {"prompt": prompt, "password": password, "path": path})
+        self.send(Kind.INPUT, {"prompt": prompt, "password": password, "path": path})
         reply = _read_reply(path)
         while reply is None:  # waiting outside any except block: Ctrl-C here is a plain KeyboardInterrupt
             time.sleep(0.01)
