@@ -138,7 +138,7 @@ _CLEANER = nh3.Cleaner(
 # What counts as active content, for the notice only (nh3 does the removing, whatever the notice says).
 ACTIVE_HTML = re.compile(
     r"<\s*(script|iframe|object|embed|frame|base|meta|link|form|foreignobject|animate|set|template|noscript)\b"
-    r"|[\s\"'/]on[a-z]+\s*="
+    r"|<[^<>]*[\s\"'/]on[a-z]+\s*="  # a handler inside a tag, not " one =" in text
     r"|javascript\s*:|data-commandlinker",
     re.IGNORECASE,
 )

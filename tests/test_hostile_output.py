@@ -301,7 +301,9 @@ async def test_a_complete_reply_keeps_only_the_fields_of_a_completion() -> None:
 
 async def test_the_notice_is_said_once_per_kernel_and_says_how_to_trust() -> None:
     js = frame("display", {"data": {"application/javascript": "1", "text/plain": "js"}})
-    (_, first), (_, second) = await run_cells(Run([js]), Run([js]))
+    table = frame("display", {"data": {"text/html": '<table class="x"><tr><td style="color: red">done = 1</td></tr></table>'}})
+    (_, harmless), (_, first), (_, second) = await run_cells(Run([table]), Run([js]), Run([js]))
+    assert harmless.text("stderr") == ""  # nothing removed, nothing said
     assert "output_policy = 'trusted'" in first.text("stderr") and "DAYTONA_KERNEL_OUTPUT_POLICY" in first.text("stderr")
     assert second.text("stderr") == ""
 
