@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import sandboxes_of
 from kernels import Kernel
 
 from daytona_kernel import admin
@@ -125,3 +126,13 @@ def test_gc_with_a_wrong_key_says_what_to_do_without_restarting_a_kernel(daytona
     assert proc.returncode != 0
     assert "DAYTONA_API_KEY" in proc.stdout and "run `daytona-kernel gc` again" in proc.stdout
     assert "restart the kernel" not in proc.stdout + proc.stderr
+
+
+def test_gc_leaves_the_sandbox_of_a_running_kernel_alone(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        assert k.execute("1").status == "ok"
+        (mine,) = sandboxes_of(daytona_env, tmp_path)
+        code, lines = run_gc()
+        assert code == 0, lines
+        assert mine.state == "started", lines
+        assert k.execute("2").status == "ok"
