@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,9 +12,6 @@ from kernels import Kernel, result_text
 
 PROMPT = r"In \[\d+\]: "
 TIMEOUT_S = 60
-
-pytestmark = pytest.mark.skipif(shutil.which("jupyter-console") is None, reason="jupyter-console is not installed")
-
 
 def console(kernel_name: str, folder: Path) -> pexpect.spawn:
     child = pexpect.spawn(
