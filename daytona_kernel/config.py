@@ -31,6 +31,8 @@ ENV_PREFIX = "DAYTONA_KERNEL_"
 SECTION = "DaytonaKernel"
 CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
 SECRET_ENV_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "GIT_TOKEN")
+SANDBOX_WORKDIR = "/home/daytona/workspace"  # the cell's working directory in a Daytona sandbox, on its own disk
+DEFAULT_MOUNT_PATH = "/home/daytona/.daytona-kernel-volume"  # where the volume (mount-s3) is mounted
 
 
 class FiniteFloat(Float):
@@ -75,8 +77,11 @@ class DaytonaKernelConfig(Configurable):
     ).tag(config=True)
 
     mount_path = Unicode(
-        "/home/daytona/workspace",
-        help="Where the volume is mounted in the sandbox; the working directory of every cell.",
+        DEFAULT_MOUNT_PATH,
+        help=f"Where the volume is mounted in the sandbox. The cell's working directory ({SANDBOX_WORKDIR}) is on "
+        "the sandbox's own disk, not under it; the volume keeps a durable copy of it, written as whole files. "
+        f"A mount_path that is or contains {SANDBOX_WORKDIR} (where the volume used to be mounted) is replaced "
+        "by the default, with a notice.",
     ).tag(config=True)
 
     snapshot = Unicode(

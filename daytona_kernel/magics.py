@@ -32,8 +32,12 @@ IDLE_CHECKPOINT_LEAD_S = 60.0  # checkpoint this long before auto-stop would sto
 __all__ = ["KERNEL_MAGICS", "IdleCheckpoint", "KernelMagics", "checkpoint_path", "notify"]
 
 
+CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # in the working directory, on the sandbox's disk
+
+
 def checkpoint_path(sandbox: Sandbox) -> str:
-    return posixpath.join(sandbox.workdir, ".daytona-kernel", "checkpoint.pkl")
+    """Where the checkpoint is, for the user; the runtime is sent CHECKPOINT_FILE, relative to its working directory."""
+    return posixpath.join(sandbox.workdir, CHECKPOINT_FILE)
 
 
 def notify(report: SyncReport, frontend: Frontend) -> None:
@@ -75,7 +79,7 @@ class IdleCheckpoint:
     async def _checkpoint_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
         try:
-            reply = await self._supervisor.call("checkpoint", checkpoint_path(self._supervisor.sandbox))
+            reply = await self._supervisor.call("checkpoint", CHECKPOINT_FILE)
         except DaytonaKernelError as exc:
             self._log.warning("the idle checkpoint failed: %s", exc)
             return
@@ -168,7 +172,7 @@ class KernelMagics:
     async def _checkpoint(self) -> str:
         live = await self._supervisor.ready()
         path = checkpoint_path(self._sandbox)
-        reply = await self._supervisor.call("checkpoint", path)
+        reply = await self._supervisor.call("checkpoint", CHECKPOINT_FILE)
         saved, skipped = _names(reply, "saved"), _names(reply, "skipped")
         text = f"checkpoint: saved {len(saved)} variable(s) with {reply.get('pickler')} ({reply.get('bytes')} bytes) to {path}"
         if skipped:
@@ -179,7 +183,7 @@ class KernelMagics:
     async def _restore(self) -> str:
         live = await self._supervisor.ready()
         try:
-            reply = await self._supervisor.call("restore", checkpoint_path(self._sandbox))
+            reply = await self._supervisor.call("restore", CHECKPOINT_FILE)
         except RuntimeCallError as exc:
             raise RuntimeCallError(
                 f"%daytona restore: {exc}. Is there a checkpoint yet? `%daytona checkpoint` makes one."

@@ -39,12 +39,16 @@ class RuntimeSession:
         settings: SessionSettings,
         log: logging.Logger,
         mirror: WorkdirMirror | None = None,
+        start_in: str = "",
     ) -> None:
         self.sandbox = sandbox
         self.mirror = mirror
         self._settings = settings
         self._log = log
-        self.supervisor = ContextSupervisor(sandbox, settings, log, mirror.runtime_options() if mirror else {})
+        options = dict(mirror.runtime_options()) if mirror else {}
+        if start_in:  # the notebook's sub-folder of the mirrored folder: where cells start
+            options["start_in"] = start_in
+        self.supervisor = ContextSupervisor(sandbox, settings, log, options)
         if mirror is not None and mirror.notice:
             self.supervisor.notices.append(mirror.notice)
         self.magics = KernelMagics(self.supervisor, mirror, settings, log)
@@ -71,6 +75,10 @@ class RuntimeSession:
         """Stop the timers, then stop or delete the sandbox by policy. Safe to call twice."""
         self._shut_down = True
         self._idle_checkpoint.disarm()
+        if self.supervisor.live is not None and self._current is None:  # finish the volume's copy before the sandbox goes
+            reply = await self.supervisor.query("sync_volume")
+            if reply is not None and not reply.get("done"):
+                self._log.warning("the volume's copy of the working directory was still being written at shutdown")
         await self.supervisor.shutdown()
 
     # -- requests --------------------------------------------------------

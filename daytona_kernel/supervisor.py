@@ -98,10 +98,11 @@ class ContextSupervisor:
         self._last_progress = ""
         await self.sandbox.start(self.report)
         self._sandbox_started = True
+        self.notices += self.sandbox.take_notices()
         context = await self.sandbox.create_context()
         token = secrets.token_hex(8)
         request = Request(token, self._output_outside_a_cell)
-        code = bootstrap_code(token, self._runtime_options)
+        code = bootstrap_code(token, {**self._runtime_options, **self.sandbox.storage_options()})
         error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
         request.finish()
         hello = request.hello

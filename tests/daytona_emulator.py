@@ -14,9 +14,17 @@ Test controls: per-endpoint request counters, and faults: the next N calls of
 an endpoint fail with a status, the next websocket is dropped mid-cell, a
 sandbox is stopped underneath the kernel (losing its contexts), delays.
 
-Paths inside a sandbox: a path under a volume's mount path lives in that
-volume's folder; a relative path is relative to the sandbox's home folder; any
-other absolute path is used as it is on this machine.
+Paths inside a sandbox: a path under a volume's mount path is on that volume;
+a path under /home/daytona (the sandbox user's home) or a relative path is in
+the sandbox's own folder (its disk); any other absolute path is used as it is on
+this machine.
+
+Volumes: each volume is a folder (the bucket), and each sandbox mount of it is
+the emulated mount-s3 filesystem of ``mounts3.py`` over the mount's sub-folder,
+mounted at the mount path inside the sandbox's folder, as Daytona's runner
+mounts mount-s3 (no rename, no append, no seek-back writes ...). Where FUSE is
+missing the mount is a symlink to the plain folder, and ``volume_semantics``
+says so (``fuse_missing`` says why).
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ from daytona_toolbox_api_client.models.git_clone_request import GitCloneRequest
 from daytona_toolbox_api_client.models.interpreter_context import InterpreterContext
 from daytona_toolbox_api_client.models.list_contexts_response import ListContextsResponse
 
+from mounts3 import MountS3, fuse_missing
+
 from daytona_kernel.backends.local import LocalContext
 from daytona_kernel.errors import ContextDied, ContextTimeout
 
@@ -61,6 +71,11 @@ WS_TIMEOUT = 4008
 WS_CONTEXT_NOT_FOUND = 1008
 WS_WORKER_EXITED = 1001
 VOLUME_READY_AFTER_S = 0.3
+SANDBOX_HOME = "/home/daytona"  # the default snapshot's user (images/sandbox/Dockerfile)
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _now() -> str:
@@ -130,18 +145,21 @@ class EmuSandbox:
     spec: dict[str, Any]
     labels: dict[str, str]
     home: Path
-    mounts: list[tuple[str, Path]]
+    mounts: list[tuple[str, Path]]  # (mount path in the sandbox, where it is on this machine)
     state: str = "started"
     error_reason: str | None = None
     contexts: dict[str, EmuContext] = field(default_factory=dict)
     created_at: str = field(default_factory=_now)
+    fuse_mounts: list[MountS3] = field(default_factory=list)
 
 
 class DaytonaEmulator:
     """See the module docstring. Start it with ``start()``; it serves from a thread."""
 
-    def __init__(self, root: Path, api_key: str = API_KEY, python: str = sys.executable) -> None:
+    def __init__(self, root: Path, api_key: str = API_KEY, python: str = sys.executable, fuse: bool = True) -> None:
         self.root = Path(root)
+        self.fuse_missing = fuse_missing() if fuse else "FUSE was turned off for this emulator"
+        self.volume_semantics = "folder" if self.fuse_missing else "mount-s3"
         self.api_key = api_key
         self.python = python
         self.counts: Counter[str] = Counter()
@@ -228,6 +246,7 @@ class DaytonaEmulator:
     async def _shutdown(self) -> None:
         for sandbox in list(self.sandboxes.values()):
             await self._kill_contexts(sandbox)
+        await asyncio.gather(*(self._unmount(sandbox) for sandbox in list(self.sandboxes.values())))
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -312,9 +331,36 @@ class DaytonaEmulator:
     def host_path(self, sandbox: EmuSandbox, path: str) -> Path:
         """Where a sandbox path lives on this machine."""
         for mount_path, folder in sandbox.mounts:
-            if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
+            if _under(path, mount_path):
                 return folder / os.path.relpath(path, mount_path)
+        if _under(path, SANDBOX_HOME):
+            return sandbox.home / os.path.relpath(path, SANDBOX_HOME)
         return Path(path) if os.path.isabs(path) else sandbox.home / path
+
+    def bucket_path(self, volume_name: str, *parts: str) -> Path:
+        """Where a volume keeps a file (what S3 holds), for tests: ``bucket_path("daytona-kernel", key, "a.txt")``."""
+        volume = next(v for v in self.volumes.values() if v.name == volume_name)
+        return self.root / "volumes" / volume.id / Path(*parts)
+
+    async def _mount(self, sandbox: EmuSandbox, index: int, mount_path: str, bucket: Path) -> Path:
+        """Mount a volume's sub-folder at mount_path inside the sandbox, as the runner does with mount-s3."""
+        if _under(mount_path, SANDBOX_HOME):
+            where = sandbox.home / os.path.relpath(mount_path, SANDBOX_HOME)
+        else:
+            where = self.root / "mounts" / sandbox.id / str(index)
+        if self.volume_semantics == "mount-s3":
+            mount = MountS3(bucket, where)
+            await asyncio.to_thread(mount.start)
+            sandbox.fuse_mounts.append(mount)
+        else:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.symlink_to(bucket, target_is_directory=True)
+        return where
+
+    async def _unmount(self, sandbox: EmuSandbox) -> None:
+        mounts, sandbox.fuse_mounts = sandbox.fuse_mounts, []
+        for mount in mounts:
+            await asyncio.to_thread(mount.stop)
 
     def _dto(self, sandbox: EmuSandbox) -> dict[str, Any]:
         spec = sandbox.spec
@@ -362,10 +408,7 @@ class DaytonaEmulator:
     async def create_sandbox(self, request: web.Request) -> web.Response:
         body = await request.json()
         spec = parse(CreateSandbox, body)
-        sid = str(uuid.uuid4())
-        home = self.root / "sandboxes" / sid
-        home.mkdir(parents=True)
-        mounts = []
+        buckets = []
         for vol in spec.volumes or []:
             volume = next((v for v in self.volumes.values() if v.id == vol.volume_id), None)
             if volume is None:
@@ -373,12 +416,19 @@ class DaytonaEmulator:
             volume.dto()
             if volume.state != "ready":
                 raise BadRequest(f"volume {volume.name} is not ready (state {volume.state})")
-            folder = self.root / "volumes" / volume.id / (vol.subpath or "")
-            folder.mkdir(parents=True, exist_ok=True)
-            mounts.append((vol.mount_path, folder))
+            subpath = vol.subpath or ""
+            if subpath.startswith("/") or ".." in subpath.split("/"):
+                raise BadRequest(f"invalid subpath {subpath!r}: resolves outside volume mount")
+            buckets.append((vol.mount_path, self.root / "volumes" / volume.id / subpath))
         if spec.snapshot and spec.snapshot.startswith("missing"):
             raise BadRequest(f"Snapshot {spec.snapshot} not found")
-        sandbox = EmuSandbox(sid, body, dict(spec.labels or {}), home, mounts)
+        sid = str(uuid.uuid4())
+        home = self.root / "sandboxes" / sid
+        home.mkdir(parents=True)
+        sandbox = EmuSandbox(sid, body, dict(spec.labels or {}), home, [])
+        for index, (mount_path, bucket) in enumerate(buckets):
+            bucket.mkdir(parents=True, exist_ok=True)  # the runner creates a missing subpath
+            sandbox.mounts.append((mount_path, await self._mount(sandbox, index, mount_path, bucket)))
         self.sandboxes[sid] = sandbox
         return web.json_response(self._dto(sandbox))
 
@@ -409,6 +459,10 @@ class DaytonaEmulator:
         sandbox = self._sandbox(request)
         await self._kill_contexts(sandbox)
         sandbox.state = "destroyed"
+        await self._unmount(sandbox)  # first: the volume must not be emptied with the sandbox's disk
+        for _, where in sandbox.mounts:
+            if where.is_symlink():
+                where.unlink()
         shutil.rmtree(sandbox.home, ignore_errors=True)
         return web.json_response(self._dto(sandbox))
 

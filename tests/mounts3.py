@@ -28,6 +28,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any, BinaryIO
 
 MOUNT_WAIT_S = 10.0
 UNMOUNT_WAIT_S = 3.0
+ORPHAN_POLL_S = 1.0
 FILE_MODE = 0o666
 DIR_MODE = 0o777
 NS_PER_S = 1_000_000_000
@@ -76,7 +78,7 @@ def _operations_class() -> type:
             self.bucket = os.path.realpath(bucket)
             self.handles: dict[int, _Handle] = {}
             self.next_fh = 1
-            self.lock = threading.Lock()
+            self.mutex = threading.Lock()
             self.uid, self.gid = os.getuid(), os.getgid()
 
         def _real(self, path: str) -> str:
@@ -128,7 +130,7 @@ def _operations_class() -> type:
             raise refuse(errno.EPERM)
 
         def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-            with self.lock:
+            with self.mutex:
                 if self._writer(path) is None:  # mount-s3 sets times only on a file being written
                     raise refuse(errno.EPERM)
             return 0
@@ -145,6 +147,8 @@ def _operations_class() -> type:
         def mknod(self, path: str, mode: int, dev: int) -> int:
             raise refuse(errno.EPERM)
 
+        lock = None  # no byte-range locks, as with mount-s3: the kernel keeps them locally
+
         # -- folders -------------------------------------------------------
 
         def mkdir(self, path: str, mode: int) -> int:
@@ -156,7 +160,7 @@ def _operations_class() -> type:
             return 0
 
         def unlink(self, path: str) -> int:
-            with self.lock:
+            with self.mutex:
                 if self._writer(path) is not None:
                     raise refuse(errno.EPERM)
             os.unlink(self._real(path))
@@ -165,7 +169,7 @@ def _operations_class() -> type:
         # -- files ---------------------------------------------------------
 
         def create(self, path: str, mode: int, flags: int) -> int:
-            with self.lock:
+            with self.mutex:
                 if self._writer(path) is not None:
                     raise refuse(errno.EPERM)
                 real = self._real(path)
@@ -177,7 +181,7 @@ def _operations_class() -> type:
                 return self._add(_Handle(path, open(real, "wb"), True))
 
         def open(self, path: str, flags: int) -> int:
-            with self.lock:
+            with self.mutex:
                 real = self._real(path)
                 if not os.path.exists(real):
                     raise refuse(errno.ENOENT)
@@ -190,7 +194,7 @@ def _operations_class() -> type:
                 return self._add(_Handle(path, open(real, "wb"), True))
 
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-            with self.lock:
+            with self.mutex:
                 writer = self._writer(path)
                 if writer is not None and length == writer.offset:
                     return 0
@@ -224,7 +228,7 @@ def _operations_class() -> type:
             return 0
 
         def release(self, path: str, fh: int) -> int:
-            with self.lock:
+            with self.mutex:
                 handle = self.handles.pop(fh, None)
             if handle is not None:
                 handle.file.close()
@@ -233,9 +237,18 @@ def _operations_class() -> type:
     return MountS3Operations
 
 
+def _unmount_when_orphaned(mountpoint: str, parent: int) -> None:
+    """A test run that dies without unmounting must not leave the mount behind."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
+
+
 def serve(bucket: str, mountpoint: str) -> None:
     """Mount the filesystem and serve it until it is unmounted (blocks)."""
     from mfusepy import FUSE
+
+    threading.Thread(target=_unmount_when_orphaned, args=(mountpoint, os.getppid()), daemon=True).start()
 
     # attr and entry caching off: every stat reaches the filesystem, as with mount-s3's defaults
     FUSE(
@@ -262,6 +275,7 @@ class MountS3:
         self.bucket = Path(bucket)
         self.mountpoint = Path(mountpoint)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None  # the process's stderr: a file, since a full pipe would hang the filesystem
 
     def start(self) -> MountS3:
         reason = fuse_missing()
@@ -269,15 +283,17 @@ class MountS3:
             raise RuntimeError(reason)
         self.bucket.mkdir(parents=True, exist_ok=True)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
+        self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
             [sys.executable, __file__, str(self.bucket), str(self.mountpoint)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._log,
         )
         deadline = time.monotonic() + MOUNT_WAIT_S
         while not os.path.ismount(self.mountpoint):
             if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")
                 raise RuntimeError(f"the mount-s3 emulation exited with {self._proc.returncode}: {err.strip()}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -305,8 +321,9 @@ class MountS3:
             )
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> MountS3:
         return self.start()

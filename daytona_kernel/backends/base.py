@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import posixpath
 from dataclasses import dataclass
 from typing import Callable
 
@@ -79,10 +80,25 @@ class Context(abc.ABC):
 
 
 class Sandbox(abc.ABC):
-    """A place to run code: a Daytona sandbox, or a local directory."""
+    """A place to run code: a Daytona sandbox, or a local directory.
+
+    ``workdir`` is the cell's working directory, on the sandbox's own disk;
+    ``volume_dir`` is where the volume keeps its durable copy ("" for none).
+    """
 
     id: str
     workdir: str
+    volume_dir: str = ""
+
+    def storage_options(self) -> dict[str, str]:
+        """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""
+        if not self.volume_dir:
+            return {}
+        return {"volume_dir": posixpath.relpath(self.volume_dir, self.workdir)}
+
+    def take_notices(self) -> list[str]:
+        """Lines for the user that arose while starting (shown before the next cell); each is given once."""
+        return []
 
     @property
     @abc.abstractmethod

@@ -40,7 +40,7 @@ from daytona.common.errors import (
     DaytonaTimeoutError,
 )
 
-from ..config import DaytonaSettings
+from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
 from ..identity import owner_id
 from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
@@ -102,6 +102,28 @@ def _handshake_failure(exc: BaseException) -> aiohttp.ClientError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Is one of two sandbox folders the other, or inside it?"""
+    a, b = posixpath.normpath(a), posixpath.normpath(b)
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def volume_mount_path(configured: str) -> tuple[str, str]:
+    """Where to mount the volume, and a notice when the configured mount_path cannot be used.
+
+    The working directory is on the sandbox's disk; a volume mounted at it (or
+    above it) would put it back on mount-s3, so such a mount_path (what it
+    meant in earlier versions) is replaced by the default.
+    """
+    if not _overlaps(configured, SANDBOX_WORKDIR):
+        return configured, ""
+    return DEFAULT_MOUNT_PATH, (
+        f"mount_path={configured} would put the working directory on the volume, where renames, appends and "
+        f"seeks fail. The working directory is now {SANDBOX_WORKDIR} on the sandbox's disk and the volume, which "
+        f"keeps a durable copy of it, is mounted at {DEFAULT_MOUNT_PATH}. Remove mount_path from your configuration.\n"
+    )
 
 
 def state_name(resource: Any) -> str:
@@ -208,7 +230,10 @@ class DaytonaSandbox(Sandbox):
         self._client: AsyncDaytona | None = None
         self._sandbox: Any = None
         self.id = "(not created yet)"
-        self.workdir = config.mount_path
+        self.workdir = SANDBOX_WORKDIR
+        self._mount_path, notice = volume_mount_path(config.mount_path)
+        self.volume_dir = self._mount_path
+        self._notices = [notice] if notice else []
 
     @property
     def description(self) -> str:
@@ -258,6 +283,7 @@ class DaytonaSandbox(Sandbox):
             self._sandbox = await self._create(volume, progress)
         self.id = self._sandbox.id
         await self._ensure_started(progress)
+        await self._prepare_workdir()
         if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
             labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
             await _call("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
@@ -283,8 +309,35 @@ class DaytonaSandbox(Sandbox):
             info["auto-stop"] = f"after {interval} min idle; in about {_duration(max(left, 0))} if idle from now"
         else:
             info["auto-stop"] = "off"
-        info["volume"] = f"{self._config.volume_name} at {self._config.mount_path} (sub-folder {self._subpath})"
+        info["volume"] = f"{self._config.volume_name} at {self.volume_dir or '(not mounted)'} (sub-folder {self._subpath})"
+        info["working directory"] = f"{self.workdir} (on the sandbox's disk; the volume keeps a copy)"
         return info
+
+    def take_notices(self) -> list[str]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    async def _prepare_workdir(self) -> None:
+        """Make the working directory on the sandbox's disk (a context's cwd must exist), once per sandbox.
+
+        A sandbox made before the working directory moved to the disk has the
+        volume mounted at it; it keeps working there, without a separate copy.
+        """
+        mounts = [v.mount_path for v in (self._sandbox.volumes or [])]
+        self.volume_dir = self._mount_path if self._mount_path in mounts else ""  # mounts are fixed at creation
+        if any(_overlaps(m, self.workdir) for m in mounts):
+            self.volume_dir = ""
+            self._notices.append(
+                f"This sandbox was made with the volume mounted at the working directory {self.workdir}, where "
+                "renames, appends, zip files and sqlite fail. Delete the sandbox (or `%daytona recreate`) to get the "
+                "working directory on the sandbox's disk.\n"
+            )
+            return
+        sandbox = self._sandbox
+        command = f"mkdir -p {shlex.quote(self.workdir)}"
+        result = await _call("make the working directory", lambda: sandbox.process.exec(command, timeout=int(REQUEST_TIMEOUT_S)))
+        if result.exit_code:
+            raise BackendError(f"Could not make the working directory {self.workdir} in the sandbox: {result.result}")
 
     async def _ready_volume(self, progress: ProgressCallback) -> Any:
         client = self._client
@@ -329,7 +382,7 @@ class DaytonaSandbox(Sandbox):
             auto_stop_interval=cfg.auto_stop_interval,
             auto_archive_interval=cfg.auto_archive_interval or None,
             auto_delete_interval=0 if self._policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
-            volumes=[VolumeMount(volume_id=volume.id, mount_path=cfg.mount_path, subpath=self._subpath)],
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=self._mount_path, subpath=self._subpath)],
             network_block_all=cfg.network_block_all or None,
         )
         if cfg.image:

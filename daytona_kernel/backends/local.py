@@ -5,10 +5,12 @@ protocol as Daytona's interpreter worker, so whatever works here works the
 same on Daytona. It needs no account and no network. It is NOT a security
 boundary: cells run as the user, on the user's machine.
 
-Layout, under ``jupyter_data_dir()/daytona-kernel/`` (follows JUPYTER_DATA_DIR):
-- ``volumes/<volume>/<workspace key>/``: the working directory. Like a Daytona
-  volume, it survives the sandbox being deleted.
-- ``sandboxes/<id>/``: the sandbox itself (scratch space, its record).
+Layout, under ``jupyter_data_dir()/daytona-kernel/``, the same as on Daytona:
+- ``sandboxes/<id>/workspace/``: the working directory, on the sandbox's "disk".
+  An ephemeral sandbox's folder is deleted at shutdown.
+- ``volumes/<volume>/<workspace key>/``: the volume, a plain folder. The runtime
+  keeps the same durable copy of the working directory there as on a Daytona
+  volume and restores a new sandbox from it, so both backends run one code path.
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class LocalSandbox(Sandbox):
         self.id = f"local-{sandbox_name}"
         self.path = root / "sandboxes" / self.id
         self._tmp = self.path / "tmp"
-        self.workdir = str(root / "volumes" / config.volume_name / workspace_key)
+        self.workdir = str(self.path / "workspace")
+        self.volume_dir = str(root / "volumes" / config.volume_name / workspace_key)
         self._contexts: list[LocalContext] = []
 
     @property
@@ -170,7 +173,8 @@ class LocalSandbox(Sandbox):
             "sandbox": f"{self.id} (local worker processes; not a security boundary)",
             "state": "started" if self.path.is_dir() else "not created",
             "policy": self._policy.value,
-            "volume": f"{self._config.volume_name} (local folder {self.workdir})",
+            "volume": f"{self._config.volume_name} (local folder {self.volume_dir})",
+            "working directory": f"{self.workdir} (the sandbox's folder; the volume keeps a copy)",
             "auto-stop": "none (local)",
         }
 
@@ -179,14 +183,18 @@ class LocalSandbox(Sandbox):
             for folder in (local_root(), local_root() / "volumes", local_root() / "sandboxes"):
                 folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
                 folder.chmod(PRIVATE_DIR_MODE)
-            Path(self.workdir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             self.path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            Path(self.workdir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            Path(self.volume_dir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             self._tmp.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
         except OSError as exc:
             raise BackendError(
                 f"Could not create the local sandbox directories under {local_root()}: {exc}. "
                 "Set JUPYTER_DATA_DIR to a writable folder."
             ) from exc
+
+    def storage_options(self) -> dict[str, str]:
+        return {"volume_dir": os.path.relpath(self.volume_dir, self.workdir)}
 
     def _worker_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_VARS and not k.startswith("JPY_")}

@@ -13,6 +13,7 @@ from importlib import resources
 FRAMING_MODULE = "_daytona_kernel_framing"
 SHELL_MODULE = "_daytona_kernel_shell"
 PATHRULES_MODULE = "_daytona_kernel_pathrules"
+DURABLE_MODULE = "_daytona_kernel_durable"
 RUNTIME_MODULE = "_daytona_kernel_runtime"
 HANDLE = "__dk__"
 
@@ -26,6 +27,7 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
     modules = [
         (FRAMING_MODULE, "<daytona-kernel-framing>", _source("framing.py")),
         (PATHRULES_MODULE, "<daytona-kernel-pathrules>", _source("pathrules.py")),
+        (DURABLE_MODULE, "<daytona-kernel-durable>", _source("durable.py")),
         (SHELL_MODULE, "<daytona-kernel-shell>", _source("shell.py")),
         (RUNTIME_MODULE, "<daytona-kernel-runtime>", _source("runtime.py")),
     ]

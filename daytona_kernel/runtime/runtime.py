@@ -31,10 +31,12 @@ import types
 import uuid
 
 try:
+    import _daytona_kernel_durable as _durable
     import _daytona_kernel_framing as _framing
     import _daytona_kernel_pathrules as _pathrules
     import _daytona_kernel_shell as _shell
 except ImportError:  # imported directly, e.g. by unit tests
+    from daytona_kernel.runtime import durable as _durable
     from daytona_kernel.runtime import framing as _framing
     from daytona_kernel.runtime import pathrules as _pathrules
     from daytona_kernel.runtime import shell as _shell
@@ -48,6 +50,8 @@ WRITE_CHARS = 64 * 1024  # any text: even at 6 bytes a character in the daemon's
 ASCII_WRITE_CHARS = 384 * 1024  # ASCII without control characters: at most 2 bytes a character in JSON
 CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")  # JSON escapes these as 6 bytes
 IDLE_BUFFER_CHARS = 1024 * 1024
+CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # relative to the working directory
+VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
 SIMPLE_TYPES = (int, float, complex, bool, str, bytes, type(None))
 
 # One table: MIME type -> the _repr_*_ method that produces it.
@@ -312,6 +316,12 @@ class Runtime(object):
             if name in sys.modules:
                 self.patch_ipython_module(sys.modules[name])
         self.workdir = os.getcwd()
+        self.durable = None
+        self._restore_notice = self._restore_from_volume()
+        start_in = self.options.get("start_in")
+        if start_in:  # the notebook's sub-folder of the mirrored folder
+            os.makedirs(os.path.join(self.workdir, start_in), exist_ok=True)
+            os.chdir(os.path.join(self.workdir, start_in))
         self._watch = None
         self._mode_notice = None
         if self.options.get("sync_down"):
@@ -346,6 +356,38 @@ class Runtime(object):
         ns["_ih"] = ns["In"]
         ns["_oh"] = ns["Out"]
         ns["exit"] = ns["quit"] = _ExitAutocall(self)
+
+    def _restore_from_volume(self):
+        """Set up the durable copy and fill a new sandbox's working directory from the volume."""
+        volume = self.options.get("volume_dir")
+        if not volume:
+            return ""
+        volume = os.path.normpath(os.path.join(self.workdir, volume))
+        if not os.path.isdir(volume):
+            return "daytona-kernel: the volume is not mounted at %s; files in the working directory are not kept on it.\n" % volume
+        self.durable = _durable.DurableCopy(
+            self.workdir, volume, self._durable_scan, always=(CHECKPOINT_FILE,), notice=lambda text: self.err.write(text)
+        )
+        restored, problems = self.durable.restore()
+        notice = ""
+        if restored:
+            notice += "daytona-kernel: restored %d file(s) from the volume into this new sandbox's working directory.\n" % restored
+        if problems:
+            notice += "daytona-kernel: could not restore from the volume: %s\n" % ", ".join(problems[:10])
+        return notice
+
+    def _durable_scan(self):
+        """What the volume keeps: the files the mirror would move (its own rules object: this runs in the copier's thread)."""
+        rules = _pathrules.MirrorRules(
+            self.workdir, self.options.get("sync_excludes") or (), self.options.get("sync_includes") or (), secrets=()
+        )
+        return _pathrules.scan(self.workdir, rules)
+
+    def sync_volume(self):
+        """Wait (boundedly) until the volume holds the working directory's latest files (at shutdown)."""
+        with self.session():
+            done = self.durable.flush(VOLUME_FLUSH_TIMEOUT_S) if self.durable is not None else True
+            self.send(Kind.REPLY, {"done": done})
 
     def hello(self):
         """First call after bootstrap: report who we are."""
@@ -570,6 +612,9 @@ class Runtime(object):
         self._note_synced(synced)
         self.output_used = self.dropped_chars = 0
         with self.session():
+            if self._restore_notice:
+                self.err.write(self._restore_notice)
+                self._restore_notice = ""
             self._stdin_allowed = allow_stdin
             self._execution_count = count
             filename = self._register_cell(code, count)
@@ -591,6 +636,8 @@ class Runtime(object):
             if user_expressions:
                 self.send(Kind.USER_EXPRESSIONS, self._user_expressions(user_expressions))
             self._report_file_changes()
+            if self.durable is not None:
+                self.durable.wake()  # copies to the volume after the reply, in the background
             with self.lock:
                 self.flush_streams_locked()
                 self._budget_notice()
@@ -1025,7 +1072,11 @@ class Runtime(object):
         return "pickle", pickle
 
     def checkpoint(self, path):
-        """Pickle every picklable user variable to path (on the volume); report what was skipped."""
+        """Pickle every picklable user variable to path (on the disk, then copied to the volume); report what was skipped.
+
+        A relative path is in the working directory (the kernel's sandbox paths are not this machine's
+        paths on every backend)."""
+        path = os.path.join(self.workdir, path)
         with self.session():
             name, pickler = self._pickler()
             saved, skipped = {}, []
@@ -1041,10 +1092,13 @@ class Runtime(object):
             with open(path + ".tmp", "wb") as f:
                 f.write(blob)
             os.replace(path + ".tmp", path)
+            if self.durable is not None:
+                self.durable.wake()
             self.send(Kind.REPLY, {"saved": sorted(saved), "skipped": skipped, "pickler": name, "bytes": len(blob)})
 
     def restore(self, path):
-        """Load the variables of a checkpoint back into the namespace."""
+        """Load the variables of a checkpoint back into the namespace (a relative path: in the working directory)."""
+        path = os.path.join(self.workdir, path)
         with self.session():
             name, pickler = self._pickler()
             with open(path, "rb") as f:

@@ -1,0 +1,198 @@
+"""The durable copy of the working directory on the volume, and its restore.
+
+Standard library only, Python 3.9+: it runs in the sandbox, sent with the runtime.
+
+The cell's working directory is on the sandbox's own disk, where every library
+works (renames, appends, seeks, sqlite). The volume keeps a copy of it that
+outlives the sandbox. On Daytona the volume is mount-s3, so the copy is written
+the only way mount-s3 allows: each file opened new (or truncated) and written
+front to back. Nothing on the volume is ever renamed, appended to, seeked,
+chmod-ed or touched.
+
+- ``restore()`` runs in the bootstrap, before the first cell: on a disk with no
+  record of a copy (a new or recreated sandbox) it copies every file of the
+  volume that the working directory lacks. A disk that has a record (a restarted
+  context, a sandbox started again) is left as it is.
+- ``wake()`` after each cell: a background thread scans the working directory
+  and copies the files that changed since their last copy, and removes from the
+  volume the files that were deleted. The cell's reply does not wait for it.
+- The record (``.daytona-kernel/volume-copy.json`` on the disk) holds each
+  file's size and mtime as last copied, so nothing already there is copied again.
+"""
+
+import json
+import os
+import shutil
+import threading
+import time
+
+RECORD = ".daytona-kernel/volume-copy.json"
+COPY_BLOCK_BYTES = 1024 * 1024
+SETTLE_S = 0.05  # after a wake, let a burst of wakes pass before scanning
+
+
+def _copy_whole(src, dst):
+    """Copy src to dst front to back (dst new or truncated): all that mount-s3 allows."""
+    parent = os.path.dirname(dst)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, COPY_BLOCK_BYTES)
+
+
+def _stat_key(path):
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+class DurableCopy(object):
+    """See the module docstring. ``scan()`` returns ({rel: (size, mtime_ns, ...)}, complete)."""
+
+    def __init__(self, workdir, volume, scan, always=(), notice=None):
+        self.workdir = workdir
+        self.volume = volume
+        self._scan = scan
+        self._always = tuple(always)  # copied even where the mirror's rules exclude them (the checkpoint)
+        self._notice = notice or (lambda text: None)
+        self._record = {}
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._passes = 0
+        self._running = False
+        self._thread = None
+        self._failed = set()  # paths whose copy failed and was already reported
+
+    # -- restore -------------------------------------------------------------
+
+    def restore(self):
+        """Fill a fresh working directory from the volume. Returns (files restored, problems)."""
+        record_path = os.path.join(self.workdir, RECORD)
+        try:
+            with open(record_path, encoding="utf-8") as f:
+                self._record = json.load(f)
+            return 0, []
+        except (OSError, ValueError):
+            self._record = {}  # a new disk (or an unreadable record): restore
+        restored, problems = 0, []
+        for rel in self._volume_files():
+            dst = os.path.join(self.workdir, rel)
+            if os.path.lexists(dst):
+                continue  # the disk's version is the newer one; it is copied up after the first cell
+            src = os.path.join(self.volume, rel)
+            try:
+                _copy_whole(src, dst)
+                mtime = os.stat(src).st_mtime_ns
+                os.utime(dst, ns=(mtime, mtime))
+                self._record[rel] = _stat_key(dst)
+                restored += 1
+            except OSError as exc:  # e.g. being written by another sandbox right now
+                problems.append("%s (%s)" % (rel, exc.strerror or exc))
+        self._save()
+        return restored, problems
+
+    def _volume_files(self):
+        files = []
+        for folder, dirs, names in os.walk(self.volume):
+            dirs.sort()
+            rel_folder = os.path.relpath(folder, self.volume)
+            for name in sorted(names):
+                files.append(name if rel_folder == "." else os.path.join(rel_folder, name).replace(os.sep, "/"))
+        return files
+
+    # -- the copy ------------------------------------------------------------
+
+    def wake(self):
+        """Something may have changed: copy it in the background."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="daytona-kernel-durable-copy", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def flush(self, timeout):
+        """Wake the copier and wait until a full pass has run. True if it finished in time."""
+        with self._idle:  # a pass already running may have scanned too early: wait for the next one
+            target = self._passes + (2 if self._running else 1)
+        self.wake()
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._passes < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _loop(self):
+        while True:
+            self._wake.wait()
+            time.sleep(SETTLE_S)
+            with self._idle:
+                self._running = True
+                self._wake.clear()
+            try:
+                self.copy_changes()
+            except Exception as exc:  # the thread must survive anything; the next wake tries again
+                self._notice("daytona-kernel: the copy of the working directory to the volume failed: %r\n" % (exc,))
+            with self._idle:
+                self._running = False
+                self._passes += 1
+                self._idle.notify_all()
+
+    def copy_changes(self):
+        """One pass: copy changed files to the volume, remove deleted ones. Returns the paths copied."""
+        now, complete = self._scan()
+        current = dict((rel, [st[0], st[1]]) for rel, st in now.items())
+        for rel in self._always:
+            try:
+                current[rel] = _stat_key(os.path.join(self.workdir, rel))
+            except OSError:
+                continue  # not made yet
+        copied = []
+        for rel in sorted(current):
+            if self._record.get(rel) == current[rel]:
+                continue
+            src = os.path.join(self.workdir, rel)
+            try:
+                _copy_whole(src, os.path.join(self.volume, rel))
+                after = _stat_key(src)
+            except OSError as exc:
+                if rel not in self._failed:
+                    self._failed.add(rel)
+                    self._notice(
+                        "daytona-kernel: could not copy %s to the volume (%s); it stays on the sandbox's disk\n" % (rel, exc)
+                    )
+                continue
+            self._failed.discard(rel)
+            if after == current[rel]:  # changed while we copied: the next pass copies it again
+                self._record[rel] = after
+            copied.append(rel)
+        removed = []
+        if complete:
+            for rel in [r for r in self._record if r not in current]:
+                if os.path.lexists(os.path.join(self.workdir, rel)):
+                    del self._record[rel]  # excluded now, not deleted: the volume keeps its copy
+                    continue
+                try:
+                    os.remove(os.path.join(self.volume, rel))
+                except FileNotFoundError:
+                    pass  # already gone from the volume: nothing lost
+                except OSError as exc:
+                    self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
+                    continue
+                del self._record[rel]
+                removed.append(rel)
+        if copied or removed:
+            self._save()
+        return copied
+
+    def _save(self):
+        path = os.path.join(self.workdir, RECORD)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(self._record, f)
+            os.replace(path + ".tmp", path)  # on the disk, where rename works
+        except OSError as exc:
+            self._notice(
+                "daytona-kernel: could not save the record of the volume copy (%s); the next start restores again\n" % (exc,)
+            )

@@ -1,0 +1,196 @@
+"""Storage: the working directory behaves like a disk, and the volume keeps a durable copy of it.
+
+On Daytona the volume is mount-s3 (no rename, no append, no seek-back writes); the
+emulator mounts the same semantics with FUSE (tests/mounts3.py). These tests run
+ordinary code in the working directory on both backends, and check that a file
+outlives its sandbox. Where FUSE is missing the Daytona tests that need mount-s3
+semantics skip with the reason (under CI=true they fail instead).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import sandboxes_of
+from kernels import Kernel
+
+from daytona_kernel.backends import workspace_key_for
+
+COPY_WAIT_S = 15.0
+
+ORDINARY_CODE = """
+import os, shutil, sqlite3, zipfile
+open('data.txt', 'w').write('v1')
+os.replace('data.txt', 'renamed.txt')
+with zipfile.ZipFile('archive.zip', 'w') as z:
+    z.writestr('inner.txt', 'zipped')
+db = sqlite3.connect('db.sqlite')
+db.execute('create table t(x)')
+db.execute('insert into t values (42)')
+db.commit()
+db.close()
+with open('log.txt', 'a') as f:
+    f.write('one\\n')
+with open('log.txt', 'a') as f:
+    f.write('two\\n')
+shutil.copy2('renamed.txt', 'copy.txt')
+print(open('log.txt').read().split(), zipfile.ZipFile('archive.zip').read('inner.txt'),
+      sqlite3.connect('db.sqlite').execute('select x from t').fetchone(), open('copy.txt').read())
+"""
+
+
+def require_mount_s3(kernel_name: str, emulator) -> None:  # type: ignore[no-untyped-def]
+    """A Daytona test whose point is mount-s3's semantics needs FUSE."""
+    if kernel_name != "daytona" or emulator.fuse_missing is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the mount-s3 storage tests, but {emulator.fuse_missing}: .ci/run installs fuse3")
+    pytest.skip(emulator.fuse_missing)
+
+
+def wait_for(path: Path, content: bytes | None = None) -> None:
+    deadline = time.monotonic() + COPY_WAIT_S
+    while not (path.is_file() and (content is None or path.read_bytes() == content)):
+        assert time.monotonic() < deadline, f"{path} was not written to the volume within {COPY_WAIT_S} s"
+        time.sleep(0.05)
+
+
+def delete_sandbox(emulator, sandbox_id: str) -> None:  # type: ignore[no-untyped-def]
+    """What someone deleting the sandbox in the dashboard does: DELETE /sandbox/{id}."""
+    request = urllib.request.Request(
+        f"{emulator.api_url}/sandbox/{sandbox_id}", method="DELETE", headers={"Authorization": f"Bearer {emulator.api_key}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
+def test_ordinary_code_works_in_the_working_directory(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    require_mount_s3(kernel_name, emulator)
+    with Kernel(kernel_name, cwd=str(tmp_path), env={"DAYTONA_KERNEL_SYNC": "off"}) as k:
+        run = k.execute(ORDINARY_CODE)
+        assert run.errors == [], run.errors
+        assert run.text() == "['one', 'two'] b'zipped' (42,) v1\n"
+        run = k.execute("%%writefile -a notes.txt\nfirst\n")
+        assert run.errors == [], run.errors
+        run = k.execute("%%writefile -a notes.txt\nsecond\n")
+        assert run.errors == [], run.errors
+        assert k.execute("print(open('notes.txt').read(), end='')").text() == "first\nsecond\n"
+
+
+def test_the_volume_itself_is_mount_s3(emulator, daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The emulator is faithful: on the volume's mount, a rename fails as it does on Daytona."""
+    require_mount_s3("daytona", emulator)
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SYNC": "off"}) as k:
+        code = (
+            "import errno, os\n"
+            "v = '/home/daytona/.daytona-kernel-volume'\n"
+            "vol = os.path.normpath(os.path.join(os.getcwd(), os.path.relpath(v, '/home/daytona/workspace')))\n"
+            "open(os.path.join(vol, 'r.txt'), 'w').write('x')\n"
+            "try:\n"
+            "    os.replace(os.path.join(vol, 'r.txt'), os.path.join(vol, 's.txt'))\n"
+            "except OSError as exc:\n"
+            "    print(errno.errorcode[exc.errno])\n"
+        )
+        assert k.execute(code).text() == "EXDEV\n"
+
+
+def test_a_file_survives_the_loss_of_its_sandbox(emulator, daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Delete the sandbox in the dashboard; the next kernel restores the working directory from the volume."""
+    require_mount_s3("daytona", emulator)
+    env = {"DAYTONA_KERNEL_SYNC": "off"}  # only the volume can bring the files back
+    key = workspace_key_for(str(tmp_path))
+    with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
+        run = k.execute(
+            "import sqlite3\n"
+            "open('keep.txt', 'w').write('still here')\n"
+            "db = sqlite3.connect('keep.sqlite'); db.execute('create table t(x)'); db.execute('insert into t values (7)')\n"
+            "db.commit(); db.close()"
+        )
+        assert run.errors == [], run.errors
+        wait_for(emulator.bucket_path("daytona-kernel", key, "keep.txt"), b"still here")
+        wait_for(emulator.bucket_path("daytona-kernel", key, "keep.sqlite"))
+        run = k.execute("import os; os.remove('keep.txt'); open('keep.txt', 'w').write('changed')")
+        wait_for(emulator.bucket_path("daytona-kernel", key, "keep.txt"), b"changed")
+    (sandbox,) = [s for s in sandboxes_of(emulator, tmp_path) if s.state != "destroyed"]
+    delete_sandbox(emulator, sandbox.id)
+    with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
+        run = k.execute(
+            "print(open('keep.txt').read()); import sqlite3; print(sqlite3.connect('keep.sqlite').execute('select x from t').fetchone())"
+        )
+        assert run.text() == "changed\n(7,)\n"
+        assert "restored 2 file(s) from the volume" in run.text("stderr")
+        assert len([s for s in sandboxes_of(emulator, tmp_path) if s.state != "destroyed"]) == 1
+    with Kernel("daytona", cwd=str(tmp_path), env=env) as k:  # the same sandbox again: its disk is intact
+        run = k.execute("print(open('keep.txt').read())")
+        assert run.text() == "changed\n"
+        assert "restored" not in run.text("stderr")
+
+
+def test_files_deleted_in_the_sandbox_leave_the_volume(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral", "DAYTONA_KERNEL_SYNC": "off"}
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        k.execute("open('gone.txt', 'w').write('x'); open('kept.txt', 'w').write('y')")
+        k.execute("import os; os.remove('gone.txt')")
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        assert k.execute("import os; print(sorted(f for f in os.listdir() if f.endswith('.txt')))").text() == "['kept.txt']\n"
+
+
+def test_checkpoints_survive_the_sandbox(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """%daytona checkpoint writes to the disk (it renames) and the volume keeps a copy for a new sandbox."""
+    require_mount_s3(kernel_name, emulator)
+    env = {"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral", "DAYTONA_KERNEL_SYNC": "off"}
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        k.execute("answer = 42")
+        run = k.execute("%daytona checkpoint")
+        assert run.errors == [], run.errors
+        assert "saved 1 variable(s)" in run.text()
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        run = k.execute("%daytona restore")
+        assert run.errors == [], run.errors
+        assert k.execute("print(answer)").text() == "42\n"
+
+
+@pytest.mark.slow  # mounts a filesystem in a subprocess
+def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> None:
+    """DurableCopy against the emulated mount-s3 directly: copy, overwrite, delete, restore."""
+    from mounts3 import MountS3, fuse_missing
+
+    from daytona_kernel.runtime.durable import DurableCopy
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    missing = fuse_missing()
+    if missing is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the mount-s3 storage tests, but {missing}")
+        pytest.skip(missing)
+    disk = tmp_path / "disk"
+    (disk / "sub").mkdir(parents=True)
+    with MountS3(tmp_path / "bucket", tmp_path / "volume") as mount:
+        volume = mount.mountpoint
+
+        def copier(workdir: Path) -> DurableCopy:
+            return DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))), notice=print)
+
+        first = copier(disk)
+        assert first.restore() == (0, [])
+        (disk / "a.txt").write_text("one")
+        (disk / "sub" / "b.bin").write_bytes(b"\0" * 3_000_000)  # several write calls, in order
+        assert sorted(first.copy_changes()) == ["a.txt", "sub/b.bin"]
+        assert first.copy_changes() == []  # nothing changed: nothing written
+        (disk / "a.txt").write_text("two, longer")  # an existing object is replaced whole
+        (disk / "sub" / "b.bin").unlink()
+        assert first.copy_changes() == ["a.txt"]
+        assert (volume / "a.txt").read_text() == "two, longer"
+        assert not (volume / "sub" / "b.bin").exists()
+
+        fresh = tmp_path / "new-disk"  # a new sandbox: its disk is empty
+        fresh.mkdir()
+        second = copier(fresh)
+        assert second.restore() == (1, [])
+        assert (fresh / "a.txt").read_text() == "two, longer"
+        assert second.copy_changes() == []  # what was restored is not copied back
+        assert copier(fresh).restore() == (0, [])  # the same disk again: left as it is
