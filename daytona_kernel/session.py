@@ -75,7 +75,8 @@ class RuntimeSession:
         """Stop the timers, then stop or delete the sandbox by policy. Safe to call twice."""
         self._shut_down = True
         self._idle_checkpoint.disarm()
-        if self.supervisor.live is not None and self._current is None:  # finish the volume's copy before the sandbox goes
+        if self.sandbox.volume_dir and self.supervisor.live is not None and self._current is None:
+            # finish the volume's copy of the working directory before the sandbox goes
             reply = await self.supervisor.query("sync_volume")
             if reply is not None and not reply.get("done"):
                 self._log.warning("the volume's copy of the working directory was still being written at shutdown")

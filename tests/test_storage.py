@@ -18,8 +18,6 @@ import pytest
 from conftest import sandboxes_of
 from kernels import Kernel
 
-from daytona_kernel.backends import workspace_key_for
-
 COPY_WAIT_S = 15.0
 
 ORDINARY_CODE = """
@@ -102,7 +100,6 @@ def test_a_file_survives_the_loss_of_its_sandbox(emulator, daytona_env, tmp_path
     """Delete the sandbox in the dashboard; the next kernel restores the working directory from the volume."""
     require_mount_s3("daytona", emulator)
     env = {"DAYTONA_KERNEL_SYNC": "off"}  # only the volume can bring the files back
-    key = workspace_key_for(str(tmp_path))
     with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
         run = k.execute(
             "import sqlite3\n"
@@ -111,11 +108,12 @@ def test_a_file_survives_the_loss_of_its_sandbox(emulator, daytona_env, tmp_path
             "db.commit(); db.close()"
         )
         assert run.errors == [], run.errors
-        wait_for(emulator.bucket_path("daytona-kernel", key, "keep.txt"), b"still here")
-        wait_for(emulator.bucket_path("daytona-kernel", key, "keep.sqlite"))
+        (sandbox,) = [s for s in sandboxes_of(emulator, tmp_path) if s.state != "destroyed"]
+        subpath = sandbox.spec["volumes"][0]["subpath"]
+        wait_for(emulator.bucket_path("daytona-kernel", subpath, "keep.txt"), b"still here")
+        wait_for(emulator.bucket_path("daytona-kernel", subpath, "keep.sqlite"))
         run = k.execute("import os; os.remove('keep.txt'); open('keep.txt', 'w').write('changed')")
-        wait_for(emulator.bucket_path("daytona-kernel", key, "keep.txt"), b"changed")
-    (sandbox,) = [s for s in sandboxes_of(emulator, tmp_path) if s.state != "destroyed"]
+        wait_for(emulator.bucket_path("daytona-kernel", subpath, "keep.txt"), b"changed")
     delete_sandbox(emulator, sandbox.id)
     with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
         run = k.execute(
@@ -167,7 +165,7 @@ def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> No
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the mount-s3 storage tests, but {missing}")
         pytest.skip(missing)
-    disk = tmp_path / "disk"
+    disk = tmp_path / "sandbox-1" / "workspace"  # the record goes beside the working directory
     (disk / "sub").mkdir(parents=True)
     with MountS3(tmp_path / "bucket", tmp_path / "volume") as mount:
         volume = mount.mountpoint
@@ -187,8 +185,8 @@ def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> No
         assert (volume / "a.txt").read_text() == "two, longer"
         assert not (volume / "sub" / "b.bin").exists()
 
-        fresh = tmp_path / "new-disk"  # a new sandbox: its disk is empty
-        fresh.mkdir()
+        fresh = tmp_path / "sandbox-2" / "workspace"  # a new sandbox: its disk is empty
+        fresh.mkdir(parents=True)
         second = copier(fresh)
         assert second.restore() == (1, [])
         assert (fresh / "a.txt").read_text() == "two, longer"

@@ -16,8 +16,10 @@ chmod-ed or touched.
 - ``wake()`` after each cell: a background thread scans the working directory
   and copies the files that changed since their last copy, and removes from the
   volume the files that were deleted. The cell's reply does not wait for it.
-- The record (``.daytona-kernel/volume-copy.json`` on the disk) holds each
-  file's size and mtime as last copied, so nothing already there is copied again.
+- The record (``.daytona-kernel-volume-copy.json`` beside the working directory,
+  on the disk) holds each file's size and mtime as last copied, so nothing
+  already there is copied again. It stays out of the working directory, which
+  starts empty as with ipykernel.
 """
 
 import json
@@ -26,7 +28,7 @@ import shutil
 import threading
 import time
 
-RECORD = ".daytona-kernel/volume-copy.json"
+RECORD = ".daytona-kernel-volume-copy.json"  # in the working directory's parent folder
 COPY_BLOCK_BYTES = 1024 * 1024
 SETTLE_S = 0.05  # after a wake, let a burst of wakes pass before scanning
 
@@ -66,9 +68,8 @@ class DurableCopy(object):
 
     def restore(self):
         """Fill a fresh working directory from the volume. Returns (files restored, problems)."""
-        record_path = os.path.join(self.workdir, RECORD)
         try:
-            with open(record_path, encoding="utf-8") as f:
+            with open(self._record_path(), encoding="utf-8") as f:
                 self._record = json.load(f)
             return 0, []
         except (OSError, ValueError):
@@ -185,10 +186,12 @@ class DurableCopy(object):
             self._save()
         return copied
 
+    def _record_path(self):
+        return os.path.join(os.path.dirname(os.path.abspath(self.workdir)), RECORD)
+
     def _save(self):
-        path = os.path.join(self.workdir, RECORD)
+        path = self._record_path()
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 json.dump(self._record, f)
             os.replace(path + ".tmp", path)  # on the disk, where rename works
