@@ -17,7 +17,7 @@ from typing import Any
 from .backends.base import RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, SandboxNotRunning
+from .errors import BackendError, ContextTimeout, DaytonaKernelError, SandboxNotRunning
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify
 from .outputs import OutputBudget, OutputPolicy
@@ -139,6 +139,7 @@ class RuntimeSession:
         request = self._new_request(live, frontend, bridge, budget)
         run_error: RunError | None = None
         exception: BackendError | None = None
+        started = asyncio.get_running_loop().time()
         try:
             try:
                 run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
@@ -153,7 +154,15 @@ class RuntimeSession:
             if bridge is not None:
                 bridge.cancel()
         request.finish()
+        if exception is None and self._caught_timeout(request, asyncio.get_running_loop().time() - started):
+            exception = ContextTimeout("the runtime caught the timeout's SIGINT")
         return request, RunEnd(exception, run_error, request.interrupted, request.restarted_by_watchdog)
+
+    def _caught_timeout(self, request: Request, elapsed_s: float) -> bool:
+        """The daemon's timeout SIGINT, caught by the runtime as a KeyboardInterrupt: close 1000, not 4008."""
+        timeout = self._timeout()
+        error = request.error
+        return bool(timeout) and not request.interrupted and elapsed_s >= timeout and error is not None and error.get("ename") == "KeyboardInterrupt"  # type: ignore[operator]
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None

@@ -7,8 +7,14 @@ Fidelity:
 - every request body is parsed with the SDK's own generated models; an unknown
   field or a wrong type is a 400, so a client bug fails loudly;
 - every response DTO is checked against the SDK's models before it is sent;
-- code runs in the local backend's interpreter worker, over the interpreter
-  websocket with the daemon's frames and close codes (1000, 4008, 1008, 1001).
+- code runs in a worker that behaves like the daemon's (``local_worker.py``,
+  driven by ``InterpreterWorker``: fd 1 is the protocol pipe, non-JSON lines are
+  dropped, a 1 MiB line stops the reader, SIGINT then SIGKILL on timeout, a dead
+  worker is replaced silently), over the interpreter websocket with the
+  daemon's frames and close codes (1000, 4008, 1008, 1001, 1002) and its
+  slow-consumer cut-off. See "Daemon worker" in FACTS.md and
+  ``apps/daemon/pkg/toolbox/process/interpreter/`` (controller.go,
+  repl_client.go, websocket.go) in Daytona's source.
 
 Test controls: per-endpoint request counters, and faults: the next N calls of
 an endpoint fail with a status, the next websocket is dropped mid-cell, a
@@ -45,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from daytona_api_client.models.create_sandbox import CreateSandbox
 from daytona_api_client.models.create_volume import CreateVolume
 from daytona_api_client.models.list_sandboxes_response import ListSandboxesResponse
@@ -62,14 +68,17 @@ from daytona_toolbox_api_client.models.list_contexts_response import ListContext
 
 from mounts3 import MountS3, fuse_missing
 
-from daytona_kernel.backends.local import LocalContext
-from daytona_kernel.errors import ContextDied, ContextTimeout
+from daytona_kernel.backends.local import Chunk, InterpreterWorker, WorkerEnd
 
 API_KEY = "dtn_emulator0123456789abcdefghij"
 ORG_ID = "emulator-org"
 WS_TIMEOUT = 4008
-WS_CONTEXT_NOT_FOUND = 1008
-WS_WORKER_EXITED = 1001
+WS_POLICY = 1008  # context not found, code is required, slow consumer
+WS_WORKER_EXITED = 1001  # the worker ended, or the context was deleted
+WS_PROTOCOL_ERROR = 1002  # the first message is not a valid ExecuteRequest
+WS_CLIENT_FRAMES = 1024  # websocket.go: the client's send channel; a full channel drops the client
+DEFAULT_EXEC_TIMEOUT_S = 600  # controller.go: a request without "timeout" gets 10 minutes
+WS_CLOSE_CODES = {WorkerEnd.COMPLETED: 1000, WorkerEnd.INTERRUPTED: WS_TIMEOUT, WorkerEnd.KILLED: WS_TIMEOUT, WorkerEnd.EXITED: WS_WORKER_EXITED}
 VOLUME_READY_AFTER_S = 0.3
 SANDBOX_HOME = "/home/daytona"  # the default snapshot's user (images/sandbox/Dockerfile)
 
@@ -135,7 +144,7 @@ class EmuVolume:
 class EmuContext:
     id: str
     cwd: str
-    worker: LocalContext
+    worker: InterpreterWorker
     created_at: str = field(default_factory=_now)
 
 
@@ -151,6 +160,7 @@ class EmuSandbox:
     contexts: dict[str, EmuContext] = field(default_factory=dict)
     created_at: str = field(default_factory=_now)
     fuse_mounts: list[MountS3] = field(default_factory=list)
+    sockets: set[asyncio.BaseTransport] = field(default_factory=set)  # open interpreter websockets
 
 
 class DaytonaEmulator:
@@ -395,10 +405,12 @@ class DaytonaEmulator:
 
     async def _kill_contexts(self, sandbox: EmuSandbox) -> None:
         for ctx in list(sandbox.contexts.values()):
-            await ctx.worker.close()
+            await ctx.worker.shutdown()
         sandbox.contexts.clear()
 
     async def _stop(self, sandbox: EmuSandbox, state: str = "stopped") -> None:
+        for transport in list(sandbox.sockets):  # the daemon dies with the sandbox: its sockets drop (1006)
+            transport.abort()
         await self._kill_contexts(sandbox)
         ephemeral = sandbox.spec.get("autoDeleteInterval") == 0
         sandbox.state = "destroyed" if ephemeral else state
@@ -516,74 +528,118 @@ class DaytonaEmulator:
         cwd = spec.cwd or str(sandbox.home)
         folder = self.host_path(sandbox, cwd)
         folder.mkdir(parents=True, exist_ok=True)
+        ctx = await self._new_context(sandbox, str(uuid.uuid4()), cwd)
+        return web.json_response(self._context_dto(ctx))
+
+    async def _new_context(self, sandbox: EmuSandbox, cid: str, cwd: str) -> EmuContext:
+        folder = self.host_path(sandbox, cwd)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
         env.update(sandbox.spec.get("env") or {})
-        worker = await LocalContext.spawn(self.python, str(folder), env)
-        ctx = EmuContext(str(uuid.uuid4()), cwd, worker)
+        worker = InterpreterWorker(self.python, str(folder), env)
+        await worker.start()
+        ctx = EmuContext(cid, cwd, worker)
         sandbox.contexts[ctx.id] = ctx
-        return web.json_response(self._context_dto(ctx))
+        return ctx
 
     async def list_contexts(self, request: web.Request) -> web.Response:
         sandbox = self._started(request)
-        contexts = [self._context_dto(c) for c in sandbox.contexts.values()]
+        contexts = [self._context_dto(c) for c in sandbox.contexts.values() if c.id != "default"]
         return web.json_response(checked(ListContextsResponse, {"contexts": contexts}))
 
     async def delete_context(self, request: web.Request) -> web.Response:
         sandbox = self._started(request)
-        ctx = sandbox.contexts.pop(request.match_info["cid"])
-        await ctx.worker.close()
+        cid = request.match_info["cid"]
+        if cid == "default":
+            raise BadRequest("cannot delete default context")
+        ctx = sandbox.contexts.pop(cid)
+        await ctx.worker.shutdown()
         return web.Response(status=200)
 
     async def execute(self, request: web.Request) -> web.StreamResponse:
+        """The interpreter websocket, as controller.go, repl_client.go and websocket.go run it."""
         sandbox = self._sandbox(request)
         if sandbox.state != "started":
             return web.Response(status=400, text="sandbox is not started")  # fails the handshake
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        first = await ws.receive_json()
-        ctx = sandbox.contexts.get(first.get("contextId") or "")
-        if ctx is None:
-            await ws.close(code=WS_CONTEXT_NOT_FOUND, message=b"context not found")
-            return ws
+        transport = request.transport
+        assert transport is not None
+        sandbox.sockets.add(transport)
+        try:
+            await self._serve_execute(sandbox, ws, transport)
+        finally:
+            sandbox.sockets.discard(transport)
+        return ws
+
+    async def _serve_execute(self, sandbox: EmuSandbox, ws: web.WebSocketResponse, transport: asyncio.BaseTransport) -> None:
+        first = await ws.receive()
+        try:
+            req = json.loads(first.data) if first.type == WSMsgType.TEXT else None
+            if not isinstance(req, dict):
+                raise ValueError("not an object")
+            timeout, envs = req.get("timeout", DEFAULT_EXEC_TIMEOUT_S), req.get("envs") or {}
+            # Go unmarshals "timeout" into an int64 and "envs" into map[string]string
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, type(None))):
+                raise ValueError("timeout is not an integer")
+            if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
+                raise ValueError("envs is not a map of strings")
+        except ValueError:
+            await ws.close(code=WS_PROTOCOL_ERROR, message=b"invalid JSON payload")
+            return
+        if not req.get("code"):
+            await ws.close(code=WS_POLICY, message=b"code is required")
+            return
+        if timeout is not None and timeout < 0:
+            await ws.close(code=WS_POLICY, message=b"timeout must be greater than or equal to 0")
+            return
+        cid = req.get("contextId")
+        if cid is None:  # the default context, created on first use
+            ctx = sandbox.contexts.get("default") or await self._new_context(sandbox, "default", str(sandbox.home))
+        else:
+            ctx = sandbox.contexts.get(cid)
+            if ctx is None:
+                await ws.close(code=WS_POLICY, message=f"context not found: {cid}".encode())
+                return
         with self._lock:
             drop_after, self._drop_ws_after = self._drop_ws_after, None
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        sent = 0
+        frames: asyncio.Queue[dict[str, str] | int] = asyncio.Queue(WS_CLIENT_FRAMES)
+        attached = True
 
-        async def sender() -> None:
-            nonlocal sent
+        def emit(chunk: Chunk) -> None:
+            nonlocal attached
+            if not attached:
+                return
+            try:
+                frames.put_nowait(chunk)
+            except asyncio.QueueFull:  # "slow consumer": no room for its 1008 close frame either
+                attached = False
+                transport.abort()
+
+        async def send() -> None:
+            sent = 0
             while True:
-                frame = await queue.get()
-                if frame is None:
+                frame = await frames.get()
+                if isinstance(frame, int):
+                    await ws.close(code=frame, message=b"worker process ended" if frame == WS_WORKER_EXITED else b"")
                     return
                 await ws.send_str(json.dumps(frame))
                 sent += 1
                 if drop_after is not None and sent >= drop_after:
-                    assert request.transport is not None
-                    request.transport.abort()
+                    transport.abort()
                     return
 
-        sending = asyncio.ensure_future(sender())
-        close_code = 1000
-        try:
-            error = await ctx.worker.run_code(
-                first["code"],
-                lambda text: queue.put_nowait({"type": "stdout", "text": text}),
-                lambda text: queue.put_nowait({"type": "stderr", "text": text}),
-                timeout=first.get("timeout") or None,
-            )
-            if error is not None:
-                queue.put_nowait({"type": "error", "name": error.name, "value": error.value, "traceback": error.traceback})
-        except ContextTimeout:
-            close_code = WS_TIMEOUT
-        except ContextDied:
-            close_code = WS_WORKER_EXITED
-        queue.put_nowait(None)
-        with contextlib.suppress(ConnectionError):
+        sending = asyncio.ensure_future(send())
+        ending = await ctx.worker.execute(req["code"], emit, timeout or None, envs)
+        if attached:
+            try:
+                frames.put_nowait(WS_CLOSE_CODES[ending])
+            except asyncio.QueueFull:
+                transport.abort()
+                sending.cancel()
+        else:
+            sending.cancel()
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             await sending
-        if not ws.closed and not (request.transport is None or request.transport.is_closing()):
-            await ws.close(code=close_code)
-        return ws
 
     async def process_execute(self, request: web.Request) -> web.Response:
         sandbox = self._started(request)

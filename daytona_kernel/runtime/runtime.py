@@ -12,6 +12,7 @@ The runtime never knows which backend it runs on.
 import ast
 import base64
 import builtins
+import codecs
 import getpass
 import importlib.machinery
 import importlib.util
@@ -20,6 +21,8 @@ import json
 import linecache
 import os
 import re
+import select
+import signal
 import struct
 import tempfile
 import sys
@@ -52,6 +55,10 @@ CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")  # JSON escapes these
 IDLE_BUFFER_CHARS = 1024 * 1024
 CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # relative to the working directory
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
+FD_READ_BYTES = 64 * 1024
+PIPE_BYTES = 1024 * 1024  # capture pipes this large rarely fill while a C call holds the GIL
+F_SETPIPE_SZ = getattr(__import__("fcntl") if os.name == "posix" else None, "F_SETPIPE_SZ", 1031)
+PROTOCOL_LINE_START = '{"type": "'  # how the daemon's worker (json.dump of a dict) starts every line
 SIMPLE_TYPES = (int, float, complex, bool, str, bytes, type(None))
 
 # One table: MIME type -> the _repr_*_ method that produces it.
@@ -113,7 +120,10 @@ class OutputStream(io.TextIOBase):
         return False
 
     def fileno(self):
-        raise io.UnsupportedOperation("%s has no file descriptor in a sandbox context" % self.name)
+        """fd 1 or 2, which the runtime captures, so ``subprocess.run(..., stdout=sys.stdout)`` shows up."""
+        if self._rt.fds is None:
+            raise io.UnsupportedOperation("%s has no file descriptor in a sandbox context" % self.name)
+        return 1 if self.name == "stdout" else 2
 
     def write(self, s):
         if not isinstance(s, str):
@@ -162,6 +172,165 @@ class OutputStream(io.TextIOBase):
         step = ASCII_WRITE_CHARS if text.isascii() and not CONTROL_CHARS.search(text) else WRITE_CHARS
         for i in range(0, len(text), step):
             self.target.write(text[i : i + step])
+        _flush_through(self.target)
+
+
+def _flush_through(stream):
+    """The daemon's worker holds a partial line until a newline or 1024 characters: send it now."""
+    flush = getattr(stream, "flush", None)
+    if flush is not None:
+        flush()
+
+
+def _block_signals():
+    """Keep SIGINT/SIGTERM for the main thread, where they interrupt the cell (not this helper thread)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+class ProtocolWriter(io.TextIOBase):
+    """``sys.__stdout__`` once fds are captured: the worker's protocol lines, on a private fd.
+
+    The daemon's worker writes each JSON line to ``sys.__stdout__`` and flushes.
+    A line that looks like one of those goes to the original fd 1 in one piece
+    (SIGINT held off, so no half line is left behind). Anything else written
+    here (user code printing to ``sys.__stdout__``) is cell output.
+    """
+
+    def __init__(self, runtime, fd):
+        super().__init__()
+        self._rt = runtime
+        self._fd = fd
+        self._parts = []
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    @property
+    def errors(self):
+        return "replace"
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return 1  # the captured fd 1: never the protocol fd
+
+    def write(self, s):
+        if s:
+            self._parts.append(s)
+            if s.endswith("\n"):
+                self._release()
+        return len(s)
+
+    def flush(self):
+        if self._parts:
+            self._release()
+
+    def _release(self):
+        text = "".join(self._parts)
+        self._parts = []
+        if text.startswith(PROTOCOL_LINE_START) and text.endswith("}\n") and "\n" not in text[:-1]:
+            self._write_line(text.encode("utf-8", "replace"))
+        else:
+            self._rt.out.write(text)
+
+    def _write_line(self, data):
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+class FdCapture(object):
+    """fds 1 and 2 point at pipes whose contents become cell output, as under ipykernel.
+
+    In the daemon's worker fd 1 IS the protocol pipe: a subprocess, ``os.system``
+    or C code writing there is dropped by the daemon, or glues onto the next
+    protocol line and loses it; fd 2 goes to the daemon's log (FACTS.md, "Daemon
+    worker"). So the runtime keeps a private duplicate of fd 1 for the protocol
+    (behind ``sys.__stdout__``, where the worker writes), points fds 1 and 2 at
+    pipes, and a thread pumps them into its stdout/stderr streams. Children
+    inherit only the pipes, never the protocol fd.
+    """
+
+    def __init__(self, runtime):
+        self._rt = runtime
+        self._readers = {}  # read end -> (stream, incremental decoder)
+        self._libc = None
+        self.original_stdout = None
+
+    def install(self):
+        for stream in (sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+        self.original_stdout = sys.__stdout__  # it wraps fd 1: kept alive so fd 1 is never closed
+        protocol = ProtocolWriter(self._rt, os.dup(1))
+        for fd, stream in ((1, self._rt.out), (2, self._rt.err)):
+            read_end, write_end = os.pipe()
+            try:
+                __import__("fcntl").fcntl(write_end, F_SETPIPE_SZ, PIPE_BYTES)
+            except (OSError, ImportError):
+                pass  # not Linux, or over the system's limit: the default pipe size works too
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            self._readers[read_end] = (stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        sys.__stdout__ = protocol
+        threading.Thread(target=self._pump, name="daytona-kernel-fd-pump", daemon=True).start()
+
+    def _pump(self):
+        _block_signals()
+        while self._readers:
+            ready, _, _ = select.select(list(self._readers), [], [])
+            with self._rt.lock:
+                self._read_locked(ready)
+
+    def drain(self):
+        """Move everything already written to fds 1 and 2 into the streams."""
+        with self._rt.lock:
+            self._flush_c_stdio()
+            self._read_locked(list(self._readers))
+
+    def _flush_c_stdio(self):
+        """C code's printf output sits in libc's buffer (fd 1 is a pipe): push it into the pipe."""
+        if self._libc is None:
+            try:
+                import ctypes
+
+                self._libc = ctypes.CDLL(None)
+                self._libc.fflush(None)
+            except (ImportError, OSError, AttributeError) as exc:
+                self._libc = False
+                self._rt.err.write("daytona-kernel: C-level output may arrive late (%r)\n" % (exc,))
+        elif self._libc:
+            self._libc.fflush(None)
+
+    def _read_locked(self, fds):
+        for fd in fds:
+            if fd not in self._readers:
+                continue
+            stream, decoder = self._readers[fd]
+            while True:
+                try:
+                    data = os.read(fd, FD_READ_BYTES)
+                except BlockingIOError:
+                    break
+                if not data:  # every write end is closed (user code closed fd 1 or 2)
+                    del self._readers[fd]
+                    os.close(fd)
+                    break
+                text = decoder.decode(data)
+                if text:
+                    stream.write(text)
 
 
 class _BinaryWriter(object):
@@ -286,6 +455,7 @@ class Runtime(object):
         self.out = OutputStream(self, "stdout")
         self.err = OutputStream(self, "stderr")
         self._frame_target = None
+        self.fds = None
         self._flusher_wake = threading.Event()
         self._flusher = None
         self._cell_files = {}
@@ -333,6 +503,13 @@ class Runtime(object):
         builtins.get_ipython = lambda: self.shell
         builtins.input = self.input
         getpass.getpass = self.getpass
+        if os.name == "posix" and not isinstance(sys.__stdout__, ProtocolWriter):
+            capture = FdCapture(self)
+            try:
+                capture.install()
+                self.fds = capture
+            except OSError as exc:
+                self.err.write("daytona-kernel: output written to fds 1 and 2 will not be shown (%r)\n" % (exc,))
 
     def _init_namespace(self):
         ns = self.user_ns
@@ -420,6 +597,8 @@ class Runtime(object):
 
     def end(self):
         with self.lock:
+            if self.fds is not None:
+                self.fds.drain()
             self.flush_streams_locked()
             self.active = False
             if sys.stdout is self.out:
@@ -465,6 +644,7 @@ class Runtime(object):
         self._flusher.start()
 
     def _flush_loop(self):
+        _block_signals()
         while True:
             self._flusher_wake.wait()
             self._flusher_wake.clear()
@@ -479,12 +659,15 @@ class Runtime(object):
             self._capture[-1].append((kind, payload))
             return
         with self.lock:
+            if self.fds is not None:
+                self.fds.drain()
             self.flush_streams_locked()
             target = self._frame_target
             if target is None:
                 return
             for line in _framing.encode_frame(self.token, kind, payload):
                 target.write(line)
+            _flush_through(target)
 
     # -- display ---------------------------------------------------------
 
