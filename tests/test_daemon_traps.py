@@ -8,6 +8,11 @@ would show.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
+
 import pytest
 from kernels import Kernel, result_text
 
@@ -123,3 +128,30 @@ def test_a_cell_timeout_is_reported_as_one_and_keeps_variables(kernel_name: str,
         assert run.errors[0]["ename"] == "CellTimeoutError"
         assert "1 s timeout" in run.errors[0]["evalue"]
         assert result_text(k.execute("kept")) == "'yes'"
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only a zombie waiting for a parent that does not reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_local_worker_dies_with_a_sigkilled_kernel(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    k = Kernel("daytona-local", cwd=str(tmp_path))
+    try:
+        worker = int(result_text(k.execute("import os\nos.getpid()")))
+        k.kc.execute("import time\ntime.sleep(600)")  # busy: it would not notice its stdin closing
+        time.sleep(1)
+        assert not _gone(worker)
+        os.kill(k.km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 20
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(worker), f"worker {worker} outlived its SIGKILLed kernel"
+    finally:
+        k.kc.stop_channels()
+        k.km.cleanup_resources()

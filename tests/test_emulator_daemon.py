@@ -62,14 +62,14 @@ async def raw_execute(emulator, sandbox, request: dict[str, Any], read_after_s: 
     """Frames and close code of one interpreter websocket, without the SDK in between."""
     url = f"ws://127.0.0.1:{emulator.port}/toolbox/{sandbox.id}/process/interpreter/execute"
     frames: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(url, headers={"Authorization": f"Bearer {emulator.api_key}"}) as ws:
-            await ws.send_str(json.dumps(request))
-            await asyncio.sleep(read_after_s)
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    frames.append(json.loads(msg.data))
-            return frames, ws.close_code
+    headers = {"Authorization": f"Bearer {emulator.api_key}"}
+    async with aiohttp.ClientSession() as http, http.ws_connect(url, headers=headers) as ws:
+        await ws.send_str(json.dumps(request))
+        await asyncio.sleep(read_after_s)
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                frames.append(json.loads(msg.data))
+        return frames, ws.close_code
 
 
 # -- fd 1 is the protocol pipe ---------------------------------------------------
@@ -223,7 +223,7 @@ async def test_a_worker_killed_between_cells_is_replaced_silently(sandbox, conte
 async def test_a_worker_exiting_mid_cell_closes_with_1001(emulator, sandbox, context) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(DaytonaConnectionError, match="1001"):
         await run(sandbox, context, "import os\nos._exit(0)")
-    frames, code = await raw_execute(emulator, sandbox, {"code": "import os\nos._exit(3)", "contextId": context.id, "timeout": 0})
+    _, code = await raw_execute(emulator, sandbox, {"code": "import os\nos._exit(3)", "contextId": context.id, "timeout": 0})
     assert code == 1001
 
 
@@ -280,7 +280,7 @@ async def test_a_sandbox_stopped_mid_cell_drops_the_socket(emulator, sandbox, co
         await asyncio.get_running_loop().run_in_executor(None, emulator.stop_sandbox, sandbox.id)
 
     request = {"code": "import time\ntime.sleep(30)", "contextId": context.id, "timeout": 0}
-    (frames, close), _ = await asyncio.gather(raw_execute(emulator, sandbox, request), stop_soon())
+    (_, close), _ = await asyncio.gather(raw_execute(emulator, sandbox, request), stop_soon())
     assert close not in (1000, 1001, 4008)
 
 
@@ -341,7 +341,7 @@ async def test_local_worker_exit_mid_cell_and_between_cells(local) -> None:  # t
     pid = int((await local_run(local, "import os\nprint(os.getpid())"))[0])
     os.kill(pid, 9)
     await asyncio.sleep(0.2)
-    assert (await local_run(local, "import os\nprint(os.getpid() != %d)" % pid))[0] == "True\n"
+    assert (await local_run(local, f"import os\nprint(os.getpid() != {pid})"))[0] == "True\n"
 
 
 async def test_local_worker_system_exit_and_error_format(local) -> None:  # type: ignore[no-untyped-def]

@@ -9,10 +9,13 @@ jittered backoff for a bounded time; 401/403 fail at once.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import os
 import posixpath
 import random
+import re
 import shlex
 import time
 from datetime import datetime
@@ -39,6 +42,7 @@ from daytona.common.errors import (
     DaytonaRateLimitError,
     DaytonaTimeoutError,
 )
+from daytona.internal.shared_session import http_session_of
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
@@ -61,6 +65,9 @@ LABEL_WORKSPACE = "daytona-kernel-workspace"
 LABEL_OWNER = "daytona-kernel-owner"
 LABEL_KERNEL = "daytona-kernel-kernel-id"
 LABEL_POLICY = "daytona-kernel-policy"
+WS_DONE = 1000
+WS_GOING_AWAY = 1001  # the daemon: the worker process ended, or the context was deleted
+WS_TIMEOUT = 4008  # the daemon: timeout, or a KeyboardInterrupt escaped the code
 STARTABLE_STATES = ("stopped", "archived")
 FAILED_STATES = ("error", "build_failed")
 
@@ -90,18 +97,6 @@ def _is_retryable(exc: DaytonaError) -> bool:
     if isinstance(exc, (DaytonaRateLimitError, DaytonaConnectionError)):
         return True
     return status is None or status >= 500
-
-
-def _handshake_failure(exc: BaseException) -> aiohttp.ClientError | None:
-    """The aiohttp error behind a websocket that never opened (so no code ran), if any."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, (aiohttp.WSServerHandshakeError, aiohttp.ClientConnectorError)):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -175,6 +170,21 @@ async def _call(what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True
             raise translate_error(exc, what) from exc
 
 
+async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse:
+    """The interpreter websocket, opened exactly as the SDK's ``run_code`` opens it.
+
+    ``AsyncCodeInterpreter.run_code`` appends every stdout piece to one growing
+    string (quadratic in the output), so the kernel reads the socket itself. The
+    URL, auth headers and HTTP session still come from the SDK's own clients
+    (``daytona/_async/code_interpreter.py`` in daytona 0.226, pinned in pyproject).
+    """
+    api = sandbox.code_interpreter._api_client
+    _, url, headers, *_ = api._execute_interpreter_code_serialize(
+        _request_auth=None, _content_type=None, _headers=None, _host_index=None
+    )
+    return await http_session_of(api.api_client).ws_connect(re.sub(r"^http", "ws", url), headers=headers)
+
+
 class DaytonaContext(Context):
     """An interpreter context in a Daytona sandbox."""
 
@@ -192,23 +202,41 @@ class DaytonaContext(Context):
     ) -> RunError | None:
         sandbox = self._owner.sdk_sandbox
         try:
-            result = await sandbox.code_interpreter.run_code(
-                code,
-                context=self._context,
-                on_stdout=lambda msg: on_stdout(msg.output),
-                on_stderr=lambda msg: on_stderr(msg.output),
-                timeout=int(timeout) if timeout else 0,
-            )
-        except DaytonaTimeoutError as exc:
-            raise ContextTimeout("timeout") from exc
-        except DaytonaError as exc:
-            failed = _handshake_failure(exc)
-            if failed is not None:  # nothing ran: find out why
-                raise await self._owner.why_unreachable(exc) from exc
-            raise await self._owner.why_cut_off(self.id, exc) from exc
-        if result.error is None:
-            return None
-        return RunError(result.error.name, result.error.value, result.error.traceback or "")
+            ws = await open_interpreter_socket(sandbox)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran: find out why
+            raise await self._owner.why_unreachable(exc) from exc
+        # The daemon reads "timeout" as whole seconds (0 = none; absent = 10 minutes).
+        request = {"code": code, "contextId": self.id, "timeout": math.ceil(timeout) if timeout else 0}
+        error: RunError | None = None
+        try:
+            await ws.send_str(json.dumps(request))
+            while True:
+                msg = await ws.receive()
+                if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                    chunk = json.loads(msg.data)
+                    kind = chunk.get("type")
+                    if kind == "stdout":
+                        on_stdout(chunk.get("text", ""))
+                    elif kind == "stderr":
+                        on_stderr(chunk.get("text", ""))
+                    elif kind == "error":
+                        error = RunError(chunk.get("name", ""), chunk.get("value", ""), chunk.get("traceback") or "")
+                    continue
+                close_code = msg.data if msg.type == aiohttp.WSMsgType.CLOSE else ws.close_code
+                reason = msg.extra if msg.type == aiohttp.WSMsgType.CLOSE else None
+                break
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise await self._owner.why_cut_off(self.id, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if not ws.closed:
+                await ws.close()
+        if close_code in (WS_DONE, None):
+            return error
+        if close_code == WS_TIMEOUT:  # a KeyboardInterrupt escaped, or the daemon killed the worker
+            raise ContextTimeout("timeout")
+        if close_code == WS_GOING_AWAY:  # the worker process ended, or the context was deleted
+            raise ContextDied("the interpreter process ended")
+        raise await self._owner.why_cut_off(self.id, f"{reason or 'the websocket closed'} (close code {close_code})")
 
     async def close(self) -> None:
         sandbox = self._owner.sdk_sandbox
@@ -420,31 +448,41 @@ class DaytonaSandbox(Sandbox):
         await _call("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
         return self._state()
 
-    async def why_unreachable(self, exc: DaytonaError) -> BackendError:
-        """The interpreter websocket did not open, so no code ran. Say why."""
+    async def why_unreachable(self, exc: BaseException) -> BackendError:
+        """The interpreter websocket did not open, so no code ran. Say why.
+
+        A stopped sandbox refuses the handshake with 400, a vanished one with 404;
+        the sandbox's state says which (FACTS.md, "Sandbox state seen from the websocket").
+        """
         try:
             state = await self.refresh_state()
         except BackendError as inner:
             return inner
         if state != "started":
             return SandboxNotRunning(f"The sandbox {self.id} is {state}.")
-        if _is_retryable(exc) or isinstance(_handshake_failure(exc), aiohttp.ClientConnectorError):
-            return SandboxNotRunning(f"The sandbox {self.id} did not answer ({exc}).")
-        return translate_error(exc, "reach the interpreter")
+        status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
+        if status in (401, 403):
+            return AuthError(
+                f"Daytona refused to open the interpreter ({status}): check DAYTONA_API_KEY and DAYTONA_TARGET, "
+                "then restart the kernel."
+            )
+        if status is None or status == 429 or status >= 500:
+            return SandboxNotRunning(f"The sandbox {self.id} did not answer ({type(exc).__name__}: {exc}).")
+        return BackendError(f"Could not reach the interpreter in sandbox {self.id}: {exc}")
 
-    async def why_cut_off(self, context_id: str, exc: DaytonaError) -> BackendError:
+    async def why_cut_off(self, context_id: str, detail: str) -> BackendError:
         """A running cell's stream broke. Did the sandbox stop, the worker die, or just the connection?"""
         try:
             state = await self.refresh_state()
         except BackendError as inner:
-            return ConnectionLost(f"The connection to the sandbox was lost ({exc}) and it cannot be reached: {inner}")
+            return ConnectionLost(f"The connection to the sandbox was lost ({detail}) and it cannot be reached: {inner}")
         if state != "started":
             return ContextDied(f"the sandbox stopped ({state})")
         contexts = await _call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
         if not any(c.id == context_id and c.active for c in contexts):
             return ContextDied("the interpreter process is gone")
         return ConnectionLost(
-            f"The connection to the sandbox was lost while the cell ran ({exc}). The cell may still be "
+            f"The connection to the sandbox was lost while the cell ran ({detail}). The cell may still be "
             "running there; its further output is lost. Your variables are kept."
         )
 

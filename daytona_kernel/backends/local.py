@@ -25,7 +25,7 @@ import signal
 import stat
 import uuid
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable
 
 from jupyter_core.paths import jupyter_data_dir
 
@@ -42,7 +42,7 @@ STREAM_FIELDS = ("type", "text", "name", "value", "traceback")
 
 log = logging.getLogger("daytona_kernel.local")
 
-Chunk = Dict[str, str]
+Chunk = dict[str, str]
 ChunkSink = Callable[[Chunk], None]
 
 

@@ -56,6 +56,7 @@ IDLE_BUFFER_CHARS = 1024 * 1024
 CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # relative to the working directory
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
 FD_READ_BYTES = 64 * 1024
+DRAIN_INTERVAL_S = 0.001  # a write this long after the last look at fds 1/2 looks again first (keeps order)
 PIPE_BYTES = 1024 * 1024  # capture pipes this large rarely fill while a C call holds the GIL
 F_SETPIPE_SZ = getattr(__import__("fcntl") if os.name == "posix" else None, "F_SETPIPE_SZ", 1031)
 PROTOCOL_LINE_START = '{"type": "'  # how the daemon's worker (json.dump of a dict) starts every line
@@ -132,6 +133,9 @@ class OutputStream(io.TextIOBase):
             return 0
         rt = self._rt
         with rt.lock:
+            fds = rt.fds
+            if rt.active and fds is not None and not fds.reading and time.monotonic() - fds.last_drain >= DRAIN_INTERVAL_S:
+                fds.drain()  # what os.system() & co. wrote to fd 1/2 before this write comes first
             if (not rt.active and self._size > IDLE_BUFFER_CHARS) or rt.over_budget:
                 rt.dropped_chars += len(s) if rt.over_budget else 0
                 return len(s)
@@ -276,6 +280,8 @@ class FdCapture(object):
         self._readers = {}  # read end -> (stream, incremental decoder)
         self._libc = None
         self.original_stdout = None
+        self.last_drain = 0.0
+        self.reading = False
 
     def install(self):
         for stream in (sys.__stdout__, sys.__stderr__):
@@ -304,8 +310,9 @@ class FdCapture(object):
                 self._read_locked(ready)
 
     def drain(self):
-        """Move everything already written to fds 1 and 2 into the streams."""
+        """Move everything already written to fds 1 and 2 (and libc's buffer) into the streams."""
         with self._rt.lock:
+            self.last_drain = time.monotonic()
             self._flush_c_stdio()
             self._read_locked(list(self._readers))
 
@@ -324,6 +331,13 @@ class FdCapture(object):
             self._libc.fflush(None)
 
     def _read_locked(self, fds):
+        self.reading = True  # what it reads goes to the streams, whose writes must not drain again
+        try:
+            self._read_fds(fds)
+        finally:
+            self.reading = False
+
+    def _read_fds(self, fds):
         for fd in fds:
             if fd not in self._readers:
                 continue
