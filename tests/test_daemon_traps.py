@@ -121,12 +121,14 @@ def test_a_worker_exiting_mid_cell_is_reported_and_replaced(kernel: Kernel) -> N
     assert kernel.execute("gone").errors[0]["ename"] == "NameError"
 
 
-def test_a_cell_timeout_is_reported_as_one_and_keeps_variables(kernel_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with Kernel(kernel_name, cwd=str(tmp_path), env={"DAYTONA_KERNEL_CELL_TIMEOUT": "1"}) as k:
+@pytest.mark.parametrize("seconds", ["1", "0.5"])
+def test_a_cell_timeout_is_reported_as_one_and_keeps_variables(kernel_name: str, tmp_path, seconds: str) -> None:  # type: ignore[no-untyped-def]
+    """The daemon takes whole seconds: 0.5 must not become 0, which means no timeout."""
+    with Kernel(kernel_name, cwd=str(tmp_path), env={"DAYTONA_KERNEL_CELL_TIMEOUT": seconds}) as k:
         k.execute("kept = 'yes'")
         run = k.execute("import time\ntime.sleep(30)", timeout=60)
         assert run.errors[0]["ename"] == "CellTimeoutError"
-        assert "1 s timeout" in run.errors[0]["evalue"]
+        assert f"{seconds} s timeout" in run.errors[0]["evalue"]
         assert result_text(k.execute("kept")) == "'yes'"
 
 
