@@ -42,7 +42,6 @@ from daytona.common.errors import (
     DaytonaRateLimitError,
     DaytonaTimeoutError,
 )
-from daytona.internal.shared_session import http_session_of
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
@@ -175,14 +174,23 @@ async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketRespon
 
     ``AsyncCodeInterpreter.run_code`` appends every stdout piece to one growing
     string (quadratic in the output), so the kernel reads the socket itself. The
-    URL, auth headers and HTTP session still come from the SDK's own clients
-    (``daytona/_async/code_interpreter.py`` in daytona 0.226, pinned in pyproject).
+    URL, auth headers and HTTP session still come from the SDK's own clients, as
+    in ``daytona/_async/code_interpreter.py`` (the same from 0.207.1 to 0.226.1).
     """
-    api = sandbox.code_interpreter._api_client
-    _, url, headers, *_ = api._execute_interpreter_code_serialize(
-        _request_auth=None, _content_type=None, _headers=None, _host_index=None
-    )
-    return await http_session_of(api.api_client).ws_connect(re.sub(r"^http", "ws", url), headers=headers)
+    try:
+        from daytona.internal.shared_session import http_session_of
+
+        api = sandbox.code_interpreter._api_client
+        _, url, headers, *_ = api._execute_interpreter_code_serialize(
+            _request_auth=None, _content_type=None, _headers=None, _host_index=None
+        )
+        session = http_session_of(api.api_client)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise BackendError(
+            f"This version of the daytona package opens the interpreter differently ({exc}). "
+            "Install a daytona release between 0.207.1 and 0.226.1, or report it to daytona-kernel."
+        ) from exc
+    return await session.ws_connect(re.sub(r"^http", "ws", url), headers=headers)
 
 
 class DaytonaContext(Context):
