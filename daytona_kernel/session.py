@@ -160,9 +160,10 @@ class RuntimeSession:
 
     def _caught_timeout(self, request: Request, elapsed_s: float) -> bool:
         """The daemon's timeout SIGINT, caught by the runtime as a KeyboardInterrupt: close 1000, not 4008."""
-        timeout = self._timeout()
-        error = request.error
-        return bool(timeout) and not request.interrupted and elapsed_s >= timeout and error is not None and error.get("ename") == "KeyboardInterrupt"  # type: ignore[operator]
+        timeout, error = self._timeout(), request.error
+        if timeout is None or error is None or request.interrupted:
+            return False
+        return elapsed_s >= timeout and error.get("ename") == "KeyboardInterrupt"
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None

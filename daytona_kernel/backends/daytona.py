@@ -169,7 +169,7 @@ async def _call(what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True
             raise translate_error(exc, what) from exc
 
 
-async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse:
+async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse[bool]:
     """The interpreter websocket, opened exactly as the SDK's ``run_code`` opens it.
 
     ``AsyncCodeInterpreter.run_code`` appends every stdout piece to one growing

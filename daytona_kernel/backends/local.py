@@ -212,7 +212,8 @@ class InterpreterWorker:
             proc = self._proc
             assert proc is not None and proc.stdin is not None
             loop = asyncio.get_running_loop()
-            self._inbox = inbox = asyncio.Queue()
+            inbox: asyncio.Queue[Chunk | WorkerEnd | None] = asyncio.Queue()
+            self._inbox = inbox
             timer = loop.call_later(timeout, inbox.put_nowait, None) if timeout else None
             interrupted = False
             try:

@@ -678,7 +678,7 @@ class Runtime(object):
 
     def send(self, kind, payload):
         """Emit one frame, after any user text written before it."""
-        if kind in ("display", "update", "clear") and self._capture and self._capture[-1] is not None:
+        if kind in (Kind.DISPLAY, Kind.UPDATE, Kind.CLEAR) and self._capture and self._capture[-1] is not None:
             self._capture[-1].append((kind, payload))
             return
         with self.lock:
