@@ -13,6 +13,7 @@ message saying to mark it ``@pytest.mark.slow``, so the tiers cannot drift.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-SLOW_FIXTURES = {"kernel", "kernel_name", "emulator", "daytona_env", "browser"}
+SLOW_FIXTURES = {"kernel", "kernel_name", "emulator", "daytona_env", "browser", "local"}  # local: a worker process
 SLOW_BASES = {"KernelTests"}  # jupyter_kernel_test's conformance suite starts its kernel in setUpClass
 SLOW_CALLS = {"Kernel", "KernelManager", "DaytonaEmulator", "cli", "console", "pexpect", "subprocess", "papermill", "nbclient", "_run_allowing_errors"}
 
@@ -102,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test in the fast tier may not start a kernel, the emulator or a console."""
+    """A test in the fast tier may not start a kernel, the emulator, a console or a local worker."""
     if request.node.get_closest_marker("fast") is None:
         return
     from jupyter_client.manager import KernelManager
@@ -120,3 +121,4 @@ def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyt
     import pexpect
 
     monkeypatch.setattr(pexpect, "spawn", refuse)
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse)  # a local worker process
