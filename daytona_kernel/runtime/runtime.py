@@ -653,9 +653,11 @@ class Runtime(object):
             )
 
     def flush_streams_locked(self):
-        self.out._send_locked()
-        self.err._send_locked()
-        self.last_flush = time.monotonic()
+        """Send what both streams hold; only a real send starts a new FLUSH_INTERVAL_S (the first line of a cell goes at once)."""
+        if self.out._buf or self.err._buf:
+            self.out._send_locked()
+            self.err._send_locked()
+            self.last_flush = time.monotonic()
 
     def wake_flusher(self):
         self._flusher_wake.set()
