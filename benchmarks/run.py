@@ -27,7 +27,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from daytona_emulator import DaytonaEmulator  # noqa: E402
+from daytona_emulator import TRANSITION_S, DaytonaEmulator  # noqa: E402
 from kernels import Kernel  # noqa: E402
 
 
@@ -262,6 +262,10 @@ def install_kernelspecs(prefix: Path) -> None:
     os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", "")
 
 
+STOPPING_S = 3.0  # how long a Daytona sandbox takes to stop and to start, roughly
+STARTING_S = 2.0
+
+
 def run(quick: bool) -> Report:
     reps = 15 if quick else 200
     few = 2 if quick else 5
@@ -320,7 +324,10 @@ def run(quick: bool) -> Report:
         add(Figure("kernel RSS after 100 cells (min) and after 1,000 cells (median, max)", "MB", endurance, goal="within 20% of cell 100"))
         base_restart = restart_to_first_result(stock, few)
         add(Figure("restart to first result, daytona-local vs ipykernel", "s", restart_to_first_result(local, few), base_restart, "ipykernel"))
-        add(Figure("restart to first result, daytona (emulator), reused sandbox", "s", restart_to_first_result(remote, few), base_restart, "ipykernel"))
+        emu.transition_s.update(stopping=STOPPING_S, starting=STARTING_S)  # a restart that stopped its sandbox would pay these
+        add(Figure("restart to first result, daytona (emulator), reused sandbox", "s", restart_to_first_result(remote, few), base_restart, "ipykernel", "≤ 1.5 s",
+                   note=f"the emulator's stop takes {STOPPING_S:g} s and its start {STARTING_S:g} s, as on Daytona: a restart keeps the sandbox running"))
+        emu.transition_s.update(stopping=TRANSITION_S, starting=TRANSITION_S)
         for k in (stock, local, remote):
             k.close()
         base_start = start_to_first_result("python3", few)
@@ -410,6 +417,7 @@ def judge(report: Report) -> None:
             "≤ 30 ms": lambda: m <= 30,
             "≤ 5 ms": lambda: m <= 5,
             "≤ 2 s": lambda: m <= 2,
+            "≤ 1.5 s": lambda: m <= 1.5,
             "within 20% of cell 100": lambda: f.ours["max"] <= 1.2 * f.ours["min"],
             "≤ 100 ms, 0 requests": lambda: m <= 100,
             "≥ 0.5× raw": lambda: r is not None and r >= 0.5,

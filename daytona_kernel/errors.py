@@ -44,6 +44,12 @@ class SandboxNotRunning(BackendError):
     ename = "SandboxNotRunning"
 
 
+class SandboxGone(SandboxNotRunning):
+    """The sandbox no longer exists (deleted, destroyed, or ephemeral and stopped): find or create another."""
+
+    ename = "SandboxGone"
+
+
 class ContextDied(BackendError):
     """The interpreter context's worker exited while (or before) running code."""
 

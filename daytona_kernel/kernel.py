@@ -165,9 +165,11 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._messages.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        """A restart keeps the sandbox running for the next kernel process (same kernel id, so it finds
+        it again); a real shutdown releases it by policy."""
         if self._runtime is not None:
             try:
-                await self._on_shell_loop(self._runtime.shutdown(), SHUTDOWN_TIMEOUT_S)
+                await self._on_shell_loop(self._runtime.shutdown(restart=restart), SHUTDOWN_TIMEOUT_S)
             except (DaytonaKernelError, asyncio.TimeoutError) as exc:
                 self.log.error(
                     "could not release the sandbox %s at shutdown: %s; its auto-stop interval bounds the cost",

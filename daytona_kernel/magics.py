@@ -56,7 +56,13 @@ def _names(reply: dict[str, Any], key: str) -> list[str]:
 
 
 class IdleCheckpoint:
-    """With checkpoint_on_idle, save the variables shortly before an idle sandbox is auto-stopped."""
+    """With checkpoint_on_idle, save the variables shortly before an idle sandbox is auto-stopped.
+
+    What it costs: the checkpoint is itself a toolbox request, so Daytona counts it as activity
+    (FACTS.md "Control plane") and the auto-stop clock starts again. An idle sandbox with
+    checkpoint_on_idle stops about 2 × auto_stop_interval after the last cell, not 1 ×. It fires
+    once per idle period (the next cell re-arms it), so it never keeps a sandbox up for longer.
+    """
 
     def __init__(self, supervisor: ContextSupervisor, settings: SessionSettings, log: logging.Logger) -> None:
         self._supervisor = supervisor
@@ -167,7 +173,19 @@ class KernelMagics:
             return await self._checkpoint()
         if command == "restore":
             return await self._restore()
-        raise UsageError("Usage: %daytona status | %daytona checkpoint | %daytona restore")
+        if command == "recreate":
+            return await self._recreate()
+        raise UsageError("Usage: %daytona status | %daytona checkpoint | %daytona restore | %daytona recreate")
+
+    async def _recreate(self) -> str:
+        """Delete the sandbox and create one with the current configuration (after config drift)."""
+        old = self._sandbox.id
+        live = await self._supervisor.recreate(None)
+        self._log.info("recreated sandbox %s as %s (pid %s)", old, self._sandbox.id, live.pid)
+        return (
+            f"recreated: {self._sandbox.description} replaces {old}. Variables were reset and packages "
+            "installed with %pip are gone; files on the volume are intact.\n"
+        )
 
     async def _checkpoint(self) -> str:
         live = await self._supervisor.ready()
@@ -198,6 +216,7 @@ class KernelMagics:
     async def _status_text(self) -> str:
         info = {"backend": self._settings.backend}
         try:
+            await self._supervisor.ready()  # the first cell may be this one: show the sandbox, not "not created yet"
             info.update(await self._sandbox.info())
         except DaytonaKernelError as exc:
             info["sandbox"] = f"unavailable: {exc}"

@@ -71,8 +71,8 @@ class RuntimeSession:
     def python_version(self) -> str | None:
         return self.supervisor.python_version
 
-    async def shutdown(self) -> None:
-        """Stop the timers, then stop or delete the sandbox by policy. Safe to call twice."""
+    async def shutdown(self, restart: bool = False) -> None:
+        """Stop the timers, then release the sandbox (kept for the next process on a restart). Safe to call twice."""
         self._shut_down = True
         self._idle_checkpoint.disarm()
         if self.sandbox.volume_dir and self.supervisor.live is not None and self._current is None:
@@ -80,7 +80,7 @@ class RuntimeSession:
             reply = await self.supervisor.query("sync_volume")
             if reply is not None and not reply.get("done"):
                 self._log.warning("the volume's copy of the working directory was still being written at shutdown")
-        await self.supervisor.shutdown()
+        await self.supervisor.shutdown(restart)
 
     # -- requests --------------------------------------------------------
 
@@ -174,7 +174,17 @@ class RuntimeSession:
         return self._settings.cell_timeout or None
 
     async def _recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
+        generation = self.sandbox.generation
         live = await self.supervisor.recover(cause, frontend.progress)
+        if self.sandbox.generation != generation:  # gone (deleted, ephemeral auto-stop): another sandbox now
+            frontend.emit(
+                "stream",
+                stderr(
+                    f"{cause} Your cell runs in another sandbox ({self.sandbox.id}): variables were reset, "
+                    "packages installed with %pip are gone; files on the volume are intact.\n"
+                ),
+            )
+            return live
         restore = " Your variables were checkpointed before the stop: `%daytona restore` brings them back."
         frontend.emit(
             "stream",

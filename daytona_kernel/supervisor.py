@@ -49,7 +49,7 @@ class ContextSupervisor:
         self._sandbox_started = False
         self._starting: asyncio.Future[Live] | None = None
         self.live: Live | None = None
-        self._repo_checked = False
+        self._repo_staged_in: int | None = None  # the sandbox generation repo_url was staged in
         self._shut_down = False
         self._closing: set[asyncio.Future[None]] = set()  # old contexts being deleted in the background
         self._progress: ProgressCallback | None = None
@@ -113,8 +113,8 @@ class ContextSupervisor:
                 f"The runtime could not start in the sandbox ({detail}). The sandbox needs Python 3.9 or newer as `python3`."
             )
         self.live = Live(context, token, hello.pid, hello.python)
-        if self._settings.repo_url and not self._repo_checked:
-            self._repo_checked = True
+        if self._settings.repo_url and self._repo_staged_in != self.sandbox.generation:
+            self._repo_staged_in = self.sandbox.generation  # once per sandbox: a new one needs it again
             await self._stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
         return self.live
@@ -146,11 +146,24 @@ class ContextSupervisor:
         self._starting = asyncio.ensure_future(self._start())
 
     async def recover(self, cause: DaytonaKernelError, progress: ProgressCallback | None) -> Live:
-        """The sandbox stopped (auto-stop, archive) or could not be reached: start it and a new context."""
+        """The sandbox stopped (auto-stop, archive), is gone or could not be reached: start it (or find or
+        create another) and a new context."""
         self._log.warning("sandbox not running (%s); starting it again", cause)
         self.live = None
         self._starting = asyncio.ensure_future(self._start())
         return await self.ready(progress)
+
+    async def recreate(self, progress: ProgressCallback | None) -> Live:
+        """``%daytona recreate``: a new sandbox with the current configuration, and a new context in it."""
+        self.live = None
+        await self._wait_for_closing()
+        await self.sandbox.recreate(progress or self.report)
+        self._starting = asyncio.ensure_future(self._start())
+        return await self.ready(progress)
+
+    async def _wait_for_closing(self) -> None:
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def close_quietly(self, context: Context) -> None:
         try:
@@ -158,15 +171,20 @@ class ContextSupervisor:
         except DaytonaKernelError as exc:
             self._log.warning("could not delete the old context %s: %s", context.id, exc)
 
-    async def shutdown(self) -> None:
-        """Stop provisioning, then stop or delete the sandbox by policy. Safe to call twice."""
+    async def shutdown(self, restart: bool = False) -> None:
+        """Stop provisioning, then release the sandbox: on a restart keep it for the next kernel process
+        (``detach``), otherwise stop or delete it by policy. Safe to call twice."""
         if self._shut_down:
             return
         self._shut_down = True
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
         if self._sandbox_started:
-            await self.sandbox.shutdown()
+            await self._wait_for_closing()
+            if restart:
+                await self.sandbox.detach()
+            else:
+                await self.sandbox.shutdown()
 
     async def call(self, method: str, *args: object) -> dict[str, Any]:
         """One runtime call answered by a ``reply`` frame. Raises RuntimeCallError saying why it failed."""

@@ -20,6 +20,15 @@ Test controls: per-endpoint request counters, and faults: the next N calls of
 an endpoint fail with a status, the next websocket is dropped mid-cell, a
 sandbox is stopped underneath the kernel (losing its contexts), delays.
 
+Control plane (``apps/api/src/sandbox/services/sandbox.service.ts`` and FACTS.md
+"Control plane"): transitions take time (``transition_s`` per transitional
+state: creating, starting, stopping, archiving, destroying); a start or stop
+during a transition answers 409 "State change in progress" (start during
+``archiving`` is accepted); an ephemeral sandbox (autoDeleteInterval=0) is
+destroyed when it stops, after which GET is 404; a GPU sandbox must be
+ephemeral (400); every toolbox request counts as activity and ``run_auto_stop``
+does what Daytona's auto-stop does to sandboxes idle past their interval.
+
 Paths inside a sandbox: a path under a volume's mount path is on that volume;
 a path under /home/daytona (the sandbox user's home) or a relative path is in
 the sandbox's own folder (its disk); any other absolute path is used as it is on
@@ -81,6 +90,9 @@ DEFAULT_EXEC_TIMEOUT_S = 600  # controller.go: a request without "timeout" gets 
 WS_CLOSE_CODES = {WorkerEnd.COMPLETED: 1000, WorkerEnd.INTERRUPTED: WS_TIMEOUT, WorkerEnd.KILLED: WS_TIMEOUT, WorkerEnd.EXITED: WS_WORKER_EXITED}
 VOLUME_READY_AFTER_S = 0.3
 SANDBOX_HOME = "/home/daytona"  # the default snapshot's user (images/sandbox/Dockerfile)
+TRANSITION_S = 0.1  # how long each transitional state lasts unless a test sets transition_s
+# The states a start is accepted in (sandbox.service.ts start(): stopped, archived, archiving).
+STARTABLE = ("stopped", "archived", "archiving")
 
 
 def _under(path: str, folder: str) -> bool:
@@ -161,6 +173,13 @@ class EmuSandbox:
     created_at: str = field(default_factory=_now)
     fuse_mounts: list[MountS3] = field(default_factory=list)
     sockets: set[asyncio.BaseTransport] = field(default_factory=set)  # open interpreter websockets
+    desired: str = "started"  # the API's desiredState; state != desired means a transition is under way
+    last_activity: float = field(default_factory=time.time)  # epoch seconds of the last toolbox request
+
+    @property
+    def ephemeral(self) -> bool:
+        return self.spec.get("autoDeleteInterval") == 0
+
 
 
 class DaytonaEmulator:
@@ -176,7 +195,12 @@ class DaytonaEmulator:
         self.sandboxes: dict[str, EmuSandbox] = {}
         self.volumes: dict[str, EmuVolume] = {}
         self.delay_s = 0.0
+        self.transition_s = {state: TRANSITION_S for state in ("creating", "starting", "stopping", "archiving", "destroying")}
+        self._fail_after_create: list[int] = []  # statuses for the next creates, answered after creating
+        self.git_credentials: dict[str, tuple[str, str]] = {}  # url -> (username, password) a private repo wants
+        self.git_auth_seen: list[tuple[str | None, str | None]] = []  # (username, password) of each clone
         self._faults: list[list[Any]] = []  # [route substring, status, remaining]
+        self._background: set[asyncio.Future[None]] = set()
         self._drop_ws_after: int | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -286,8 +310,52 @@ class DaytonaEmulator:
             self._drop_ws_after = after_frames
 
     def stop_sandbox(self, sandbox_id: str, state: str = "stopped") -> None:
-        """What auto-stop (or auto-archive) does: the sandbox stops and loses every process."""
-        self.call(self._stop(self.sandboxes[sandbox_id], state))
+        """What auto-stop (or auto-archive) does: the sandbox stops and loses every process.
+
+        ``state="archived"`` goes on through ``archiving``. An ephemeral sandbox is destroyed instead.
+        """
+        self.call(self._stop(self.sandboxes[sandbox_id], archive=state == "archived"))
+
+    def delete_sandbox_now(self, sandbox_id: str) -> None:
+        """What a delete in the dashboard does: the sandbox goes through destroying to destroyed (404)."""
+
+        async def delete() -> None:
+            sandbox = self.sandboxes[sandbox_id]
+            await self._kill_processes(sandbox)
+            self._transition(sandbox, "destroying", "destroyed")
+
+        self.call(delete())
+
+    def run_auto_stop(self) -> list[str]:
+        """Daytona's auto-stop: every started sandbox idle longer than its autoStopInterval stops.
+
+        Tests make a sandbox idle by moving its ``last_activity`` back. Returns the ids stopped.
+        """
+
+        async def sweep() -> list[str]:
+            stopped = []
+            for sandbox in list(self.sandboxes.values()):
+                interval_min = sandbox.spec.get("autoStopInterval", 15)
+                idle_s = time.time() - sandbox.last_activity
+                if sandbox.state == "started" and interval_min and idle_s > interval_min * 60:
+                    await self._stop(sandbox)
+                    stopped.append(sandbox.id)
+            return stopped
+
+        return self.call(sweep())
+
+    def fail_after_create(self, status: int = 500, times: int = 1) -> None:
+        """The next ``times`` creates make their sandbox, then answer ``status`` (create is not idempotent)."""
+        with self._lock:
+            self._fail_after_create.extend([status] * times)
+
+    def wait_for_state(self, sandbox_id: str, state: str, timeout: float = 10.0) -> None:
+        """Block until a sandbox reaches ``state`` (for tests that race a transition)."""
+        deadline = time.monotonic() + timeout
+        while self.sandboxes[sandbox_id].state != state:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sandbox {sandbox_id} is {self.sandboxes[sandbox_id].state}, not {state}")
+            time.sleep(0.01)
 
     def add_volume(self, name: str, state: str = "ready", error_reason: str | None = None) -> None:
         with self._lock:
@@ -295,7 +363,7 @@ class DaytonaEmulator:
             self.volumes[volume.id] = volume
 
     def live_sandboxes(self) -> list[EmuSandbox]:
-        return [s for s in self.sandboxes.values() if s.state != "destroyed"]
+        return [s for s in self.sandboxes.values() if s.state not in ("destroying", "destroyed")]
 
     # -- plumbing ------------------------------------------------------------
 
@@ -314,6 +382,8 @@ class DaytonaEmulator:
             return self._error(401, "Invalid credentials")
         if fault is not None:
             return self._error(fault[1], f"injected fault {fault[1]}")
+        if request.path.startswith("/toolbox/"):
+            self._touch(request.match_info.get("sid", ""))
         try:
             return await handler(request)
         except BadRequest as exc:
@@ -324,6 +394,13 @@ class DaytonaEmulator:
     @staticmethod
     def _error(status: int, message: str) -> web.Response:
         return web.json_response({"statusCode": status, "message": message, "error": message}, status=status)
+
+    def _touch(self, sid: str) -> None:
+        """Every toolbox request counts as activity and postpones auto-stop (FACTS.md "Control plane";
+        the proxy calls sandbox-activity.service.ts). Only a started sandbox has a toolbox to reach."""
+        sandbox = self.sandboxes.get(sid)
+        if sandbox is not None and sandbox.state == "started":
+            sandbox.last_activity = time.time()
 
     def _sandbox(self, request: web.Request) -> EmuSandbox:
         sid = request.match_info["sid"]
@@ -391,6 +468,7 @@ class DaytonaEmulator:
             "memory": spec.get("memory") or 1,
             "disk": spec.get("disk") or 3,
             "state": sandbox.state,
+            "desiredState": sandbox.desired,
             "errorReason": sandbox.error_reason,
             "autoStopInterval": spec.get("autoStopInterval", 15),
             "autoArchiveInterval": spec.get("autoArchiveInterval") or 10080,
@@ -398,6 +476,7 @@ class DaytonaEmulator:
             "volumes": spec.get("volumes") or [],
             "createdAt": sandbox.created_at,
             "updatedAt": _now(),
+            "lastActivityAt": datetime.fromtimestamp(sandbox.last_activity, timezone.utc).isoformat(),
             "toolboxProxyUrl": self.toolbox_url,
             "daemonVersion": "emulator",
         }
@@ -408,12 +487,65 @@ class DaytonaEmulator:
             await ctx.worker.shutdown()
         sandbox.contexts.clear()
 
-    async def _stop(self, sandbox: EmuSandbox, state: str = "stopped") -> None:
-        for transport in list(sandbox.sockets):  # the daemon dies with the sandbox: its sockets drop (1006)
+    def _transition(self, sandbox: EmuSandbox, via: str, desired: str) -> None:
+        """Enter the transitional state ``via`` now and reach ``desired`` after ``transition_s[via]``."""
+        sandbox.state, sandbox.desired = via, desired
+
+        def arrive() -> None:
+            if sandbox.state == via and sandbox.desired == desired:  # not overtaken by another change
+                sandbox.state = desired
+                if desired == "destroyed":
+                    task = asyncio.ensure_future(self._release(sandbox))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+
+        delay = self.transition_s.get(via, 0.0)
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, arrive)
+        else:
+            arrive()
+
+    async def _release(self, sandbox: EmuSandbox) -> None:
+        """A destroyed sandbox's disk goes; its volumes stay."""
+        await self._unmount(sandbox)  # first: the volume must not be emptied with the sandbox's disk
+        for _, where in sandbox.mounts:
+            if where.is_symlink():
+                where.unlink()
+        shutil.rmtree(sandbox.home, ignore_errors=True)
+
+    async def _kill_processes(self, sandbox: EmuSandbox) -> None:
+        """The daemon dies with the sandbox: its sockets drop (1006) and every context is gone."""
+        for transport in list(sandbox.sockets):
             transport.abort()
         await self._kill_contexts(sandbox)
-        ephemeral = sandbox.spec.get("autoDeleteInterval") == 0
-        sandbox.state = "destroyed" if ephemeral else state
+
+    async def _stop(self, sandbox: EmuSandbox, archive: bool = False) -> None:
+        """Stop (auto-stop or the API): every process dies at once, the state follows after ``stopping``.
+
+        sandbox.service.ts stop(): autoDeleteInterval 0 sets the desired state to destroyed.
+        """
+        await self._kill_processes(sandbox)
+        if sandbox.ephemeral:
+            self._transition(sandbox, "destroying", "destroyed")
+        else:
+            self._transition(sandbox, "stopping", "stopped")
+            if archive:
+                self._archive_after_stop(sandbox)
+
+    def _archive_after_stop(self, sandbox: EmuSandbox) -> None:
+        async def archive() -> None:
+            while sandbox.state == "stopping":
+                await asyncio.sleep(0.01)
+            if sandbox.state == "stopped":
+                self._transition(sandbox, "archiving", "archived")
+
+        task = asyncio.ensure_future(archive())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _in_transition(sandbox: EmuSandbox) -> bool:
+        return sandbox.state != sandbox.desired
 
     # -- sandboxes -----------------------------------------------------------
 
@@ -434,6 +566,9 @@ class DaytonaEmulator:
             buckets.append((vol.mount_path, self.root / "volumes" / volume.id / subpath))
         if spec.snapshot and spec.snapshot.startswith("missing"):
             raise BadRequest(f"Snapshot {spec.snapshot} not found")
+        if (spec.gpu or 0) > 0 and spec.auto_delete_interval != 0:
+            # FACTS.md "Control plane": a GPU sandbox must be ephemeral, from a snapshot or an image.
+            raise BadRequest("GPU sandboxes must be ephemeral; set autoDeleteInterval to 0")
         sid = str(uuid.uuid4())
         home = self.root / "sandboxes" / sid
         home.mkdir(parents=True)
@@ -442,6 +577,11 @@ class DaytonaEmulator:
             bucket.mkdir(parents=True, exist_ok=True)  # the runner creates a missing subpath
             sandbox.mounts.append((mount_path, await self._mount(sandbox, index, mount_path, bucket)))
         self.sandboxes[sid] = sandbox
+        self._transition(sandbox, "creating", "started")  # the SDK's create() waits for started
+        with self._lock:
+            fail_status = self._fail_after_create.pop(0) if self._fail_after_create else None
+        if fail_status is not None:  # FACTS.md: create is not idempotent; the sandbox exists all the same
+            return self._error(fail_status, f"injected fault {fail_status} after creating {sid}")
         return web.json_response(self._dto(sandbox))
 
     async def list_sandboxes(self, request: web.Request) -> web.Response:
@@ -457,25 +597,32 @@ class DaytonaEmulator:
         return web.json_response(self._dto(self._sandbox(request)))
 
     async def start_sandbox(self, request: web.Request) -> web.Response:
+        """sandbox.service.ts start(): started is a no-op; during a transition only archiving may start."""
         sandbox = self._sandbox(request)
-        if sandbox.state in ("stopped", "archived"):
-            sandbox.state = "started"
+        if sandbox.state == "started" and sandbox.desired == "started":
+            return web.json_response(self._dto(sandbox))
+        if self._in_transition(sandbox) and not (sandbox.desired == "archived" and sandbox.state in STARTABLE):
+            return self._error(409, "State change in progress")
+        if sandbox.state not in STARTABLE:
+            raise BadRequest("Sandbox is not in valid state")
+        self._transition(sandbox, "starting", "started")
         return web.json_response(self._dto(sandbox))
 
     async def stop_sandbox_request(self, request: web.Request) -> web.Response:
+        """sandbox.service.ts stop(): 409 during a transition, 400 unless started."""
         sandbox = self._sandbox(request)
+        if self._in_transition(sandbox):
+            return self._error(409, "State change in progress")
+        if sandbox.state != "started":
+            raise BadRequest("Sandbox is not started")
         await self._stop(sandbox)
         return web.json_response(self._dto(sandbox))
 
     async def delete_sandbox(self, request: web.Request) -> web.Response:
+        """sandbox.service.ts destroy(): the desired state becomes destroyed, via destroying."""
         sandbox = self._sandbox(request)
-        await self._kill_contexts(sandbox)
-        sandbox.state = "destroyed"
-        await self._unmount(sandbox)  # first: the volume must not be emptied with the sandbox's disk
-        for _, where in sandbox.mounts:
-            if where.is_symlink():
-                where.unlink()
-        shutil.rmtree(sandbox.home, ignore_errors=True)
+        await self._kill_processes(sandbox)
+        self._transition(sandbox, "destroying", "destroyed")
         return web.json_response(self._dto(sandbox))
 
     async def set_labels(self, request: web.Request) -> web.Response:
@@ -527,7 +674,8 @@ class DaytonaEmulator:
         spec = parse(CreateContextRequest, await request.json())
         cwd = spec.cwd or str(sandbox.home)
         folder = self.host_path(sandbox, cwd)
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():  # FACTS.md "Control plane": the daemon cannot start a worker there
+            return self._error(500, f"failed to start context: chdir {cwd}: no such file or directory")
         ctx = await self._new_context(sandbox, str(uuid.uuid4()), cwd)
         return web.json_response(self._context_dto(ctx))
 
@@ -657,16 +805,38 @@ class DaytonaEmulator:
         return web.json_response(checked(ExecuteResponse, data))
 
     async def git_clone(self, request: web.Request) -> web.Response:
+        """go-git's clone (apps/daemon/pkg/git/clone.go, toolbox git/clone_repository.go), imitated with git:
+        single branch; ``branch`` is read as refs/heads/<branch> (a tag is not found); ``commit_id``
+        is checked out after the clone as a full hash; credentials count only when both are given."""
         sandbox = self._started(request)
         spec = parse(GitCloneRequest, await request.json())
-        argv = ["git", "clone", "--quiet"] + (["--branch", spec.branch] if spec.branch else [])
-        proc = await asyncio.create_subprocess_exec(
-            *argv, spec.url, str(self.host_path(sandbox, spec.path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        out, _ = await proc.communicate()
-        if proc.returncode:
-            return self._error(400, f"git clone failed: {out.decode(errors='replace')}")
+        auth = (spec.username, spec.password) if spec.username is not None and spec.password is not None else None
+        self.git_auth_seen.append((spec.username, spec.password))
+        wanted = self.git_credentials.get(spec.url)
+        if wanted is not None and (auth is None or auth[1] != wanted[1] or not auth[0]):
+            return self._error(400, "authentication required")
+        if spec.branch:
+            found = await self._git("ls-remote", "--exit-code", spec.url, f"refs/heads/{spec.branch}")
+            if found[0]:
+                return self._error(400, "reference not found")
+        dest = str(self.host_path(sandbox, spec.path))
+        argv = ["clone", "--quiet", "--single-branch"] + (["--branch", spec.branch] if spec.branch else [])
+        code, out = await self._git(*argv, spec.url, dest)
+        if code:
+            return self._error(400, f"git clone failed: {out}")
+        if spec.commit_id:
+            if len(spec.commit_id) != 40:  # plumbing.NewHash of anything else is a hash that does not exist
+                return self._error(400, "object not found")
+            code, out = await self._git("-C", dest, "checkout", "--quiet", spec.commit_id)
+            if code:
+                return self._error(400, "object not found")
         return web.Response(status=200)
+
+    @staticmethod
+    async def _git(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec("git", *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        return proc.returncode or 0, out.decode(errors="replace")
 
     # -- files ---------------------------------------------------------------
 

@@ -17,6 +17,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Callable
 
+from ..errors import UsageError
+
 OutputCallback = Callable[[str], None]
 ProgressCallback = Callable[[str], None]
 """Receives status lines while something slow runs; an empty line clears the status."""
@@ -89,6 +91,8 @@ class Sandbox(abc.ABC):
     id: str
     workdir: str
     volume_dir: str = ""
+    generation: int = 0
+    """Counts the sandboxes found or created: when it moves, everything installed in the old one is gone."""
 
     def storage_options(self) -> dict[str, str]:
         """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""
@@ -99,6 +103,15 @@ class Sandbox(abc.ABC):
     def take_notices(self) -> list[str]:
         """Lines for the user that arose while starting (shown before the next cell); each is given once."""
         return []
+
+    async def detach(self) -> None:
+        """A kernel restart: let go of this process's contexts. Backends whose sandbox can outlive the
+        process keep it for the next one; by default this is a shutdown."""
+        await self.shutdown()
+
+    async def recreate(self, progress: ProgressCallback) -> None:
+        """Throw the sandbox away and start a new one with the current configuration."""
+        raise UsageError("%daytona recreate needs the daytona backend: this sandbox is a local folder.")
 
     @property
     @abc.abstractmethod

@@ -3,7 +3,17 @@
 All SDK calls go through this module, and every SDK error is translated here,
 in ``_translate``, into the project's own exceptions with a message that says
 what to do. Transient failures (429, 5xx, connection errors) are retried with
-jittered backoff for a bounded time; 401/403 fail at once.
+jittered backoff for a bounded time, with the status line showing progress;
+401/403, a refused connection and an unknown host fail at once, and after one
+exhausted budget the next calls fail fast until Daytona answers again.
+
+The lifecycle follows the control plane (``apps/api/src/sandbox/services/
+sandbox.service.ts``, FACTS.md "Control plane"): a sandbox that is ``stopping``
+is waited for and then started, one that is ``archiving`` is started, a 409
+"state change in progress" is waited out within a bounded time, and a 404,
+``destroying`` or ``destroyed`` means the sandbox is gone (``SandboxGone``): it
+is found or created again. A kernel restart keeps the sandbox (``detach``); a
+shutdown stops it only when no other kernel has a context in it.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import shlex
 import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable, TypeVar
+from urllib.parse import urlparse
 
 import aiohttp
 from daytona import (
@@ -35,6 +46,7 @@ from daytona import (
 )
 from daytona.common.errors import (
     DaytonaAuthenticationError,
+    DaytonaConflictError,
     DaytonaConnectionError,
     DaytonaError,
     DaytonaForbiddenError,
@@ -44,7 +56,7 @@ from daytona.common.errors import (
 )
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
-from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxNotRunning
+from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxGone, SandboxNotRunning
 from ..identity import owner_id
 from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
@@ -58,6 +70,11 @@ VOLUME_READY_TIMEOUT_S = 120.0
 VOLUME_POLL_S = 0.5
 SANDBOX_START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 60
+STATE_POLL_S = 0.25  # how often a transition (stopping, starting ...) is checked
+DEFAULT_API_URL = "https://app.daytona.io/api"
+GIT_DEFAULT_USERNAME = "x-access-token"  # GIT_TOKEN alone: hosts that take a token accept any username
+FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
+DEFAULT_CONTEXT_ID = "default"  # the daemon's own context (interpreter/manager.go); never a kernel's
 
 LABEL_APP = "daytona-kernel"
 LABEL_WORKSPACE = "daytona-kernel-workspace"
@@ -67,7 +84,8 @@ LABEL_POLICY = "daytona-kernel-policy"
 WS_DONE = 1000
 WS_GOING_AWAY = 1001  # the daemon: the worker process ended, or the context was deleted
 WS_TIMEOUT = 4008  # the daemon: timeout, or a KeyboardInterrupt escaped the code
-STARTABLE_STATES = ("stopped", "archived")
+STARTABLE_STATES = ("stopped", "archived", "archiving")  # sandbox.service.ts start() accepts these
+GONE_STATES = ("destroying", "destroyed")
 FAILED_STATES = ("error", "build_failed")
 
 
@@ -87,15 +105,57 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {sec}s"
 
 
-def _status(exc: DaytonaError) -> int | None:
+def _status(exc: BaseException | None) -> int | None:
     return getattr(exc, "status_code", None)
 
 
 def _is_retryable(exc: DaytonaError) -> bool:
-    status = _status(exc)
+    """Worth another try: a connection problem (checked first: the SDK's connection timeout is also a
+    DaytonaTimeoutError), a 429 or a 5xx. Any other timeout means we already waited long enough."""
     if isinstance(exc, (DaytonaRateLimitError, DaytonaConnectionError)):
         return True
+    if isinstance(exc, DaytonaTimeoutError):
+        return False
+    status = _status(exc)
     return status is None or status >= 500
+
+
+def _unreachable_cause(exc: BaseException) -> str | None:
+    """"connection refused" or "unknown host" when that is why the request failed: retrying will not help."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(current, (socket.gaierror, aiohttp.ClientConnectorDNSError)):
+            return "unknown host"
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_daytona_cloud(api_url: str) -> bool:
+    host = urlparse(api_url).hostname or ""
+    return host == "daytona.io" or host.endswith(".daytona.io")
+
+
+def _where_to_look(api_url: str) -> str:
+    if is_daytona_cloud(api_url):
+        return "Check your network and https://status.daytona.io"
+    return f"Check that the Daytona server at {api_url} is running and reachable (DaytonaKernel.api_url or DAYTONA_API_URL)"
+
+
+class RetriesExhausted(BackendError):
+    """Daytona kept failing for the whole retry budget (or is still failing after that)."""
+
+
+def _unreachable(api_url: str, cause: str) -> BackendError:
+    fix = _where_to_look(api_url)
+    if cause == "unknown host" and not is_daytona_cloud(api_url):
+        fix = f"Check the host name in DaytonaKernel.api_url or DAYTONA_API_URL ({api_url})"
+    return BackendError(f"Cannot reach the Daytona API at {api_url} ({cause}). {fix}, then run the cell again.")
+
+
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -147,26 +207,48 @@ def translate_error(exc: DaytonaError, what: str, then: str = "then restart the 
     return BackendError(f"Could not {what}: {exc}")
 
 
-async def _call(what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
-    """Call the SDK; retry transient failures with jittered backoff; translate errors."""
-    deadline = time.monotonic() + RETRY_BUDGET_S
+def _quiet(text: str) -> None:
+    log.info("%s", text)
+
+
+async def _call(
+    what: str,
+    fn: Callable[[], Awaitable[T]],
+    *,
+    retry: bool = True,
+    api_url: str = DEFAULT_API_URL,
+    progress: ProgressCallback = _quiet,
+    budget_s: float = RETRY_BUDGET_S,
+) -> T:
+    """Call the SDK; retry transient failures with jittered backoff within ``budget_s``; translate errors.
+
+    A refused connection or an unknown host fails at once with the URL and the fix.
+    """
+    started = time.monotonic()
     delay = RETRY_FIRST_DELAY_S
     while True:
         try:
             return await fn()
         except DaytonaError as exc:
-            if retry and _is_retryable(exc) and not isinstance(exc, DaytonaTimeoutError):
-                wait = delay * random.uniform(0.5, 1.5)
-                if time.monotonic() + wait < deadline:
-                    log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
-                    await asyncio.sleep(wait)
-                    delay = min(delay * 2, RETRY_MAX_DELAY_S)
-                    continue
-                raise BackendError(
-                    f"Could not {what}: Daytona kept failing for {RETRY_BUDGET_S:g} s ({exc}). "
-                    "Check https://status.daytona.io or your network, then run the cell again."
+            cause = _unreachable_cause(exc)
+            if cause is not None:
+                raise _unreachable(api_url, cause) from exc
+            if not (retry and _is_retryable(exc)):
+                raise translate_error(exc, what) from exc
+            wait = delay * random.uniform(0.5, 1.5)
+            elapsed = time.monotonic() - started
+            if elapsed + wait >= budget_s:
+                kept = f"kept failing for {budget_s:g} s" if budget_s else "still fails"
+                raise RetriesExhausted(
+                    f"Could not {what}: Daytona at {api_url} {kept} ({exc}). {_where_to_look(api_url)}, "
+                    "then run the cell again."
                 ) from exc
-            raise translate_error(exc, what) from exc
+            host = urlparse(api_url).netloc or api_url
+            trouble = f"can't reach {host}" if isinstance(exc, DaytonaConnectionError) else f"Daytona answered {_status(exc) or exc}"
+            progress(f"{trouble}, retrying {elapsed + wait:.0f}/{budget_s:g} s…")
+            log.warning("%s failed (%s); retrying in %.1fs", what, exc, wait)
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, RETRY_MAX_DELAY_S)
 
 
 async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse[bool]:
@@ -247,6 +329,7 @@ class DaytonaContext(Context):
         raise await self._owner.why_cut_off(self.id, f"{reason or 'the websocket closed'} (close code {close_code})")
 
     async def close(self) -> None:
+        self._owner.forget(self)
         sandbox = self._owner.sdk_sandbox
         try:
             await sandbox.code_interpreter.delete_context(self._context)
@@ -263,13 +346,27 @@ class DaytonaSandbox(Sandbox):
         self._owner_id = owner_id()
         self._kernel_id = kernel_id
         self._policy = SandboxPolicy(config.sandbox_policy)
+        self._notices: list[str] = []
+        if config.gpu > 0 and self._policy is not SandboxPolicy.EPHEMERAL:
+            # FACTS.md "Control plane": the API refuses a GPU sandbox without autoDeleteInterval=0.
+            self._policy = SandboxPolicy.EPHEMERAL
+            self._notices.append(
+                "GPU sandboxes must be ephemeral on Daytona: this kernel gets a sandbox of its own, kept across "
+                "restarts and deleted at shutdown (sandbox_policy 'reuse' does not apply). Files on the volume stay.\n"
+            )
         self._client: AsyncDaytona | None = None
         self._sandbox: Any = None
+        self._contexts: list[DaytonaContext] = []  # ours, deleted at shutdown and restart
+        self._progress: ProgressCallback = _quiet
+        self._degraded = False  # the last call exhausted its retries: fail fast until Daytona answers
+        self.api_url = (config.api_url or os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL).rstrip("/")
         self.id = "(not created yet)"
         self.workdir = SANDBOX_WORKDIR
         self._mount_path, notice = volume_mount_path(config.mount_path)
         self.volume_dir = self._mount_path
-        self._notices = [notice] if notice else []
+        if notice:
+            self._notices.append(notice)
+        self.generation = 0  # +1 for every sandbox found or created: a new one has lost the old one's state
 
     @property
     def description(self) -> str:
@@ -295,6 +392,26 @@ class DaytonaSandbox(Sandbox):
         )
         return labels
 
+    def take_notices(self) -> list[str]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    def forget(self, context: DaytonaContext) -> None:
+        if context in self._contexts:
+            self._contexts.remove(context)
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
+        """``_call`` with this sandbox's URL and status line; one exhausted budget makes the next calls
+        try once, so a Daytona that is down does not cost every following cell another 30 s."""
+        budget = 0.0 if self._degraded else RETRY_BUDGET_S
+        try:
+            result = await _call(what, fn, retry=retry, api_url=self.api_url, progress=self._progress, budget_s=budget)
+        except RetriesExhausted:
+            self._degraded = True
+            raise
+        self._degraded = False
+        return result
+
     def _client_config(self) -> DaytonaConfig:
         return client_config(self._config)
 
@@ -304,25 +421,46 @@ class DaytonaSandbox(Sandbox):
         return f"{self._owner_id}/{self._key}"
 
     async def start(self, progress: ProgressCallback) -> None:
+        self._progress = progress
+        try:
+            await self._start(progress)
+        finally:
+            self._progress = _quiet
+
+    async def _start(self, progress: ProgressCallback) -> None:
         if self._client is None:
             try:
                 self._client = AsyncDaytona(self._client_config())
             except DaytonaError as exc:
                 raise translate_error(exc, "connect to Daytona") from exc
         if self._sandbox is not None:
-            await self._ensure_started(progress)
-            return
+            try:
+                await self.refresh_state()
+                await self._ensure_started(progress)
+                return
+            except SandboxGone as exc:
+                log.warning("%s; finding or creating another", exc)
+                progress(f"sandbox {self.id} is gone; finding or creating another…")
+                self._sandbox = None
+                self._contexts.clear()
         volume = await self._ready_volume(progress)
-        if self._policy is SandboxPolicy.REUSE:
-            self._sandbox = await self._find()
-        if self._sandbox is None:
+        self._sandbox = await self._find()
+        if self._sandbox is not None:
+            self._check_drift(volume)
+        else:
             self._sandbox = await self._create(volume, progress)
         self.id = self._sandbox.id
-        await self._ensure_started(progress)
+        self.generation += 1
+        try:
+            await self._ensure_started(progress)
+        except SandboxGone:  # deleted between the list and the start
+            self._sandbox = await self._create(volume, progress)
+            self.id = self._sandbox.id
+            await self._ensure_started(progress)
         await self._prepare_workdir()
         if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
             labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
-            await _call("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
+            await self._call("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
 
     async def info(self) -> dict[str, str]:
         if self._sandbox is None:
@@ -347,11 +485,21 @@ class DaytonaSandbox(Sandbox):
             info["auto-stop"] = "off"
         info["volume"] = f"{self._config.volume_name} at {self.volume_dir or '(not mounted)'} (sub-folder {self._subpath})"
         info["working directory"] = f"{self.workdir} (on the sandbox's disk; the volume keeps a copy)"
+        if state == "started":
+            info["disk"] = await self._disk_use()
         return info
 
-    def take_notices(self) -> list[str]:
-        notices, self._notices = self._notices, []
-        return notices
+    async def _disk_use(self) -> str:
+        """Use of the sandbox's own disk; stopped sandboxes keep counting against the organisation's quota."""
+        result = await self.exec("df -Pk /", timeout=REQUEST_TIMEOUT_S)
+        fields = result.output.strip().splitlines()[-1].split() if result.exit_code == 0 else []
+        if len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
+            return f"unknown ({result.output.strip()[:80]})"
+        used_gib, size_gib = int(fields[2]) / 2**20, int(fields[1]) / 2**20
+        return (
+            f"{used_gib:.1f} of {size_gib:.1f} GiB used; stopped sandboxes count against your quota too "
+            "(`daytona-kernel gc` lists them)"
+        )
 
     async def _prepare_workdir(self) -> None:
         """Make the working directory on the sandbox's disk (a context's cwd must exist), once per sandbox.
@@ -371,7 +519,7 @@ class DaytonaSandbox(Sandbox):
             return
         sandbox = self._sandbox
         command = f"mkdir -p {shlex.quote(self.workdir)}"
-        result = await _call("make the working directory", lambda: sandbox.process.exec(command, timeout=int(REQUEST_TIMEOUT_S)))
+        result = await self._call("make the working directory", lambda: sandbox.process.exec(command, timeout=int(REQUEST_TIMEOUT_S)))
         if result.exit_code:
             raise BackendError(f"Could not make the working directory {self.workdir} in the sandbox: {result.result}")
 
@@ -379,7 +527,7 @@ class DaytonaSandbox(Sandbox):
         client = self._client
         assert client is not None
         name = self._config.volume_name
-        volume = await _call(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
+        volume = await self._call(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
         deadline = time.monotonic() + VOLUME_READY_TIMEOUT_S
         while state_name(volume) != "ready":
             state = state_name(volume)
@@ -392,21 +540,32 @@ class DaytonaSandbox(Sandbox):
                 raise BackendError(f"The volume {name!r} did not become ready within {VOLUME_READY_TIMEOUT_S:g} s (state {state}).")
             progress(f"waiting for volume {name}… ({state})")
             await asyncio.sleep(VOLUME_POLL_S)
-            volume = await _call(f"check the volume {name!r}", lambda: client.volume.get(name))
+            volume = await self._call(f"check the volume {name!r}", lambda: client.volume.get(name))
         return volume
 
+    def _identity(self, mine: bool) -> dict[str, str]:
+        """The labels that find this folder's sandbox, or (``mine``) the one this kernel created."""
+        labels = self._labels()
+        keys = (LABEL_APP, LABEL_OWNER, LABEL_WORKSPACE) + ((LABEL_KERNEL,) if mine else ())
+        return {key: labels[key] for key in keys}
+
     async def _find(self) -> Any:
+        """'reuse': the folder's sandbox. 'ephemeral': the one this kernel made before a restart (the
+        Jupyter kernel id, in a label, is the same across a restart)."""
+        return await self._find_by(self._identity(mine=self._policy is SandboxPolicy.EPHEMERAL))
+
+    async def _find_by(self, labels: dict[str, str]) -> Any:
         client = self._client
         assert client is not None
-        query = ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_OWNER: self._owner_id, LABEL_WORKSPACE: self._key})
+        query = ListSandboxesQuery(labels=labels)
 
         async def first() -> Any:
             async for sandbox in client.list(query):
-                if state_name(sandbox) not in ("destroyed", "destroying"):
+                if state_name(sandbox) not in GONE_STATES:
                     return sandbox
             return None
 
-        return await _call("look for this notebook's sandbox", first)
+        return await self._call("look for this notebook's sandbox", first)
 
     async def _create(self, volume: Any, progress: ProgressCallback) -> Any:
         client = self._client
@@ -416,7 +575,7 @@ class DaytonaSandbox(Sandbox):
             labels=self._labels(),
             env_vars={k: v for k, v in cfg.env.items()},
             auto_stop_interval=cfg.auto_stop_interval,
-            auto_archive_interval=cfg.auto_archive_interval or None,
+            auto_archive_interval=cfg.auto_archive_interval,  # 0 = the API's maximum, as the help text says
             auto_delete_interval=0 if self._policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
             volumes=[VolumeMount(volume_id=volume.id, mount_path=self._mount_path, subpath=self._subpath)],
             network_block_all=cfg.network_block_all or None,
@@ -428,33 +587,144 @@ class DaytonaSandbox(Sandbox):
         else:
             params = CreateSandboxFromSnapshotParams(snapshot=cfg.snapshot or None, **common)
             progress(f"creating sandbox… (snapshot {cfg.snapshot or 'default'})")
-        sandbox = await _call("create a sandbox", lambda: client.create(params, timeout=SANDBOX_START_TIMEOUT_S))
+        sandbox = await self._create_once(lambda: client.create(params, timeout=SANDBOX_START_TIMEOUT_S), progress)
         log.info("created sandbox %s for workspace %s", sandbox.id, self._key)
         return sandbox
+
+    async def _create_once(self, create: Callable[[], Awaitable[Any]], progress: ProgressCallback) -> Any:
+        """Create is not idempotent (FACTS.md "Control plane"): after a 5xx or a lost connection the
+        sandbox may exist all the same, so look it up by this kernel's labels before trying again."""
+        started = time.monotonic()
+        delay = RETRY_FIRST_DELAY_S
+        while True:
+            try:
+                return await create()
+            except DaytonaError as exc:
+                cause = _unreachable_cause(exc)
+                if cause is not None:
+                    raise _unreachable(self.api_url, cause) from exc
+                if not _is_retryable(exc):
+                    raise translate_error(exc, "create a sandbox") from exc
+                failure = exc
+            found = await self._find_by(self._identity(mine=True))
+            if found is not None:
+                log.warning("creating a sandbox failed (%s) but it was created: using %s", failure, found.id)
+                return found
+            wait = delay * random.uniform(0.5, 1.5)
+            elapsed = time.monotonic() - started
+            if elapsed + wait >= RETRY_BUDGET_S:
+                raise RetriesExhausted(
+                    f"Could not create a sandbox: Daytona at {self.api_url} kept failing for {RETRY_BUDGET_S:g} s "
+                    f"({failure}). {_where_to_look(self.api_url)}, then run the cell again."
+                ) from failure
+            progress(f"creating sandbox… ({_status(failure) or 'no answer'}, retrying {elapsed + wait:.0f}/{RETRY_BUDGET_S:g} s)")
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, RETRY_MAX_DELAY_S)
 
     def _state(self) -> str:
         return state_name(self._sandbox)
 
-    async def _ensure_started(self, progress: ProgressCallback) -> None:
-        sandbox = self._sandbox
-        state = self._state()
-        if state == "started":
-            return
-        if state in FAILED_STATES:
-            raise BackendError(
-                f"The sandbox {sandbox.id} is in the {state} state ({sandbox.error_reason or 'no reason given'}). "
-                "Fix the snapshot or image, or delete the sandbox in the Daytona dashboard, then restart the kernel."
+    def _check_drift(self, volume: Any) -> None:
+        """Settings are fixed at creation (FACTS.md "Control plane"): name what a reused sandbox no
+        longer matches, once, with the way out. A volume mounted elsewhere moves the working directory
+        there, so the kernel keeps working."""
+        sb, cfg = self._sandbox, self._config
+        drift = []
+        if cfg.snapshot and not cfg.image and sb.snapshot != cfg.snapshot:
+            drift.append(f"snapshot {sb.snapshot} (configured: {cfg.snapshot})")
+        for name, want, have in (("cpu", cfg.cpu, sb.cpu), ("memory", cfg.memory, sb.memory), ("disk", cfg.disk, sb.disk), ("gpu", cfg.gpu, sb.gpu)):
+            if cfg.image and want and want != have:
+                drift.append(f"{name} {have} (configured: {want})")
+        env = sb.env or {}
+        changed = sorted(k for k, v in cfg.env.items() if env.get(k) != v)
+        if changed:
+            drift.append(f"environment variables {', '.join(changed)}")
+        mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
+        if not mounts:
+            drift.append(f"no volume {cfg.volume_name}")
+        elif all(v.mount_path != self._mount_path for v in mounts):
+            drift.append(f"the volume mounted at {mounts[0].mount_path} (configured: {self._mount_path})")
+        if drift:
+            self._notices.append(
+                f"The sandbox {sb.id} was created with other settings: {'; '.join(drift)}. It keeps its old "
+                "settings; run `%daytona recreate` to rebuild it with the current configuration (variables and "
+                "the sandbox's own disk are lost; the volume is kept).\n"
             )
-        if state in STARTABLE_STATES:
-            progress(f"starting {state} sandbox {sandbox.id}…")
-            await _call("start the sandbox", lambda: sandbox.start(timeout=SANDBOX_START_TIMEOUT_S))
-        else:
-            progress(f"waiting for sandbox {sandbox.id} ({state})…")
-            await _call("wait for the sandbox", lambda: sandbox.wait_for_sandbox_start(timeout=SANDBOX_START_TIMEOUT_S))
+
+    async def recreate(self, progress: ProgressCallback) -> None:
+        """Delete this sandbox and make a new one with the current configuration (``%daytona recreate``)."""
+        if self._sandbox is not None:
+            await self._close_contexts()
+            old = self._sandbox
+            progress(f"deleting sandbox {old.id}…")
+            await self._call("delete the sandbox", lambda: old.delete(timeout=REQUEST_TIMEOUT_S, wait=True))
+            self._sandbox = None
+        await self.start(progress)
+
+    async def _ensure_started(self, progress: ProgressCallback) -> None:
+        """Bring the sandbox to ``started`` from whatever state the API reports, within a bounded time.
+
+        ``stopping``/``starting``/``creating``...: wait (the SDK's wait for a start never resolves on a
+        stopping sandbox). ``stopped``/``archived``/``archiving``: start it; a 409 "state change in
+        progress" (another kernel or the dashboard is changing it) means wait and look again.
+        ``destroying``/``destroyed``: SandboxGone.
+        """
+        sandbox = self._sandbox
+        began = time.monotonic()
+        while True:
+            state = self._state()
+            if state == "started":
+                return
+            if state in GONE_STATES:
+                raise SandboxGone(f"The sandbox {sandbox.id} was deleted ({state}).")
+            if state in FAILED_STATES:
+                raise BackendError(
+                    f"The sandbox {sandbox.id} is in the {state} state ({sandbox.error_reason or 'no reason given'}). "
+                    "Fix the snapshot or image, or delete the sandbox in the Daytona dashboard, then restart the kernel."
+                )
+            waited = time.monotonic() - began
+            if waited > SANDBOX_START_TIMEOUT_S:
+                raise BackendError(
+                    f"The sandbox {sandbox.id} stayed {state} for {SANDBOX_START_TIMEOUT_S} s. Look at it in the "
+                    "Daytona dashboard (or delete it), then run the cell again."
+                )
+            if state in STARTABLE_STATES:
+                progress(f"starting {state} sandbox {sandbox.id}…")
+                if await self._start_or_conflict(SANDBOX_START_TIMEOUT_S - waited):
+                    return
+            else:
+                progress(f"waiting for sandbox {sandbox.id}: {state} ({waited:.0f} s)…")
+            await asyncio.sleep(STATE_POLL_S)
+            await self.refresh_state()
+
+    async def _start_or_conflict(self, timeout_s: float) -> bool:
+        """Start the sandbox and wait for ``started``; False if its state is already changing (409)."""
+        sandbox = self._sandbox
+        try:
+            await self._call("start the sandbox", lambda: sandbox.start(timeout=max(timeout_s, 1.0)))
+            return True
+        except BackendError as exc:
+            if isinstance(exc.__cause__, DaytonaConflictError):  # FACTS.md: 409 "state change in progress"
+                log.info("start of %s: %s; waiting for the state change to finish", sandbox.id, exc.__cause__)
+                return False
+            # Newer API code answers the same conflict as a 400 (SandboxError): wait if the state moved on.
+            if _status(exc.__cause__) == 400 and await self.refresh_state() not in ("stopped", "archived"):
+                log.info("start of %s: %s; its state is changing, waiting", sandbox.id, exc.__cause__)
+                return False
+            raise
 
     async def refresh_state(self) -> str:
-        await _call("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
-        return self._state()
+        """The sandbox's state now. Raises SandboxGone if it no longer exists or is being destroyed."""
+        try:
+            await self._call("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, DaytonaNotFoundError):
+                raise SandboxGone(f"The sandbox {self.id} no longer exists (deleted, or ephemeral and stopped).") from exc
+            raise
+        state = self._state()
+        if state in GONE_STATES:
+            raise SandboxGone(f"The sandbox {self.id} was deleted ({state}).")
+        return state
 
     async def why_unreachable(self, exc: BaseException) -> BackendError:
         """The interpreter websocket did not open, so no code ran. Say why.
@@ -482,11 +752,13 @@ class DaytonaSandbox(Sandbox):
         """A running cell's stream broke. Did the sandbox stop, the worker die, or just the connection?"""
         try:
             state = await self.refresh_state()
+        except SandboxGone:
+            return ContextDied("the sandbox was deleted")
         except BackendError as inner:
             return ConnectionLost(f"The connection to the sandbox was lost ({detail}) and it cannot be reached: {inner}")
         if state != "started":
             return ContextDied(f"the sandbox stopped ({state})")
-        contexts = await _call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
+        contexts = await self._call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
         if not any(c.id == context_id and c.active for c in contexts):
             return ContextDied("the interpreter process is gone")
         return ConnectionLost(
@@ -498,22 +770,28 @@ class DaytonaSandbox(Sandbox):
         sandbox = self.sdk_sandbox
 
         async def create() -> Any:
-            return await _call(
+            return await self._call(
                 "create an interpreter context", lambda: sandbox.code_interpreter.create_context(cwd=self.workdir)
             )
 
         try:
             context = await create()
         except BackendError:
-            if await self.refresh_state() == "started":
-                raise
-            await self._ensure_started(lambda text: log.info("%s", text))  # it stopped since we last looked
+            try:
+                if await self.refresh_state() == "started":
+                    raise
+                await self._ensure_started(self._progress)  # it stopped since we last looked
+            except SandboxGone:
+                await self.start(self._progress)  # deleted since we last looked: find or create another
+            sandbox = self.sdk_sandbox
             context = await create()
-        return DaytonaContext(self, context)
+        ours = DaytonaContext(self, context)
+        self._contexts.append(ours)
+        return ours
 
     async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         sandbox = self.sdk_sandbox
-        response = await _call(
+        response = await self._call(
             "run a command in the sandbox",
             lambda: sandbox.process.exec(command, cwd=self.workdir, timeout=int(timeout) if timeout else None),
             retry=False,
@@ -523,11 +801,11 @@ class DaytonaSandbox(Sandbox):
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
         sandbox = self.sdk_sandbox
         uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
-        await _call("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
+        await self._call("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
 
     async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
         sandbox = self.sdk_sandbox
-        results = await _call(
+        results = await self._call(
             "download files from the sandbox",
             lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
         )
@@ -541,13 +819,42 @@ class DaytonaSandbox(Sandbox):
         return out
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
+        """Clone with the daemon's go-git (apps/daemon/pkg/git/clone.go): a ``branch`` is read as
+        refs/heads/<branch>, ``commit_id`` is checked out after cloning the default branch, and
+        credentials count only when both are given (so a token alone gets a default username)."""
         sandbox = self.sdk_sandbox
         path = posixpath.join(self.workdir, dest)
-        await _call(
-            "clone the repository",
-            lambda: sandbox.git.clone(url=url, path=path, branch=ref or None, username=username, password=password),
-            retry=False,
-        )
+        if password and not username:
+            username = GIT_DEFAULT_USERNAME
+
+        async def clone(branch: str | None = None, commit_id: str | None = None) -> None:
+            await self._call(
+                "clone the repository",
+                lambda: sandbox.git.clone(
+                    url=url, path=path, branch=branch, commit_id=commit_id, username=username, password=password
+                ),
+                retry=False,
+            )
+
+        if not ref:
+            await clone()
+        elif FULL_SHA.fullmatch(ref):
+            await clone(commit_id=ref)
+        else:
+            try:
+                await clone(branch=ref)
+                return
+            except AuthError:
+                raise
+            except BackendError as exc:
+                log.info("cloning %s as branch %s failed (%s); trying it as a tag or commit", url, ref, exc)
+            await clone()  # the default branch, with the tags that point into it
+            result = await self.exec(f"git -C {shlex.quote(dest)} checkout --quiet {shlex.quote(ref)}", REQUEST_TIMEOUT_S)
+            if result.exit_code:
+                raise BackendError(
+                    f"repo_ref {ref!r} is not a branch of {url}, and `git checkout {ref}` in the clone failed: "
+                    f"{result.output.strip()}. Give a branch, a tag on the default branch, or a full 40-character commit id."
+                )
 
     async def remove(self, paths: list[str]) -> None:
         if not paths:
@@ -557,14 +864,42 @@ class DaytonaSandbox(Sandbox):
         if result.exit_code:
             raise BackendError(f"Could not delete files in the sandbox: {result.output.strip()}")
 
+    async def detach(self) -> None:
+        """A kernel restart: delete this kernel's contexts and keep the sandbox running, so the next
+        kernel process (same Jupyter kernel id) finds it started: %pip installs and files survive."""
+        try:
+            await self._close_contexts()
+        finally:
+            await self._close_client()
+
     async def shutdown(self) -> None:
+        """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a
+        context in the sandbox (two notebooks in one folder): then it stays up for that kernel, and
+        auto-stop ends it once every kernel has gone quiet."""
         try:
             if self._sandbox is not None:
+                await self._close_contexts()
                 if self._policy is SandboxPolicy.EPHEMERAL:
-                    await _call("delete the sandbox", lambda: self._sandbox.delete(timeout=REQUEST_TIMEOUT_S))
+                    await self._call("delete the sandbox", lambda: self._sandbox.delete(timeout=REQUEST_TIMEOUT_S))
                 elif self._state() == "started":
-                    await _call("stop the sandbox", lambda: self._sandbox.stop(timeout=REQUEST_TIMEOUT_S))
+                    others = await self._other_kernels()
+                    if others:
+                        log.info("sandbox %s left running: %d other kernel context(s) use it", self.id, others)
+                    else:
+                        await self._call("stop the sandbox", lambda: self._sandbox.stop(timeout=REQUEST_TIMEOUT_S))
         finally:
-            if self._client is not None:
-                await self._client.close()
-                self._client = None
+            await self._close_client()
+
+    async def _close_contexts(self) -> None:
+        for context in list(self._contexts):
+            await context.close()
+
+    async def _other_kernels(self) -> int:
+        """How many interpreter contexts in the sandbox are not ours: each live kernel keeps one."""
+        contexts = await self._call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
+        return sum(1 for c in contexts if c.id != DEFAULT_CONTEXT_ID)
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -1,0 +1,206 @@
+"""The emulator's control plane, driven through the unmodified SDK: what it must imitate.
+
+Each test pins one behaviour of the real API or daemon (FACTS.md "Control plane" and "Git clone";
+apps/api/src/sandbox/services/sandbox.service.ts, apps/daemon/pkg/git/clone.go), so the kernel's
+lifecycle tests run against the platform's traps, not against an instant, forgiving fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from datetime import datetime
+from typing import Any, Awaitable, Callable
+
+import pytest
+from daytona import AsyncDaytona, CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, DaytonaConfig, Resources
+from daytona.common.errors import DaytonaConflictError, DaytonaError, DaytonaNotFoundError
+from daytona_api_client_async.exceptions import ConflictException
+from daytona_emulator import DaytonaEmulator
+
+TRANSITION_S = 0.6  # long enough to act inside a transition, short enough for a fast test
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    emulator = DaytonaEmulator(tmp_path_factory.mktemp("control-plane")).start()
+    emulator.transition_s = {state: TRANSITION_S for state in emulator.transition_s}
+    yield emulator
+    emulator.close()
+
+
+def run(emu: DaytonaEmulator, body: Callable[[AsyncDaytona], Awaitable[Any]]) -> Any:
+    async def go() -> Any:
+        client = AsyncDaytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url, target="us"))
+        try:
+            return await body(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def params(**kw: Any) -> CreateSandboxFromSnapshotParams:
+    return CreateSandboxFromSnapshotParams(labels={"test": "control-plane"}, **kw)
+
+
+async def state_of(client: AsyncDaytona, sandbox_id: str) -> str:
+    sandbox = await client.get(sandbox_id)
+    return str(getattr(sandbox.state, "value", sandbox.state))
+
+
+def test_start_during_stopping_is_a_409_and_works_once_stopped(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        emu.stop_sandbox(sandbox.id)  # auto-stop: the state goes through stopping
+        assert await state_of(client, sandbox.id) == "stopping"
+        with pytest.raises(DaytonaConflictError, match="State change in progress"):
+            await sandbox.start()
+        with pytest.raises(DaytonaConflictError):
+            await sandbox.stop()
+        await sandbox.wait_for_sandbox_stop()
+        await sandbox.start()
+        assert await state_of(client, sandbox.id) == "started"
+
+    run(emu, body)
+
+
+def test_start_during_starting_is_a_409(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        await sandbox.stop()
+        await client._sandbox_api.start_sandbox(sandbox.id)  # the request alone: no waiting
+        assert await state_of(client, sandbox.id) == "starting"
+        with pytest.raises(ConflictException):
+            await client._sandbox_api.start_sandbox(sandbox.id)
+
+    run(emu, body)
+
+
+def test_start_during_archiving_is_accepted(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        emu.stop_sandbox(sandbox.id, state="archived")
+        deadline = time.monotonic() + 5
+        while await state_of(client, sandbox.id) != "archiving":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await sandbox.start()
+        assert await state_of(client, sandbox.id) == "started"
+
+    run(emu, body)
+
+
+def test_an_ephemeral_stop_deletes_the_sandbox(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params(auto_delete_interval=0))
+        await sandbox.stop()  # the SDK treats destroyed as stopped
+        with pytest.raises(DaytonaNotFoundError):
+            await client.get(sandbox.id)
+
+    run(emu, body)
+
+
+def test_a_gpu_sandbox_must_be_ephemeral(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        gpu = Resources(gpu=1)
+        with pytest.raises(DaytonaError, match="GPU sandboxes must be ephemeral") as refused:
+            await client.create(CreateSandboxFromImageParams(image="python:3.12", resources=gpu))
+        assert getattr(refused.value, "status_code", None) == 400
+        sandbox = await client.create(CreateSandboxFromImageParams(image="python:3.12", resources=gpu, auto_delete_interval=0))
+        assert sandbox.gpu == 1
+
+    run(emu, body)
+
+
+def test_create_is_not_idempotent(emu: DaytonaEmulator) -> None:
+    from daytona import ListSandboxesQuery
+
+    async def body(client: AsyncDaytona) -> None:
+        labels = {"test": "not-idempotent"}
+        emu.fail_after_create(503)
+        with pytest.raises(DaytonaError) as failed:
+            await client.create(CreateSandboxFromSnapshotParams(labels=labels))
+        assert getattr(failed.value, "status_code", None) == 503
+        found = [s async for s in client.list(ListSandboxesQuery(labels=labels))]
+        assert len(found) == 1  # the failed create made one all the same
+
+    run(emu, body)
+
+
+def test_toolbox_requests_are_activity_and_auto_stop_stops_the_idle(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        idle = await client.create(params(auto_stop_interval=15))
+        busy = await client.create(params(auto_stop_interval=15))
+        for sandbox in (idle, busy):
+            emu.sandboxes[sandbox.id].last_activity -= 3600
+        await busy.process.exec("true")  # a toolbox request
+        await busy.refresh_data()
+        assert time.time() - datetime.fromisoformat(str(busy.last_activity_at)).timestamp() < 60
+        assert emu.run_auto_stop() == [idle.id]
+        assert emu.sandboxes[busy.id].state == "started"
+        assert await state_of(client, idle.id) in ("stopping", "stopped")
+
+    run(emu, body)
+
+
+def test_a_context_in_a_missing_folder_is_a_500(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        with pytest.raises(DaytonaError) as failed:
+            await sandbox.code_interpreter.create_context(cwd="/no/such/folder/anywhere")
+        assert getattr(failed.value, "status_code", None) == 500
+
+    run(emu, body)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A repository with a branch `main`, a tag `v1` (not a branch) and a later commit."""
+    root = tmp_path_factory.mktemp("git")
+    work = root / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(work)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    (work / "version.txt").write_text("1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (work / "version.txt").write_text("2\n")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    bare = root / "repo.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    return {"url": str(bare), "first": first}
+
+
+def clone_into(emu: DaytonaEmulator, dest: str, **kw: Any) -> Path:
+    async def body(client: AsyncDaytona) -> Path:
+        sandbox = await client.create(params())
+        await sandbox.git.clone(path=dest, **kw)
+        return emu.host_path(emu.sandboxes[sandbox.id], dest)
+
+    return run(emu, body)
+
+
+def test_git_clone_reads_a_branch_as_refs_heads(emu: DaytonaEmulator, repo: dict[str, str]) -> None:
+    assert (clone_into(emu, "on-main", url=repo["url"], branch="main") / "version.txt").read_text() == "2\n"
+    with pytest.raises(DaytonaError, match="reference not found"):
+        clone_into(emu, "on-tag", url=repo["url"], branch="v1")  # go-git: refs/heads/v1 does not exist
+
+
+def test_git_clone_checks_out_a_full_commit_id_only(emu: DaytonaEmulator, repo: dict[str, str]) -> None:
+    assert (clone_into(emu, "at-first", url=repo["url"], commit_id=repo["first"]) / "version.txt").read_text() == "1\n"
+    with pytest.raises(DaytonaError, match="object not found"):
+        clone_into(emu, "at-short", url=repo["url"], commit_id=repo["first"][:8])
+
+
+def test_git_credentials_count_only_when_both_are_given(emu: DaytonaEmulator, repo: dict[str, str]) -> None:
+    emu.git_credentials[repo["url"]] = ("anyone", "s3cret")
+    try:
+        with pytest.raises(DaytonaError, match="authentication required"):
+            clone_into(emu, "token-only", url=repo["url"], password="s3cret")
+        assert (clone_into(emu, "both", url=repo["url"], username="x", password="s3cret") / "version.txt").exists()
+    finally:
+        del emu.git_credentials[repo["url"]]

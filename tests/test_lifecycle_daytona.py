@@ -1,0 +1,213 @@
+"""The sandbox lifecycle as Daytona really runs it: real kernels, the unmodified SDK, and an emulator
+whose transitions take time (stopping, starting, archiving, destroying), so each trap of the
+control plane (FACTS.md "Control plane", "Git clone") shows here the way a user would meet it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import sandboxes_of
+from kernels import Kernel, result_text
+
+TRANSITION_S = 1.0  # each transitional state lasts this long: realistic order, fast tests
+STOP = "POST /api/sandbox/{sid}/stop"
+CREATE = "POST /api/sandbox"
+
+
+@pytest.fixture(scope="module")
+def slow_emulator(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from daytona_emulator import DaytonaEmulator
+
+    emu = DaytonaEmulator(tmp_path_factory.mktemp("lifecycle")).start()
+    emu.transition_s = {state: TRANSITION_S for state in emu.transition_s}
+    yield emu
+    emu.close()
+
+
+@pytest.fixture
+def emu(slow_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for key, value in slow_emulator.env().items():
+        monkeypatch.setenv(key, value)
+    slow_emulator.reset_counts()
+    return slow_emulator
+
+
+def only_sandbox(emu: Any, folder: Path) -> Any:
+    live = [s for s in sandboxes_of(emu, folder) if s.state not in ("destroying", "destroyed")]
+    assert len(live) == 1, [(s.id, s.state) for s in sandboxes_of(emu, folder)]
+    return live[0]
+
+
+def test_a_restart_keeps_the_sandbox_running(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        k.restart()
+        assert sandbox.state == "started"  # not stopped for the next process
+        assert result_text(k.execute("import os\nos.getpid() > 0")) == "True"
+        assert k.execute("x").errors[0]["ename"] == "NameError"  # a new interpreter, like ipykernel
+        assert only_sandbox(emu, tmp_path) is sandbox
+        assert emu.count(STOP) == 0
+    assert sandbox.state == "stopped"  # a real shutdown still releases it
+
+
+def test_a_restart_while_the_sandbox_is_stopping(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(emu.transition_s, "stopping", 12.0)  # still stopping when the new process looks
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        sandbox = only_sandbox(emu, tmp_path)
+        emu.stop_sandbox(sandbox.id)  # auto-stop just began
+        assert sandbox.state == "stopping"
+        k.restart()
+        run = k.execute("21 * 2", timeout=30)
+        assert result_text(run) == "42"
+        assert sandbox.state == "started"
+
+
+def test_a_sandbox_found_stopping_is_waited_for_then_started(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        sandbox = only_sandbox(emu, tmp_path)
+        emu.stop_sandbox(sandbox.id)
+        run = k.execute("print('back')", timeout=30)
+        assert run.text() == "back\n" and "variables were reset" in run.text("stderr")
+        status = [m["content"]["data"]["text/plain"] for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        assert any("stopping" in line for line in status), status  # the status line said what it waited for
+
+
+def test_an_archiving_sandbox_is_started(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        sandbox = only_sandbox(emu, tmp_path)
+        emu.stop_sandbox(sandbox.id, state="archived")
+        emu.wait_for_state(sandbox.id, "archiving")
+        assert result_text(k.execute("6 * 7", timeout=30)) == "42"
+        assert sandbox.state == "started"
+
+
+def test_an_ephemeral_sandbox_auto_stopped_then_two_cells(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}) as k:
+        k.execute("x = 1\nopen('kept.txt', 'w').write('on the volume')")
+        first = only_sandbox(emu, tmp_path)
+        first.last_activity -= 3600  # idle for an hour
+        assert emu.run_auto_stop() == [first.id]  # ephemeral: stopping deletes it
+        one = k.execute("print(open('kept.txt').read())", timeout=30)
+        assert one.status == "ok", one.errors
+        assert one.text() == "on the volume\n"
+        assert "variables were reset" in one.text("stderr")
+        two = k.execute("y = 2\ny", timeout=30)
+        assert result_text(two) == "2" and two.text("stderr") == ""
+        assert only_sandbox(emu, tmp_path) is not first
+
+
+def test_a_reused_sandbox_deleted_in_the_dashboard_is_replaced(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        first = only_sandbox(emu, tmp_path)
+        emu.delete_sandbox_now(first.id)  # someone deleted it in the dashboard
+        run = k.execute("'again'", timeout=30)
+        assert result_text(run) == "'again'" and "variables were reset" in run.text("stderr")
+
+
+def test_two_notebooks_in_one_folder_one_closed(emu: Any, tmp_path: Path) -> None:
+    one = Kernel("daytona", cwd=str(tmp_path))
+    with Kernel("daytona", cwd=str(tmp_path)) as two:
+        one.execute("a = 1")
+        two.execute("b = 2")
+        shared = only_sandbox(emu, tmp_path)
+        one.close()
+        assert shared.state == "started"
+        assert result_text(two.execute("b")) == "2"
+    assert shared.state == "stopped"  # the last one out stops it
+
+
+def test_a_gpu_sandbox_is_ephemeral_and_says_so_once(emu: Any, tmp_path: Path) -> None:
+    env = {"DAYTONA_KERNEL_GPU": "1", "DAYTONA_KERNEL_IMAGE": "python:3.12"}
+    with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
+        first = k.execute("1 + 1", timeout=30)
+        assert result_text(first) == "2", first.errors
+        assert first.text("stderr").count("GPU sandboxes must be ephemeral") == 1
+        assert k.execute("2 + 2").text("stderr") == ""
+        sandbox = only_sandbox(emu, tmp_path)
+        assert sandbox.spec["autoDeleteInterval"] == 0 and sandbox.spec["gpu"] == 1
+    assert not [s for s in sandboxes_of(emu, tmp_path) if s.state not in ("destroying", "destroyed")]
+
+
+def test_a_create_that_fails_after_it_succeeded_leaves_one_sandbox(emu: Any, tmp_path: Path) -> None:
+    emu.fail_after_create(503)
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        assert result_text(k.execute("3 * 3", timeout=30)) == "9"
+        assert len(sandboxes_of(emu, tmp_path)) == 1
+        assert emu.counts[CREATE] == 1  # found by its labels, not created again
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A repository whose tag `v1` is older than its default branch `main`."""
+    root = tmp_path_factory.mktemp("git")
+    work = root / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(work)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    (work / "version.txt").write_text("1")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (work / "version.txt").write_text("2")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    bare = root / "project.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    return {"url": str(bare), "first": first}
+
+
+@pytest.mark.parametrize("ref, version", [("v1", "1"), ("main", "2"), ("first", "1")])
+def test_repo_ref_may_be_a_branch_a_tag_or_a_commit(emu: Any, tmp_path: Path, repo: dict[str, str], ref: str, version: str) -> None:
+    env = {"DAYTONA_KERNEL_REPO_URL": repo["url"], "DAYTONA_KERNEL_REPO_REF": repo.get(ref, ref)}
+    with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
+        run = k.execute("open('project/version.txt').read()", timeout=30)
+        assert result_text(run) == repr(version), run.errors
+
+
+def test_git_token_alone_authenticates(emu: Any, tmp_path: Path, repo: dict[str, str]) -> None:
+    emu.git_credentials[repo["url"]] = ("anyone", "t0ken")
+    try:
+        env = {"DAYTONA_KERNEL_REPO_URL": repo["url"], "GIT_TOKEN": "t0ken"}
+        with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
+            run = k.execute("open('project/version.txt').read()", timeout=30)
+            assert result_text(run) == "'2'", run.errors
+            assert "t0ken" not in str(run.messages)
+    finally:
+        del emu.git_credentials[repo["url"]]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("url", [f"http://127.0.0.1:{_closed_port()}/api", "http://no-such-host.invalid/api"])
+def test_an_unreachable_api_fails_fast_with_the_url(emu: Any, tmp_path: Path, url: str) -> None:
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_API_URL": url}) as k:
+        for _ in range(2):  # and the next cell does not wait again
+            started = time.monotonic()
+            run = k.execute("1", timeout=60)
+            assert time.monotonic() - started < 10
+            err = run.errors[0]
+            assert url in err["evalue"] and "DAYTONA_API_URL" in err["evalue"]
+            assert "status.daytona.io" not in err["evalue"]  # not Daytona's own service
+        assert k.request("kernel_info")["status"] == "ok"
+
+
+def test_transient_errors_retry_with_progress_in_the_status_line(emu: Any, tmp_path: Path) -> None:
+    emu.fail_next("GET /api/volumes/by-name/{name}", 503, times=2)
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        run = k.execute("'through'", timeout=60)
+        assert result_text(run) == "'through'"
+        status = [m["content"]["data"]["text/plain"] for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        assert any("Daytona answered 503, retrying" in line and "/30 s" in line for line in status), status
