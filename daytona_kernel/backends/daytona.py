@@ -27,6 +27,7 @@ import posixpath
 import random
 import re
 import shlex
+import socket
 import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable, TypeVar
