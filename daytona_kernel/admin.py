@@ -136,8 +136,11 @@ def running_kernel_ids() -> set[str]:
     return ids
 
 
-async def find_orphans(client: Any, older_than_s: float, owner: str) -> tuple[list[Orphan], list[Skipped]]:
-    """This installation's kernel sandboxes whose kernel is gone, or idle past the threshold."""
+async def find_orphans(
+    client: Any, older_than_s: float, owner: str, delete_stopped: bool = False
+) -> tuple[list[Orphan], list[Skipped]]:
+    """This installation's kernel sandboxes whose kernel is gone, or idle past the threshold; with
+    ``delete_stopped``, also stopped or archived ones idle past it (they count against the disk quota)."""
     from daytona import ListSandboxesQuery
 
     from .backends.daytona import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time, state_name
@@ -160,6 +163,8 @@ async def find_orphans(client: Any, older_than_s: float, owner: str) -> tuple[li
             reason = f"its kernel {kernel or '(unknown)'} no longer runs here"
         elif idle is not None and idle > older_than_s and state == "started":
             reason = f"idle for {idle / 3600:.1f} h"
+        elif delete_stopped and idle is not None and idle > older_than_s and state in ("stopped", "archived"):
+            reason, action = f"{state} for {idle / 86400:.1f} d (stopped sandboxes count against the disk quota)", "delete"
         else:
             continue
         if state not in SETTLED_STATES:
@@ -169,15 +174,19 @@ async def find_orphans(client: Any, older_than_s: float, owner: str) -> tuple[li
     return orphans, skipped
 
 
-async def gc(older_than_s: float, dry_run: bool, out: Out, volumes_older_than_s: float = 30 * 86400) -> int:
+async def gc(
+    older_than_s: float, dry_run: bool, out: Out, volumes_older_than_s: float = 30 * 86400, delete_stopped: bool = False
+) -> int:
     """Clean up after kernels that are gone: Daytona sandboxes, or the local backend's leftovers."""
     config = load_config()
     if config.backend == "local":
         return gc_local(older_than_s, volumes_older_than_s, dry_run, out, config)
-    return await gc_daytona(config, older_than_s, dry_run, out)
+    return await gc_daytona(config, older_than_s, dry_run, out, delete_stopped)
 
 
-async def gc_daytona(config: DaytonaKernelConfig, older_than_s: float, dry_run: bool, out: Out) -> int:
+async def gc_daytona(
+    config: DaytonaKernelConfig, older_than_s: float, dry_run: bool, out: Out, delete_stopped: bool = False
+) -> int:
     from daytona import AsyncDaytona
     from daytona.common.errors import DaytonaError
 
@@ -204,7 +213,7 @@ async def gc_daytona(config: DaytonaKernelConfig, older_than_s: float, dry_run: 
     failed = 0
     try:
         try:
-            orphans, skipped = await find_orphans(client, older_than_s, owner)
+            orphans, skipped = await find_orphans(client, older_than_s, owner, delete_stopped)
         except DaytonaError as exc:
             out(f"error: {translate_error(exc, 'list sandboxes', then)}")
             return 1

@@ -149,7 +149,7 @@ def _duration(text: str) -> float:
 def cmd_gc(args: argparse.Namespace) -> int:
     from . import admin
 
-    return admin.run(admin.gc(args.older_than, args.dry_run, print, args.volumes_older_than))
+    return admin.run(admin.gc(args.older_than, args.dry_run, print, args.volumes_older_than, args.delete_stopped))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -230,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--volumes-older-than", type=_duration, default=30 * 86400.0, metavar="AGE",
                    help="local backend: remove working copies unused this long (default 30d); files only there "
                    "(over sync_max_file_mb, or with sync off) go with them")
+    p.add_argument("--delete-stopped", action="store_true",
+                   help="Daytona: also delete stopped or archived sandboxes idle longer than --older-than (e.g. "
+                   "--older-than 7d); they count against the disk quota. Their own disk goes; the volume stays")
     p.add_argument("--dry-run", action="store_true", help="only list what would be done")
     p.set_defaults(func=cmd_gc)
 

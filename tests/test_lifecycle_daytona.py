@@ -211,3 +211,23 @@ def test_transient_errors_retry_with_progress_in_the_status_line(emu: Any, tmp_p
         assert result_text(run) == "'through'"
         status = [m["content"]["data"]["text/plain"] for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
         assert any("Daytona answered 503, retrying" in line and "/30 s" in line for line in status), status
+
+
+def test_gc_delete_stopped_frees_the_disk_quota(daytona_env: Any) -> None:
+    from test_gc import make_sandbox
+
+    from daytona_kernel import admin
+    from daytona_kernel.identity import owner_id
+
+    old, recent = make_sandbox(daytona_env, owner_id()), make_sandbox(daytona_env, owner_id())
+    for sandbox_id in (old, recent):
+        daytona_env.stop_sandbox(sandbox_id)
+        daytona_env.wait_for_state(sandbox_id, "stopped")
+    daytona_env.sandboxes[old].last_activity -= 8 * 86400
+    lines: list[str] = []
+    assert admin.run(admin.gc(7 * 86400.0, False, lines.append)) == 0  # without the option: stopped ones stay
+    assert daytona_env.sandboxes[old].state == "stopped", lines
+    assert admin.run(admin.gc(7 * 86400.0, False, lines.append, delete_stopped=True)) == 0
+    assert any(line.startswith(f"deleted {old}: stopped for 8.0 d") for line in lines), lines
+    daytona_env.wait_for_state(old, "destroyed")
+    assert daytona_env.sandboxes[recent].state == "stopped"
