@@ -793,9 +793,10 @@ class DaytonaEmulator:
         sandbox = self._started(request)
         spec = parse(ExecuteRequest, await request.json())
         cwd = self.host_path(sandbox, spec.cwd) if spec.cwd else sandbox.home
-        proc = await asyncio.create_subprocess_shell(
-            spec.command, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        # The sandbox's /home/daytona is its folder here (and its volumes are mounted inside it), so a
+        # command naming it (`mkdir -p /home/daytona/workspace`) acts on this sandbox, not on this machine.
+        command = spec.command.replace(SANDBOX_HOME, str(sandbox.home))
+        proc = await asyncio.create_subprocess_shell(command, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), spec.timeout or None)
         except asyncio.TimeoutError:

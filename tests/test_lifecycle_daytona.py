@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from conftest import sandboxes_of
 from kernels import Kernel, result_text
+from test_storage import wait_for
 
 TRANSITION_S = 1.0  # each transitional state lasts this long: realistic order, fast tests
 STOP = "POST /api/sandbox/{sid}/stop"
@@ -49,7 +50,8 @@ def test_a_restart_keeps_the_sandbox_running(emu: Any, tmp_path: Path) -> None:
         sandbox = only_sandbox(emu, tmp_path)
         k.restart()
         assert sandbox.state == "started"  # not stopped for the next process
-        assert result_text(k.execute("import os\nos.getpid() > 0")) == "True"
+        first = k.execute("import os\nos.getpid() > 0")
+        assert result_text(first) == "True" and first.text("stderr") == ""
         assert k.execute("x").errors[0]["ename"] == "NameError"  # a new interpreter, like ipykernel
         assert only_sandbox(emu, tmp_path) is sandbox
         assert emu.count(STOP) == 0
@@ -94,6 +96,7 @@ def test_an_ephemeral_sandbox_auto_stopped_then_two_cells(emu: Any, tmp_path: Pa
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}) as k:
         k.execute("x = 1\nopen('kept.txt', 'w').write('on the volume')")
         first = only_sandbox(emu, tmp_path)
+        wait_for(emu.bucket_path("daytona-kernel", first.spec["volumes"][0]["subpath"], "kept.txt"))  # the volume's copy
         first.last_activity -= 3600  # idle for an hour
         assert emu.run_auto_stop() == [first.id]  # ephemeral: stopping deletes it
         one = k.execute("print(open('kept.txt').read())", timeout=30)
@@ -231,3 +234,23 @@ def test_gc_delete_stopped_frees_the_disk_quota(daytona_env: Any) -> None:
     assert any(line.startswith(f"deleted {old}: stopped for 8.0 d") for line in lines), lines
     daytona_env.wait_for_state(old, "destroyed")
     assert daytona_env.sandboxes[recent].state == "stopped"
+
+
+def test_config_drift_is_named_once_and_recreate_rebuilds(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("open('kept.txt', 'w').write('durable')")
+        first = only_sandbox(emu, tmp_path)
+    moved = {"DAYTONA_KERNEL_MOUNT_PATH": "/home/daytona/elsewhere"}
+    with Kernel("daytona", cwd=str(tmp_path), env=moved) as k:
+        run = k.execute("print(open('kept.txt').read())", timeout=30)
+        assert run.text() == "durable\n", run.errors  # a changed mount_path never breaks the kernel
+        notice = run.text("stderr")
+        assert "/home/daytona/elsewhere" in notice and "%daytona recreate" in notice
+        assert k.execute("1").text("stderr") == ""  # once
+        recreated = k.execute("%daytona recreate", timeout=60)
+        assert recreated.status == "ok", recreated.errors
+        assert "recreated" in recreated.text() and first.id in recreated.text()
+        after = k.execute("print(open('kept.txt').read())", timeout=30)
+        assert after.text() == "durable\n", after.errors
+        second = only_sandbox(emu, tmp_path)
+        assert second is not first and second.spec["volumes"][0]["mountPath"] == "/home/daytona/elsewhere"

@@ -447,8 +447,16 @@ class DaytonaSandbox(Sandbox):
         volume = await self._ready_volume(progress)
         self._sandbox = await self._find()
         if self._sandbox is not None:
-            self._check_drift(volume)
-        else:
+            # a list item lacks the volumes and env that drift and the volume copy are judged by
+            found = self._sandbox
+            try:
+                await self._call("check the sandbox", lambda: found.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
+                self._check_drift(volume)
+            except BackendError as exc:
+                if not isinstance(exc.__cause__, DaytonaNotFoundError):
+                    raise
+                self._sandbox = None  # deleted since the list: make another
+        if self._sandbox is None:
             self._sandbox = await self._create(volume, progress)
         self.id = self._sandbox.id
         self.generation += 1
