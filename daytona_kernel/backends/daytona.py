@@ -157,8 +157,6 @@ def _unreachable(api_url: str, cause: str) -> BackendError:
     return BackendError(f"Cannot reach the Daytona API at {api_url} ({cause}). {fix}, then run the cell again.")
 
 
-
-
 def _overlaps(a: str, b: str) -> bool:
     """Is one of two sandbox folders the other, or inside it?"""
     a, b = posixpath.normpath(a), posixpath.normpath(b)
