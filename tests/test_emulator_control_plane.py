@@ -20,6 +20,7 @@ from daytona.common.errors import DaytonaConflictError, DaytonaError, DaytonaNot
 from daytona_api_client_async.exceptions import ConflictException
 from daytona_emulator import DaytonaEmulator
 
+pytestmark = pytest.mark.slow  # the emulator, git and kernels run as subprocesses
 TRANSITION_S = 0.6  # long enough to act inside a transition, short enough for a fast test
 
 

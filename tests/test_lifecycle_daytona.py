@@ -15,6 +15,7 @@ from conftest import sandboxes_of
 from kernels import Kernel, result_text
 from test_storage import wait_for
 
+pytestmark = pytest.mark.slow  # the emulator, git and kernels run as subprocesses
 TRANSITION_S = 1.0  # each transitional state lasts this long: realistic order, fast tests
 STOP = "POST /api/sandbox/{sid}/stop"
 CREATE = "POST /api/sandbox"
