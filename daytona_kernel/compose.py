@@ -14,7 +14,7 @@ from pathlib import Path
 from .backends import open_sandbox
 from .config import DaytonaKernelConfig, SessionSettings, settings_from
 from .session import RuntimeSession
-from .sync import open_mirror
+from .sync import mirror_root, open_mirror
 
 KERNEL_FILE_PREFIX = "kernel-"
 
@@ -22,10 +22,15 @@ KERNEL_FILE_PREFIX = "kernel-"
 def build_session(
     config: DaytonaKernelConfig, folder: str, kernel_id: str, log: logging.Logger, mirror: bool = True
 ) -> RuntimeSession:
-    """The session for a notebook in ``folder``; ``mirror=False`` leaves the folder alone (doctor)."""
-    sandbox = open_sandbox(config, folder, kernel_id)
-    workdir_mirror = open_mirror(config, sandbox, folder, log) if mirror else None
-    return RuntimeSession(sandbox, settings_from(SessionSettings, config), log, workdir_mirror)
+    """The session for a notebook in ``folder``; ``mirror=False`` leaves the folder alone (doctor).
+
+    The folder mirrored (and keyed) is the enclosing git repository's root, else ``folder``;
+    cells start in the notebook's sub-folder of it, as they would with ipykernel.
+    """
+    root, start_in = mirror_root(folder)
+    sandbox = open_sandbox(config, root, kernel_id)
+    workdir_mirror = open_mirror(config, sandbox, root, log, start_in) if mirror else None
+    return RuntimeSession(sandbox, settings_from(SessionSettings, config), log, workdir_mirror, start_in)
 
 
 def kernel_id_of(connection_file: str | os.PathLike[str]) -> str:

@@ -61,6 +61,8 @@ BATCH_FILES = 500
 BATCH_BYTES = 64 * 1024 * 1024
 MB = 1024 * 1024
 SHOW_PROGRESS_FILES = 50
+RACY_WINDOW_NS = 2 * 1_000_000_000  # an mtime this close to a sync cannot tell a same-second rewrite
+SCAN_BUDGET_S = 2.0  # the scan of the notebook folder before each cell
 NAME_MAX_BYTES = 255
 PATH_MAX_CHARS = 4096
 MAX_REPORTED_PATHS = 100_000
@@ -154,7 +156,31 @@ def _listing(paths: list[str], limit: int = 20) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def open_mirror(config: DaytonaKernelConfig, sandbox: Sandbox, folder: str, log: logging.Logger) -> WorkdirMirror:
+def mirror_root(folder: str) -> tuple[str, str]:
+    """The folder to mirror for a notebook in ``folder``, and the notebook's sub-folder of it.
+
+    The enclosing git repository's root, so that ``../data/x.csv`` from
+    ``repo/notebooks`` works as with ipykernel; else the notebook's folder. A
+    repository at the home folder or above it counts as no repository (too broad).
+
+    Examples:
+        >>> mirror_root("/work/repo/notebooks")  # doctest: +SKIP
+        ('/work/repo', 'notebooks')
+    """
+    start = Path(os.path.abspath(folder))
+    home = Path.home()
+    for candidate in (start, *start.parents):
+        if candidate == home or candidate in home.parents:
+            break
+        if (candidate / ".git").exists():
+            sub = start.relative_to(candidate).as_posix()
+            return str(candidate), "" if sub == "." else sub
+    return str(start), ""
+
+
+def open_mirror(
+    config: DaytonaKernelConfig, sandbox: Sandbox, folder: str, log: logging.Logger, start_in: str = ""
+) -> WorkdirMirror:
     """The mirror for a notebook folder. With ``sync=off`` it only serves %upload/%download.
 
     Its manifest (what was last synced) is kept per backend, volume and workspace,
@@ -166,7 +192,7 @@ def open_mirror(config: DaytonaKernelConfig, sandbox: Sandbox, folder: str, log:
 
     key = f"{config.backend}-{config.volume_name}-{workspace_key(config, folder)}"
     manifest = Path(jupyter_data_dir()) / "daytona-kernel" / "manifests" / f"{key}.json"
-    return WorkdirMirror(folder, sandbox, settings_from(MirrorSettings, config), manifest, log)
+    return WorkdirMirror(folder, sandbox, settings_from(MirrorSettings, config), manifest, log, start_in)
 
 
 def conflict_name(rel: str) -> str:
@@ -214,6 +240,12 @@ def safe_relpath(rel: object) -> str:
         if size > NAME_MAX_BYTES:
             raise MirrorError(f"a name in it is longer than {NAME_MAX_BYTES} bytes")
     return "/".join(parts)
+
+
+def _racy(known: list[Any]) -> bool:
+    """A manifest entry whose mtime was within RACY_WINDOW_NS of its recording: a same-size rewrite in the
+    same second would keep size and mtime (one-second file systems), so only the content can tell."""
+    return len(known) > 4 and known[1] >= known[4] - RACY_WINDOW_NS
 
 
 def _hash(path: Path) -> str:
@@ -388,8 +420,10 @@ class WorkdirMirror:
         config: MirrorSettings,
         manifest_path: Path,
         log: logging.Logger,
+        start_in: str = "",
     ) -> None:
         self.local_root = Path(local_root)
+        self.start_in = start_in  # the notebook's sub-folder: where cells start and %upload/%download paths begin
         self._folder = LocalFolder(self.local_root)
         self._sandbox = sandbox
         self._config = config
@@ -467,11 +501,17 @@ class WorkdirMirror:
             self._log.warning("could not save the sync manifest %s: %s", self._manifest_path, exc)
 
     def _locally_changed(self, rel: str, now: Stat) -> bool:
-        """Changed since the last sync? Hash only when size or mtime moved."""
+        """Changed since the last sync? Hash only when size or mtime moved, or when the mtime is too
+        close to the time of the last sync to tell a rewrite in the same second (see ``_racy``)."""
         known = self._manifest.get(rel)
         if known is None:
             return True
         if [now[0], now[1]] == known[:2]:
+            if _racy(known):
+                if _hash(self.local_root / rel) != known[2]:
+                    return True
+                if now[1] < time.time_ns() - RACY_WINDOW_NS:
+                    known[4] = time.time_ns()  # no longer racy: stop hashing it
             return len(known) > 3 and known[3] != now[2]
         if now[0] != known[0]:
             return True
@@ -489,7 +529,7 @@ class WorkdirMirror:
         planned as deleted: only one that is really gone.
         """
         found_secrets: list[str] = []
-        files, complete = scan(str(self.local_root), self._rules, skipped=found_secrets)
+        files, complete = scan(str(self.local_root), self._rules, skipped=found_secrets, budget_s=SCAN_BUDGET_S)
         max_file = int(self._config.sync_max_file_mb * MB)
         budget = int(self._config.sync_max_total_mb * MB)
         plan = UpPlan(secrets=found_secrets)
@@ -514,7 +554,9 @@ class WorkdirMirror:
         if complete:
             plan.deleted = [rel for rel in self._manifest if rel not in files and self._gone_here(rel)]
         else:
-            plan.skipped.append(("(folder)", "more than 50000 files; the rest were not looked at. Add sync_exclude patterns."))
+            plan.skipped.append(
+                ("(folder)", f"over 50000 files or {SCAN_BUDGET_S:g} s to scan; the rest was not looked at. Add sync_exclude patterns.")
+            )
         return plan
 
     def _gone_here(self, rel: str) -> bool:
@@ -576,7 +618,7 @@ class WorkdirMirror:
                 report.skipped.append((rel, f"could not read it here ({exc.strerror or exc})"))
                 continue
             batch.append((content, self.remote_path(rel)))
-            records[rel] = [st.st_size, st.st_mtime_ns, hashlib.sha256(content).hexdigest(), st.st_mode & 0o777]
+            records[rel] = [st.st_size, st.st_mtime_ns, hashlib.sha256(content).hexdigest(), st.st_mode & 0o777, time.time_ns()]
             size += len(content)
         return batch, records, index
 
@@ -647,7 +689,9 @@ class WorkdirMirror:
                 continue
             changed.append((rel, parsed))
         if changes.get("truncated"):
-            report.skipped.append(("(sandbox folder)", "too many files to watch; add sync_exclude patterns."))
+            report.skipped.append(
+                ("(sandbox folder)", "too many files to scan after each cell; the rest was not looked at. Add sync_exclude patterns.")
+            )
         return sorted(changed), [rel for rel in raw_deleted if isinstance(rel, str)]
 
     def _plan_down(self, changed: list[tuple[str, Stat]], report: SyncReport) -> list[tuple[str, str, Stat]]:
@@ -749,7 +793,7 @@ class WorkdirMirror:
     def _record(self, rel: str, digest: str) -> None:
         st = self._folder.lstat(rel)
         if st is not None:
-            self._manifest[rel] = [st.st_size, st.st_mtime_ns, digest, st.st_mode & 0o777]
+            self._manifest[rel] = [st.st_size, st.st_mtime_ns, digest, st.st_mode & 0o777, time.time_ns()]
 
     def _apply_deletions(self, deleted: list[str], report: SyncReport) -> None:
         """Deletions the sandbox reported: applied only with sync_deletes, and only to unchanged files."""
@@ -793,7 +837,7 @@ class WorkdirMirror:
     def _inside(self, local: str, magic: str) -> Path:
         """A local path given to %upload, resolved, and refused when it leaves the notebook folder."""
         root = self.local_root.resolve()
-        src = (self.local_root / local).resolve()
+        src = (self.local_root / self.start_in / local).resolve()
         if src != root and not src.is_relative_to(root):
             raise MirrorError(f"%{magic}: {local} is outside the notebook folder {self.local_root}; only files inside it can be sent.")
         return src
@@ -809,6 +853,8 @@ class WorkdirMirror:
         if not src.exists():
             raise MirrorError(f"%upload: {local} does not exist here.")
         root = self.local_root.resolve()
+        if dest and not dest.startswith("/"):
+            dest = posixpath.join(self.start_in, dest)
         target = dest or (os.path.relpath(src, root) if src != root else ".")
         files, modes = await asyncio.to_thread(self._read_for_upload, src, target, report)
         for start in range(0, len(files), BATCH_FILES):
@@ -846,8 +892,8 @@ class WorkdirMirror:
         that looks like a secret may be fetched this way.
         """
         report = SyncReport()
-        remote_path = remote if remote.startswith("/") else self.remote_path(remote)
-        name = dest or (remote if not remote.startswith("/") else posixpath.basename(remote))
+        remote_path = remote if remote.startswith("/") else self.remote_path(posixpath.join(self.start_in, remote))
+        name = posixpath.join(self.start_in, dest or (remote if not remote.startswith("/") else posixpath.basename(remote)))
         try:
             rel = safe_relpath(name)
         except MirrorError as exc:

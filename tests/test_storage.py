@@ -10,6 +10,7 @@ semantics skip with the reason (under CI=true they fail instead).
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -192,3 +193,87 @@ def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> No
         assert (fresh / "a.txt").read_text() == "two, longer"
         assert second.copy_changes() == []  # what was restored is not copied back
         assert copier(fresh).restore() == (0, [])  # the same disk again: left as it is
+
+
+def test_relative_paths_from_a_notebook_in_a_repository(kernel_name: str, tmp_path: Path) -> None:
+    """A notebook in repo/notebooks reads ../data/x.csv as with ipykernel: the repository root is mirrored."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "data").mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("scratch/\n")
+    (repo / "data" / "x.csv").write_text("a,b\n1,2\n")
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "big.bin").write_bytes(b"x" * 100)
+    (repo / "notebooks" / "local.txt").write_text("sent by hand")
+    with Kernel(kernel_name, cwd=str(repo / "notebooks")) as k:
+        run = k.execute(
+            "import os\n"
+            "print(open('../data/x.csv').read(), end='')\n"
+            "print(os.path.basename(os.getcwd()), os.path.exists('../scratch/big.bin'))\n"
+            "open('../data/out.csv', 'w').write('written in the sandbox')\n"
+            "open('here.txt', 'w').write('next to the notebook')"
+        )
+        assert run.errors == [], run.errors
+        assert run.text() == "a,b\n1,2\nnotebooks False\n"
+        assert (repo / "data" / "out.csv").read_text() == "written in the sandbox"
+        assert (repo / "notebooks" / "here.txt").read_text() == "next to the notebook"
+        k.execute("os.remove('local.txt')")
+        assert k.execute("%upload local.txt").errors == []
+        assert k.execute("print(open('local.txt').read())").text() == "sent by hand\n"
+        assert k.execute("open('fetch.txt', 'w').write('fetched')").errors == []
+        (repo / "notebooks" / "fetch.txt").unlink()
+        assert k.execute("%download fetch.txt").errors == []
+        assert (repo / "notebooks" / "fetch.txt").read_text() == "fetched"
+
+
+def test_outside_a_repository_the_notebook_folder_is_mirrored(kernel_name: str, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.csv").write_text("not mirrored")
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "nb" / "y.csv").write_text("mirrored")
+    with Kernel(kernel_name, cwd=str(tmp_path / "nb")) as k:
+        run = k.execute("import os\nprint(open('y.csv').read(), os.path.exists('../data/x.csv'))")
+        assert run.text() == "mirrored False\n"
+
+
+def test_a_same_size_rewrite_in_the_same_second_syncs_both_ways(kernel_name: str, tmp_path: Path) -> None:
+    """On a file system with one-second mtimes, a rewrite keeps size and mtime; the content must still travel."""
+    second = (int(time.time()) + 3) * 1_000_000_000  # ahead of any clock in this test: every write below is "racy"
+    path = tmp_path / "same.txt"
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        path.write_text("aaaa")
+        os.utime(path, ns=(second, second))
+        assert k.execute("print(open('same.txt').read())").text() == "aaaa\n"
+        path.write_text("bbbb")
+        os.utime(path, ns=(second, second))
+        assert k.execute("print(open('same.txt').read())").text() == "bbbb\n"  # up
+        code = "import os\nopen('same.txt', 'w').write('{}')\nos.utime('same.txt', ns=({s}, {s}))"
+        assert k.execute(code.format("cccc", s=second)).errors == []
+        assert path.read_text() == "cccc"
+        assert k.execute(code.format("dddd", s=second)).errors == []
+        assert path.read_text() == "dddd"  # down
+
+
+def test_a_scan_stops_at_its_time_budget(tmp_path: Path) -> None:
+    """The per-cell scans (here and in the sandbox) are bounded in time; an incomplete scan says so."""
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    for i in range(3):
+        (tmp_path / f"d{i}").mkdir()
+        (tmp_path / f"d{i}" / "f.txt").write_text("x")
+    files, complete = scan(str(tmp_path), load_rules(str(tmp_path)), budget_s=60.0)
+    assert (sorted(files), complete) == (["d0/f.txt", "d1/f.txt", "d2/f.txt"], True)
+    files, complete = scan(str(tmp_path), load_rules(str(tmp_path)), budget_s=-1.0)  # already spent
+    assert (files, complete) == ({}, False)
+
+
+def test_the_mirrored_folder_is_the_repository_root(tmp_path: Path) -> None:
+    from daytona_kernel.sync import mirror_root
+
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "plain" / "nb").mkdir(parents=True)
+    assert mirror_root(str(tmp_path / "repo" / "a" / "b")) == (str(tmp_path / "repo"), "a/b")
+    assert mirror_root(str(tmp_path / "repo")) == (str(tmp_path / "repo"), "")
+    assert mirror_root(str(tmp_path / "plain" / "nb")) == (str(tmp_path / "plain" / "nb"), "")

@@ -29,6 +29,7 @@ Examples:
 import errno
 import os
 import re
+import time
 
 NEVER = (".git", ".hg", ".svn", ".bzr", "_darcs", ".daytona-kernel")
 
@@ -415,17 +416,21 @@ def file_stat(st):
     return (st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
 
 
-def scan(root, rules, max_files=50000, skipped=None):
+def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
     """{relative path: (size, mtime_ns, mode)} of the regular files under root that the rules keep.
 
-    Returns (files, complete); complete is False when max_files was reached.
+    Returns (files, complete); complete is False when max_files was reached or
+    the scan took longer than ``budget_s`` seconds (checked once per folder).
     Symlinks, FIFOs and devices are never listed. Paths skipped as secrets are
     appended to ``skipped`` when it is a list.
     """
     files = {}
     rules.forget_gitignores()
     stack = [("", [])]
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     while stack:
+        if deadline is not None and time.monotonic() > deadline:
+            return files, False
         rel_dir, levels = stack.pop()
         try:
             with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:

@@ -54,6 +54,9 @@ ASCII_WRITE_CHARS = 384 * 1024  # ASCII without control characters: at most 2 by
 CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")  # JSON escapes these as 6 bytes
 IDLE_BUFFER_CHARS = 1024 * 1024
 CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # relative to the working directory
+SCAN_BUDGET_S = 2.0  # the per-cell scan of the working directory; past it the report says it is incomplete
+RACY_WINDOW_NS = 2 * 1000000000  # mtimes this close to a scan may hide a rewrite (one-second and FAT file systems)
+RACY_HASH_MAX_BYTES = 64 * 1024 * 1024
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
 FD_READ_BYTES = 64 * 1024
 DRAIN_INTERVAL_S = 0.001  # a write this long after the last look at fds 1/2 looks again first (keeps order)
@@ -516,6 +519,7 @@ class Runtime(object):
             os.makedirs(os.path.join(self.workdir, start_in), exist_ok=True)
             os.chdir(os.path.join(self.workdir, start_in))
         self._watch = None
+        self._racy = {}  # {path: (stat, sha256)} of files whose mtime cannot tell a rewrite in the same second
         self._mode_notice = None
         if self.options.get("sync_down"):
             self._watch_rules = _pathrules.MirrorRules(
@@ -868,6 +872,7 @@ class Runtime(object):
                 except OSError as exc:  # a filesystem without chmod: said once, with the next report
                     if self._mode_notice is None:
                         self._mode_notice = "daytona-kernel: this folder does not keep file modes (%s: %s)\n" % (rel, exc)
+            self._racy.pop(rel, None)  # its content is the kernel's: looked at afresh in the next scan
             if self._watch is not None:
                 try:
                     self._watch[rel] = _pathrules.file_stat(os.lstat(path))
@@ -907,12 +912,40 @@ class Runtime(object):
         """
         if self._watch is None:
             return None
-        now, complete = _pathrules.scan(self.workdir, self._watch_rules)
+        started_ns = time.time_ns()
+        now, complete = _pathrules.scan(self.workdir, self._watch_rules, budget_s=SCAN_BUDGET_S)
         changed = {rel: list(stat) for rel, stat in now.items() if self._watch.get(rel) != stat}
+        for rel in self._rewritten_in_place(now, changed, started_ns):
+            changed[rel] = list(now[rel])
         deleted = [rel for rel in self._watch if rel not in now and _pathrules.gone(self.workdir, rel)] if complete else []
         if changed or deleted or not complete:
             return {"changed": changed, "deleted": deleted, "truncated": not complete}
         return None
+
+    def _rewritten_in_place(self, now, changed, started_ns):
+        """Files whose size and mtime stayed the same while their content changed.
+
+        With one-second mtimes a same-size rewrite within the second looks
+        unchanged, so the content of every file whose mtime is that close to a
+        scan is hashed and compared at the next scan (as git treats "racily
+        clean" entries). Only such recent files are hashed.
+        """
+        rewritten, racy = [], {}
+        for rel, stat in now.items():
+            known = self._racy.get(rel)
+            recent = stat[1] >= started_ns - RACY_WINDOW_NS
+            if (known is None and not recent) or stat[0] > RACY_HASH_MAX_BYTES:
+                continue
+            try:
+                digest = _file_digest(os.path.join(self.workdir, rel))
+            except OSError:
+                continue  # gone or unreadable since the scan: the next scan says so
+            if known is not None and known[0] == stat and known[1] != digest and rel not in changed:
+                rewritten.append(rel)
+            if recent:
+                racy[rel] = (stat, digest)
+        self._racy = racy
+        return rewritten
 
     def _user_expressions(self, expressions):
         results = {}
@@ -1375,6 +1408,16 @@ def _read_reply(path):
             return json.loads(f.read())
     except (OSError, ValueError):
         return None
+
+
+def _file_digest(path):
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _safe_str(value):
