@@ -36,6 +36,11 @@ class Live:
     python: str
 
 
+def repo_folder(url: str) -> str:
+    """The folder a clone of ``url`` goes to, in the working directory."""
+    return posixpath.basename(url.rstrip("/")).removesuffix(".git") or "repo"
+
+
 class ContextSupervisor:
     """See the module docstring. ``runtime_options`` are passed to every new runtime."""
 
@@ -102,7 +107,10 @@ class ContextSupervisor:
         context = await self.sandbox.create_context()
         token = secrets.token_hex(8)
         request = Request(token, self._output_outside_a_cell)
-        code = bootstrap_code(token, {**self._runtime_options, **self.sandbox.storage_options()})
+        options = {**self._runtime_options, **self.sandbox.storage_options()}
+        if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
+            options["volume_excludes"] = ["/" + repo_folder(self._settings.repo_url) + "/"]
+        code = bootstrap_code(token, options)
         error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
         request.finish()
         hello = request.hello
@@ -120,12 +128,12 @@ class ContextSupervisor:
         return self.live
 
     async def _stage_repo(self) -> None:
-        """Clone repo_url into the working directory, unless a clone is already on the volume."""
+        """Clone repo_url into the working directory (on the sandbox's disk), unless it is already cloned there."""
         url = self._settings.repo_url
-        dest = posixpath.basename(url.rstrip("/")).removesuffix(".git") or "repo"
+        dest = repo_folder(url)
         check = await self.sandbox.exec(f"test -d {shlex.quote(dest)}/.git")
         if check.exit_code == 0:
-            self.notices.append(f"{dest}/ is already cloned on the volume; left as it is.\n")
+            self.notices.append(f"{dest}/ is already cloned in the working directory; left as it is.\n")
             return
         self.report(f"cloning {dest}…")
         await self.sandbox.clone(

@@ -434,7 +434,7 @@ def _runtime_watch(workdir: Path) -> Any:
     from daytona_kernel.runtime import runtime as rt
 
     rules = MirrorRules(str(workdir), secrets=())
-    watch = SimpleNamespace(workdir=str(workdir), _watch_rules=rules, _mode_notice=None)
+    watch = SimpleNamespace(workdir=str(workdir), _watch_rules=rules, _mode_notice=None, _racy={})
     watch._watch, _ = scan(str(workdir), rules)
     watch.changes = lambda: rt.Runtime._file_changes(watch)
     watch.note = lambda note: rt.Runtime._note_synced(watch, note)

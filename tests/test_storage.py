@@ -277,3 +277,23 @@ def test_the_mirrored_folder_is_the_repository_root(tmp_path: Path) -> None:
     assert mirror_root(str(tmp_path / "repo" / "a" / "b")) == (str(tmp_path / "repo"), "a/b")
     assert mirror_root(str(tmp_path / "repo")) == (str(tmp_path / "repo"), "")
     assert mirror_root(str(tmp_path / "plain" / "nb")) == (str(tmp_path / "plain" / "nb"), "")
+
+
+def test_a_cloned_repository_comes_back_in_a_new_sandbox(kernel_name: str, tmp_path: Path) -> None:
+    """The clone is on the sandbox's disk and not on the volume: a new sandbox clones again, nothing half-restored."""
+    repo = tmp_path / "src" / "project"
+    repo.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "lib.py").write_text("VALUE = 7\n")
+    subprocess.run(git + ["-C", str(repo), "add", "."], check=True)
+    subprocess.run(git + ["-C", str(repo), "commit", "-qm", "init"], check=True)
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    env = {"DAYTONA_KERNEL_REPO_URL": str(repo), "DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral", "DAYTONA_KERNEL_SYNC": "off"}
+    for _ in range(2):
+        with Kernel(kernel_name, cwd=str(folder), env=env) as k:
+            run = k.execute("import sys\nsys.path.insert(0, 'project')\nimport lib\nopen('mine.txt', 'w').write('x')\nlib.VALUE")
+            assert run.errors == [], run.errors
+            assert "Cloned project/ into the working directory." in run.text("stderr")
+            assert run.of_type("execute_result")[0]["data"]["text/plain"] == "7"

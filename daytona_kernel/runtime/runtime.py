@@ -582,9 +582,8 @@ class Runtime(object):
 
     def _durable_scan(self):
         """What the volume keeps: the files the mirror would move (its own rules object: this runs in the copier's thread)."""
-        rules = _pathrules.MirrorRules(
-            self.workdir, self.options.get("sync_excludes") or (), self.options.get("sync_includes") or (), secrets=()
-        )
+        excludes = list(self.options.get("sync_excludes") or ()) + list(self.options.get("volume_excludes") or ())
+        rules = _pathrules.MirrorRules(self.workdir, excludes, self.options.get("sync_includes") or (), secrets=())
         return _pathrules.scan(self.workdir, rules)
 
     def sync_volume(self):
@@ -915,37 +914,13 @@ class Runtime(object):
         started_ns = time.time_ns()
         now, complete = _pathrules.scan(self.workdir, self._watch_rules, budget_s=SCAN_BUDGET_S)
         changed = {rel: list(stat) for rel, stat in now.items() if self._watch.get(rel) != stat}
-        for rel in self._rewritten_in_place(now, changed, started_ns):
+        rewritten, self._racy = _rewritten_in_place(self.workdir, self._racy, now, changed, started_ns)
+        for rel in rewritten:
             changed[rel] = list(now[rel])
         deleted = [rel for rel in self._watch if rel not in now and _pathrules.gone(self.workdir, rel)] if complete else []
         if changed or deleted or not complete:
             return {"changed": changed, "deleted": deleted, "truncated": not complete}
         return None
-
-    def _rewritten_in_place(self, now, changed, started_ns):
-        """Files whose size and mtime stayed the same while their content changed.
-
-        With one-second mtimes a same-size rewrite within the second looks
-        unchanged, so the content of every file whose mtime is that close to a
-        scan is hashed and compared at the next scan (as git treats "racily
-        clean" entries). Only such recent files are hashed.
-        """
-        rewritten, racy = [], {}
-        for rel, stat in now.items():
-            known = self._racy.get(rel)
-            recent = stat[1] >= started_ns - RACY_WINDOW_NS
-            if (known is None and not recent) or stat[0] > RACY_HASH_MAX_BYTES:
-                continue
-            try:
-                digest = _file_digest(os.path.join(self.workdir, rel))
-            except OSError:
-                continue  # gone or unreadable since the scan: the next scan says so
-            if known is not None and known[0] == stat and known[1] != digest and rel not in changed:
-                rewritten.append(rel)
-            if recent:
-                racy[rel] = (stat, digest)
-        self._racy = racy
-        return rewritten
 
     def _user_expressions(self, expressions):
         results = {}
@@ -1408,6 +1383,31 @@ def _read_reply(path):
             return json.loads(f.read())
     except (OSError, ValueError):
         return None
+
+
+def _rewritten_in_place(workdir, racy, now, changed, started_ns):
+    """(files whose size and mtime stayed the same while their content changed, the new racy table).
+
+    With one-second mtimes a same-size rewrite within the second looks
+    unchanged, so the content of every file whose mtime is that close to a scan
+    is hashed, and compared at the next scan (as git treats "racily clean"
+    entries). Only such recent files are hashed. ``racy`` is {path: (stat, sha256)}.
+    """
+    rewritten, still_racy = [], {}
+    for rel, stat in now.items():
+        known = racy.get(rel)
+        recent = stat[1] >= started_ns - RACY_WINDOW_NS
+        if (known is None and not recent) or stat[0] > RACY_HASH_MAX_BYTES:
+            continue
+        try:
+            digest = _file_digest(os.path.join(workdir, rel))
+        except OSError:
+            continue  # gone or unreadable since the scan: the next scan says so
+        if known is not None and known[0] == stat and known[1] != digest and rel not in changed:
+            rewritten.append(rel)
+        if recent:
+            still_racy[rel] = (stat, digest)
+    return rewritten, still_racy
 
 
 def _file_digest(path):
