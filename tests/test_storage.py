@@ -194,6 +194,14 @@ def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> No
         assert second.copy_changes() == []  # what was restored is not copied back
         assert copier(fresh).restore() == (0, [])  # the same disk again: left as it is
 
+        slow = tmp_path / "sandbox-3" / "workspace"  # a restore over its time budget finishes in the background
+        slow.mkdir(parents=True)
+        third = copier(slow)
+        assert third.restore(budget_s=-1.0) == (0, [])
+        assert third.pending == ["a.txt"]
+        assert third.flush(10)
+        assert (slow / "a.txt").read_text() == "two, longer" and third.pending == []
+
 
 def test_relative_paths_from_a_notebook_in_a_repository(kernel_name: str, tmp_path: Path) -> None:
     """A notebook in repo/notebooks reads ../data/x.csv as with ipykernel: the repository root is mirrored."""
@@ -239,9 +247,14 @@ def test_outside_a_repository_the_notebook_folder_is_mirrored(kernel_name: str, 
 
 def test_a_same_size_rewrite_in_the_same_second_syncs_both_ways(kernel_name: str, tmp_path: Path) -> None:
     """On a file system with one-second mtimes, a rewrite keeps size and mtime; the content must still travel."""
-    second = (int(time.time()) + 3) * 1_000_000_000  # ahead of any clock in this test: every write below is "racy"
+
+    def this_second() -> int:  # an mtime just ahead of the clock: the syncs that follow fall in "its second"
+        return (int(time.time()) + 2) * 1_000_000_000
+
     path = tmp_path / "same.txt"
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        assert k.execute("pass").errors == []  # the sandbox is up: the syncs below follow the writes at once
+        second = this_second()
         path.write_text("aaaa")
         os.utime(path, ns=(second, second))
         assert k.execute("print(open('same.txt').read())").text() == "aaaa\n"
@@ -249,6 +262,7 @@ def test_a_same_size_rewrite_in_the_same_second_syncs_both_ways(kernel_name: str
         os.utime(path, ns=(second, second))
         assert k.execute("print(open('same.txt').read())").text() == "bbbb\n"  # up
         code = "import os\nopen('same.txt', 'w').write('{}')\nos.utime('same.txt', ns=({s}, {s}))"
+        second = this_second()
         assert k.execute(code.format("cccc", s=second)).errors == []
         assert path.read_text() == "cccc"
         assert k.execute(code.format("dddd", s=second)).errors == []

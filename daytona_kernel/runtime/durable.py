@@ -12,7 +12,8 @@ chmod-ed or touched.
 - ``restore()`` runs in the bootstrap, before the first cell: on a disk with no
   record of a copy (a new or recreated sandbox) it copies every file of the
   volume that the working directory lacks. A disk that has a record (a restarted
-  context, a sandbox started again) is left as it is.
+  context, a sandbox started again) is left as it is. What does not fit in the
+  restore's time budget is restored by the background thread (``pending``).
 - ``wake()`` after each cell: a background thread scans the working directory
   and copies the files that changed since their last copy, and removes from the
   volume the files that were deleted. The cell's reply does not wait for it.
@@ -63,33 +64,57 @@ class DurableCopy(object):
         self._running = False
         self._thread = None
         self._failed = set()  # paths whose copy failed and was already reported
+        self.pending = []  # volume files still to restore, after the restore's budget ran out
 
     # -- restore -------------------------------------------------------------
 
-    def restore(self):
-        """Fill a fresh working directory from the volume. Returns (files restored, problems)."""
+    def restore(self, budget_s=None):
+        """Fill a fresh working directory from the volume. Returns (files restored, problems).
+
+        Files left when ``budget_s`` runs out go to ``pending``; ``wake()`` restores them.
+        """
         try:
             with open(self._record_path(), encoding="utf-8") as f:
                 self._record = json.load(f)
             return 0, []
         except (OSError, ValueError):
             self._record = {}  # a new disk (or an unreadable record): restore
+        files = self._volume_files()
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         restored, problems = 0, []
-        for rel in self._volume_files():
-            dst = os.path.join(self.workdir, rel)
-            if os.path.lexists(dst):
-                continue  # the disk's version is the newer one; it is copied up after the first cell
-            src = os.path.join(self.volume, rel)
-            try:
-                _copy_whole(src, dst)
-                mtime = os.stat(src).st_mtime_ns
-                os.utime(dst, ns=(mtime, mtime))
-                self._record[rel] = _stat_key(dst)
-                restored += 1
-            except OSError as exc:  # e.g. being written by another sandbox right now
-                problems.append("%s (%s)" % (rel, exc.strerror or exc))
+        for index, rel in enumerate(files):
+            if deadline is not None and time.monotonic() > deadline:
+                self.pending = files[index:]
+                break
+            done = self._restore_one(rel, problems)
+            restored += done
         self._save()
         return restored, problems
+
+    def _restore_one(self, rel, problems):
+        dst = os.path.join(self.workdir, rel)
+        if os.path.lexists(dst):
+            return 0  # the disk's version is the newer one; it is copied up after the next cell
+        src = os.path.join(self.volume, rel)
+        try:
+            _copy_whole(src, dst)
+            mtime = os.stat(src).st_mtime_ns
+            os.utime(dst, ns=(mtime, mtime))
+            self._record[rel] = _stat_key(dst)
+            return 1
+        except OSError as exc:  # e.g. being written by another sandbox right now
+            problems.append("%s (%s)" % (rel, exc.strerror or exc))
+            return 0
+
+    def _restore_pending(self):
+        pending, self.pending = self.pending, []
+        problems = []
+        restored = sum(self._restore_one(rel, problems) for rel in pending)
+        self._save()
+        text = "daytona-kernel: restored the last %d file(s) from the volume.\n" % restored
+        if problems:
+            text += "daytona-kernel: could not restore from the volume: %s\n" % ", ".join(problems[:10])
+        self._notice(text)
 
     def _volume_files(self):
         files = []
@@ -131,6 +156,8 @@ class DurableCopy(object):
                 self._running = True
                 self._wake.clear()
             try:
+                if self.pending:
+                    self._restore_pending()
                 self.copy_changes()
             except Exception as exc:  # the thread must survive anything; the next wake tries again
                 self._notice("daytona-kernel: the copy of the working directory to the volume failed: %r\n" % (exc,))

@@ -57,7 +57,8 @@ CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # relative to the working di
 SCAN_BUDGET_S = 2.0  # the per-cell scan of the working directory; past it the report says it is incomplete
 RACY_WINDOW_NS = 2 * 1000000000  # mtimes this close to a scan may hide a rewrite (one-second and FAT file systems)
 RACY_HASH_MAX_BYTES = 64 * 1024 * 1024
-VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
+VOLUME_FLUSH_TIMEOUT_S = 3.0
+RESTORE_BUDGET_S = 15.0  # restoring in the bootstrap (a runtime call may take 30 s); the rest in the background  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
 FD_READ_BYTES = 64 * 1024
 DRAIN_INTERVAL_S = 0.001  # a write this long after the last look at fds 1/2 looks again first (keeps order)
 PIPE_BYTES = 1024 * 1024  # capture pipes this large rarely fill while a C call holds the GIL
@@ -572,10 +573,15 @@ class Runtime(object):
         self.durable = _durable.DurableCopy(
             self.workdir, volume, self._durable_scan, always=(CHECKPOINT_FILE,), notice=lambda text: self.err.write(text)
         )
-        restored, problems = self.durable.restore()
+        restored, problems = self.durable.restore(RESTORE_BUDGET_S)
         notice = ""
         if restored:
             notice += "daytona-kernel: restored %d file(s) from the volume into this new sandbox's working directory.\n" % restored
+        if self.durable.pending:
+            notice += "daytona-kernel: %d more file(s) are being restored from the volume in the background.\n" % len(
+                self.durable.pending
+            )
+            self.durable.wake()
         if problems:
             notice += "daytona-kernel: could not restore from the volume: %s\n" % ", ".join(problems[:10])
         return notice
