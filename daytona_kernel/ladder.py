@@ -26,6 +26,8 @@ class RunEnd:
     run_error: RunError | None = None
     interrupted: bool = False  # the user asked to interrupt this cell
     restarted_by_watchdog: bool = False  # the cell ignored the interrupt; its context was closed
+    cell_error: str | None = None  # the ename of the error the runtime reported for the cell, if any
+    elapsed_s: float = 0.0  # how long the run took, as the kernel measured it
 
 
 @dataclass(frozen=True)
@@ -40,14 +42,28 @@ class Verdict:
 
 
 def settle(end: RunEnd, cell_timeout: float, interrupt_grace: float) -> Verdict:
-    """The verdict for one run. ``cell_timeout`` and ``interrupt_grace`` are in seconds."""
+    """The verdict for one run. ``cell_timeout`` (0 = none) and ``interrupt_grace`` are in seconds.
+
+    A SIGINT (the user's interrupt, or the timeout's, which both backends send first) ends a run
+    one of two ways: the runtime catches the KeyboardInterrupt and reports it as the cell's error
+    (the run completes normally, close 1000), or it escapes (``ContextTimeout``, close 4008). Both
+    read the same: an interrupt by the user is a KeyboardInterrupt, anything else a timeout.
+    Variables are kept in both; a worker the timeout had to kill is found replaced by the next request.
+    """
     exc = end.exception
-    if isinstance(exc, ContextTimeout):
+    caught_timeout = (
+        exc is None
+        and not end.interrupted
+        and cell_timeout > 0
+        and end.cell_error == "KeyboardInterrupt"
+        and end.elapsed_s >= cell_timeout
+    )
+    if isinstance(exc, ContextTimeout) or caught_timeout:
         if end.interrupted:
             return Verdict(error_content("KeyboardInterrupt", "Interrupted by user"))
         # the runtime saw the SIGINT as a KeyboardInterrupt; say what really happened
         message = (
-            f"The cell exceeded the {cell_timeout:g} s timeout and was stopped. "
+            f"The cell exceeded `cell_timeout`={cell_timeout:g} s and was stopped. "
             "Raise DaytonaKernel.cell_timeout (0 = no limit) if it needs longer."
         )
         return Verdict(error_content("CellTimeoutError", message), overrides=True)

@@ -17,14 +17,14 @@ from typing import Any
 from .backends.base import RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, ContextTimeout, DaytonaKernelError, SandboxNotRunning
+from .errors import BackendError, DaytonaKernelError, SandboxNotRunning
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
 from .request import InputBridge, Request
 from .runtime import call_source
-from .supervisor import ContextSupervisor, Live
+from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
@@ -119,7 +119,7 @@ class RuntimeSession:
         budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
         request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
-        verdict = settle(end, self._settings.cell_timeout, self._settings.interrupt_grace)
+        verdict = settle(end, self._timeout() or 0.0, self._settings.interrupt_grace)
         if verdict.restart_context:
             self.supervisor.restart_context()
         if verdict.notice:
@@ -136,34 +136,50 @@ class RuntimeSession:
         self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
     ) -> tuple[Request, RunEnd]:
         """Run the cell's code; a sandbox found stopped is started again and the cell run there."""
-        request = self._new_request(live, frontend, bridge, budget)
         run_error: RunError | None = None
         exception: BackendError | None = None
         started = asyncio.get_running_loop().time()
         try:
             try:
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
+                run_error = await self._attempt(live, code, frontend, bridge, budget)
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self._recover(exc, frontend)
-                request = self._new_request(live, frontend, bridge, budget)
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
+                run_error = await self._attempt(live, code, frontend, bridge, budget)
         except BackendError as exc:
             exception = exc
         finally:
+            request = self._current
             self._current = None
             if bridge is not None:
                 bridge.cancel()
+        assert request is not None
         request.finish()
-        if exception is None and self._caught_timeout(request, asyncio.get_running_loop().time() - started):
-            exception = ContextTimeout("the runtime caught the timeout's SIGINT")
-        return request, RunEnd(exception, run_error, request.interrupted, request.restarted_by_watchdog)
+        end = RunEnd(
+            exception,
+            run_error,
+            request.interrupted,
+            request.restarted_by_watchdog,
+            cell_error=(request.error or {}).get("ename"),
+            elapsed_s=asyncio.get_running_loop().time() - started,
+        )
+        return request, end
 
-    def _caught_timeout(self, request: Request, elapsed_s: float) -> bool:
-        """The daemon's timeout SIGINT, caught by the runtime as a KeyboardInterrupt: close 1000, not 4008."""
-        timeout, error = self._timeout(), request.error
-        if timeout is None or error is None or request.interrupted:
-            return False
-        return elapsed_s >= timeout and error.get("ename") == "KeyboardInterrupt"
+    async def _attempt(
+        self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
+    ) -> RunError | None:
+        """One run in ``live``. A fresh worker without the runtime (the daemon replaced a dead one)
+        answers in the same round trip; the runtime is installed again and the cell run there."""
+        request = self._new_request(live, frontend, bridge, budget)
+        run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
+        if not runtime_missing(run_error):
+            return run_error
+        request.finish()
+        live = await self.supervisor.rebootstrap(live)
+        notices = self.supervisor.notices
+        while notices:
+            frontend.emit("stream", stderr(notices.pop(0)))
+        request = self._new_request(live, frontend, bridge, budget)
+        return await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None

@@ -16,14 +16,20 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .backends.base import Context, Sandbox
+from .backends.base import Context, RunError, Sandbox
 from .cell import ProgressCallback
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
+from .protocol import Hello
 from .request import Request
-from .runtime import bootstrap_code, call_source
+from .runtime import RUNTIME_MISSING, bootstrap_code, call_source
 
 RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
+OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps
+WORKER_REPLACED = (
+    "The sandbox's Python process had ended since the last request and was replaced by a fresh one: "
+    "variables were reset; files in the working directory are intact.\n"
+)
 
 
 @dataclass
@@ -105,27 +111,54 @@ class ContextSupervisor:
         self._sandbox_started = True
         self.notices += self.sandbox.take_notices()
         context = await self.sandbox.create_context()
-        token = secrets.token_hex(8)
-        request = Request(token, self._output_outside_a_cell)
-        options = {**self._runtime_options, **self.sandbox.storage_options()}
-        if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
-            options["volume_excludes"] = ["/" + repo_folder(self._settings.repo_url) + "/"]
-        code = bootstrap_code(token, options)
-        error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
-        request.finish()
-        hello = request.hello
-        if error is not None or hello is None:
-            await context.close()
-            detail = f"{error.name}: {error.value}" if error else "it did not report back"
-            raise BackendError(
-                f"The runtime could not start in the sandbox ({detail}). The sandbox needs Python 3.9 or newer as `python3`."
-            )
+        token, hello = await self._bootstrap(context)
         self.live = Live(context, token, hello.pid, hello.python)
         if self._settings.repo_url and self._repo_staged_in != self.sandbox.generation:
             self._repo_staged_in = self.sandbox.generation  # once per sandbox: a new one needs it again
             await self._stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
         return self.live
+
+    async def _bootstrap(self, context: Context) -> tuple[str, Hello]:
+        """Install the runtime into ``context`` and wait for its hello. On any failure
+        (a timeout too) the context is closed, so a retry leaks nothing."""
+        token = secrets.token_hex(8)
+        request = Request(token, self._output_outside_a_cell)
+        options = {**self._runtime_options, **self.sandbox.storage_options()}
+        if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
+            options["volume_excludes"] = ["/" + repo_folder(self._settings.repo_url) + "/"]
+        code = bootstrap_code(token, options)
+        try:
+            error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
+        except BackendError:
+            await self.close_quietly(context)
+            raise
+        finally:
+            request.finish()
+        hello = request.hello
+        if error is not None or hello is None:
+            await self.close_quietly(context)
+            detail = f"{error.name}: {error.value}" if error else "it did not report back"
+            raise BackendError(
+                f"The runtime could not start in the sandbox ({detail}). The sandbox needs Python 3.9 or newer as `python3`."
+            )
+        return token, hello
+
+    async def rebootstrap(self, live: Live) -> Live:
+        """The worker behind ``live`` was silently replaced by a fresh one (the daemon does that
+        after a worker died between cells): install the runtime again in the same context and
+        queue a notice that the variables were reset. If that fails, the next request starts
+        a new context."""
+        self._log.warning("the interpreter of context %s was replaced by a fresh one; bootstrapping again", live.context.id)
+        try:
+            live.token, hello = await self._bootstrap(live.context)
+        except DaytonaKernelError:
+            if self.live is live:
+                self.live, self._starting = None, None
+            raise
+        live.pid, live.python = hello.pid, hello.python
+        self.notices.append(WORKER_REPLACED)
+        return live
 
     async def _stage_repo(self) -> None:
         """Clone repo_url into the working directory (on the sandbox's disk), unless it is already cloned there."""
@@ -142,7 +175,10 @@ class ContextSupervisor:
         self.notices.append(f"Cloned {dest}/ into the working directory.\n")
 
     def _output_outside_a_cell(self, kind: str, content: dict[str, Any]) -> None:
-        self._log.warning("output outside a cell: %s %s", kind, content)
+        """Logged as a bounded prefix: a sandbox must not be able to flood the kernel's log."""
+        text = repr(content)
+        more = f" … ({len(text) - OUTSIDE_A_CELL_LOG_CHARS} more characters)" if len(text) > OUTSIDE_A_CELL_LOG_CHARS else ""
+        self._log.warning("output outside a cell: %s %s%s", kind, text[:OUTSIDE_A_CELL_LOG_CHARS], more)
 
     def restart_context(self) -> None:
         """Replace the context in the background; the next request waits for it."""
@@ -199,12 +235,11 @@ class ContextSupervisor:
         live = self.live
         if live is None:
             raise RuntimeCallError(f"{method}: the sandbox is not ready.")
-        request = Request(live.token, self._output_outside_a_cell)
         code = call_source(method, *args)
-        try:
-            error = await live.context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
-        finally:
-            request.finish()
+        request, error = await self._call_once(live, code)
+        if runtime_missing(error):
+            await self.rebootstrap(live)
+            request, error = await self._call_once(live, code)
         if error is not None:
             raise RuntimeCallError(f"{method} failed in the sandbox: {error.name}: {error.value}")
         if request.error is not None:
@@ -212,6 +247,14 @@ class ContextSupervisor:
         if request.reply is None:
             raise RuntimeCallError(f"{method}: the runtime did not answer.")
         return request.reply
+
+    async def _call_once(self, live: Live, code: str) -> tuple[Request, RunError | None]:
+        request = Request(live.token, self._output_outside_a_cell)
+        try:
+            error = await live.context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
+        finally:
+            request.finish()
+        return request, error
 
     async def query(self, method: str, *args: object) -> dict[str, Any] | None:
         """``call`` for requests that must never disturb the user (complete, inspect):
@@ -223,3 +266,8 @@ class ContextSupervisor:
         except DaytonaKernelError as exc:
             self._log.warning("%s", exc)
             return None
+
+
+def runtime_missing(error: RunError | None) -> bool:
+    """The run found a worker without the runtime (see ``call_source``)."""
+    return error is not None and error.name == RUNTIME_MISSING

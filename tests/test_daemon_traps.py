@@ -128,7 +128,7 @@ def test_a_cell_timeout_is_reported_as_one_and_keeps_variables(kernel_name: str,
         k.execute("kept = 'yes'")
         run = k.execute("import time\ntime.sleep(30)", timeout=60)
         assert run.errors[0]["ename"] == "CellTimeoutError"
-        assert f"{seconds} s timeout" in run.errors[0]["evalue"]
+        assert f"`cell_timeout`={seconds} s" in run.errors[0]["evalue"]
         assert result_text(k.execute("kept")) == "'yes'"
 
 

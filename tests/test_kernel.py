@@ -195,7 +195,7 @@ def test_cell_timeout_stops_a_long_cell_with_a_clear_error() -> None:
         run = k.execute("import time\ntime.sleep(30)")
         err = run.errors[0]
         assert err["ename"] == "CellTimeoutError"
-        assert "1 s timeout" in err["evalue"]
+        assert "`cell_timeout`=1 s" in err["evalue"]
         assert k.execute("print('next')").text() == "next\n"
 
 

@@ -18,8 +18,33 @@ def test_a_clean_run_has_no_verdict() -> None:
 def test_a_timeout_overrides_the_keyboard_interrupt_the_runtime_saw() -> None:
     v = verdict(exception=ContextTimeout("timeout"))
     assert v.error is not None and v.error["ename"] == "CellTimeoutError"
-    assert "5 s timeout" in v.error["evalue"] and "cell_timeout" in v.error["evalue"]
+    assert "exceeded `cell_timeout`=5 s" in v.error["evalue"]
     assert v.overrides and not v.restart_context
+
+
+def test_a_timeout_the_runtime_caught_reads_like_one_that_escaped() -> None:
+    """SIGINT caught by the runtime (close 1000) and escaped (close 4008) are the same timeout."""
+    caught = verdict(cell_error="KeyboardInterrupt", elapsed_s=5.2)
+    assert caught == verdict(exception=ContextTimeout("timeout"))
+    assert caught.error is not None and "exceeded `cell_timeout`=5 s" in caught.error["evalue"]
+
+
+def test_a_fractional_timeout_is_shown_as_it_was_set() -> None:
+    v = settle(RunEnd(cell_error="KeyboardInterrupt", elapsed_s=0.6), cell_timeout=0.5, interrupt_grace=3.0)
+    assert v.error is not None and "`cell_timeout`=0.5 s" in v.error["evalue"]
+
+
+def test_a_caught_interrupt_by_the_user_stays_the_runtime_s_keyboard_interrupt() -> None:
+    assert verdict(cell_error="KeyboardInterrupt", elapsed_s=9.0, interrupted=True) == Verdict()
+    assert verdict(exception=ContextTimeout("timeout"), interrupted=True) == verdict(
+        exception=ContextTimeout("timeout"), interrupted=True, elapsed_s=9.0
+    )
+
+
+def test_a_keyboard_interrupt_before_the_timeout_or_without_one_is_the_cell_s_own() -> None:
+    assert verdict(cell_error="KeyboardInterrupt", elapsed_s=1.0) == Verdict()
+    assert settle(RunEnd(cell_error="KeyboardInterrupt", elapsed_s=99.0), cell_timeout=0, interrupt_grace=3.0) == Verdict()
+    assert verdict(cell_error="ValueError", elapsed_s=9.0) == Verdict()
 
 
 def test_a_timeout_after_an_interrupt_is_the_interrupt() -> None:

@@ -8,6 +8,8 @@ import logging
 
 from fakes import FakeSandbox, Run, frame
 
+from daytona_kernel.runtime import HANDLE, RUNTIME_MISSING
+
 from daytona_kernel.backends.base import RunError
 from daytona_kernel.cell import Cell, Recorder
 from daytona_kernel.config import SessionSettings
@@ -145,3 +147,69 @@ async def test_shutdown_releases_the_sandbox_once() -> None:
     await session.shutdown()
     await session.shutdown()
     assert sandbox.shut_down
+
+
+# -- a worker replaced between requests, a bootstrap that times out ----------------------
+
+MISSING = Run(error=RunError(RUNTIME_MISSING, "the runtime is not installed in this worker", ""))
+
+
+def boots(sandbox: FakeSandbox) -> int:
+    return sum(f"{HANDLE} = " in code for code in sandbox.codes)
+
+
+async def test_a_replaced_worker_is_bootstrapped_again_and_the_cell_runs_after_one_notice() -> None:
+    sandbox = FakeSandbox([Run(["a\n"]), MISSING, Run([result("2", 2)]), Run(["c\n"])])
+    session = session_for(sandbox)
+    await session.execute(Cell("a", 1), Recorder())
+    front = Recorder()
+    outcome = await session.execute(Cell("1 + 1", 2), front)
+    assert outcome.error is None and front.of_kind("result")[0]["data"] == {"text/plain": "2"}
+    assert "variables were reset" in front.text("stderr") and front.text("stderr").count("\n") == 1
+    assert boots(sandbox) == 2 and len(sandbox.contexts) == 1 and not sandbox.closed_contexts
+    later = Recorder()
+    assert (await session.execute(Cell("c", 3), later)).error is None
+    assert later.text() == "c\n" and boots(sandbox) == 2
+
+
+async def test_a_plain_cell_is_one_request_when_the_worker_is_fine() -> None:
+    sandbox = FakeSandbox([Run(["a\n"]), Run(["b\n"])])
+    session = session_for(sandbox)
+    await session.execute(Cell("a", 1), Recorder())
+    before = len(sandbox.codes)
+    await session.execute(Cell("b", 2), Recorder())
+    assert len(sandbox.codes) == before + 1
+
+
+async def test_complete_after_a_replaced_worker_answers_and_the_next_cell_says_so() -> None:
+    reply = frame("reply", {"matches": ["math"], "cursor_start": 0, "cursor_end": 3, "metadata": {}})
+    sandbox = FakeSandbox([Run(["a\n"]), MISSING, Run([reply]), Run(["b\n"])])
+    session = session_for(sandbox)
+    await session.execute(Cell("a", 1), Recorder())
+    answer = await session.query("complete", "mat", 3)
+    assert answer is not None and answer["matches"] == ["math"] and boots(sandbox) == 2
+    front = Recorder()
+    await session.execute(Cell("b", 2), front)
+    assert front.text("stderr").startswith("The sandbox's Python process had ended") and front.text() == "b\n"
+
+
+async def test_a_bootstrap_that_times_out_closes_its_context_and_the_retry_works() -> None:
+    sandbox = FakeSandbox([Run(["ok\n"])])
+    sandbox.bootstrap_run = Run(raises=ContextTimeout("timeout"))
+    session = session_for(sandbox)
+    first = await session.execute(Cell("x", 1), Recorder())
+    assert first.error is not None
+    assert [c.id for c in sandbox.contexts] == sandbox.closed_contexts  # nothing leaked
+    sandbox.bootstrap_run = None
+    front = Recorder()
+    assert (await session.execute(Cell("x", 2), front)).error is None and front.text() == "ok\n"
+    assert len(sandbox.contexts) == 2 and sandbox.closed_contexts == [sandbox.contexts[0].id]
+
+
+async def test_output_outside_a_cell_is_logged_as_a_bounded_prefix(caplog) -> None:  # type: ignore[no-untyped-def]
+    sandbox = FakeSandbox()
+    sandbox.bootstrap_run = Run(["x" * 100_000 + "\n", frame("hello", {"pid": 1, "python": "3.12.1"})])
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        await session_for(sandbox).ready()
+    logged = [r.getMessage() for r in caplog.records if "outside a cell" in r.getMessage()]
+    assert logged and all(len(m) < 1000 for m in logged)

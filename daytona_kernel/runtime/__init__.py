@@ -16,6 +16,9 @@ PATHRULES_MODULE = "_daytona_kernel_pathrules"
 DURABLE_MODULE = "_daytona_kernel_durable"
 RUNTIME_MODULE = "_daytona_kernel_runtime"
 HANDLE = "__dk__"
+RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
+"""The error a call raises in a worker without the runtime: the daemon replaced a dead
+worker with a fresh one (silently), so the runtime must be bootstrapped again."""
 
 
 def _source(name: str) -> str:
@@ -49,5 +52,13 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
 
 
 def call_source(method: str, *args: object) -> str:
-    """Code that calls one runtime method, e.g. ``call_source("run_cell", code, 3)``."""
-    return f"{HANDLE}.{method}({', '.join(repr(a) for a in args)})\n"
+    """Code that calls one runtime method, e.g. ``call_source("run_cell", code, 3)``.
+
+    It goes through the runtime module, not the user's namespace, and a worker that has no
+    runtime (a fresh one) raises ``RUNTIME_MISSING`` instead of a NameError: the same round trip.
+    """
+    runtime = f"__import__('sys').modules[{RUNTIME_MODULE!r}].current"
+    return (
+        f"if {RUNTIME_MODULE!r} in __import__('sys').modules: {runtime}.{method}({', '.join(repr(a) for a in args)})\n"
+        f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
+    )
