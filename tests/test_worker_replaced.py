@@ -32,17 +32,13 @@ def stderr_of(run) -> str:  # type: ignore[no-untyped-def]
     return run.text("stderr")
 
 
-def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    """Until the worker is reaped (not just a zombie): its parent has then seen it die."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
-        except FileNotFoundError:
-            return
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline, f"worker {pid} was not reaped"
         time.sleep(0.05)
-    raise AssertionError(f"worker {pid} is still running")
+    time.sleep(0.2)  # the parent's handler of the exit runs just after the reap
 
 
 def test_a_worker_killed_between_cells_is_replaced_and_the_next_cells_run(kernel_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
