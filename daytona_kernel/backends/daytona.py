@@ -70,7 +70,7 @@ RETRY_MAX_DELAY_S = 8.0
 VOLUME_READY_TIMEOUT_S = 120.0
 VOLUME_POLL_S = 0.5
 SANDBOX_START_TIMEOUT_S = 300
-REQUEST_TIMEOUT_S = 60
+API_REQUEST_TIMEOUT_S = 60
 STATE_POLL_S = 0.25  # how often a transition (stopping, starting ...) is checked
 DEFAULT_API_URL = "https://app.daytona.io/api"
 GIT_DEFAULT_USERNAME = "x-access-token"  # GIT_TOKEN alone: hosts that take a token accept any username
@@ -210,7 +210,7 @@ def _quiet(text: str) -> None:
     log.info("%s", text)
 
 
-async def _call(
+async def call_api(
     what: str,
     fn: Callable[[], Awaitable[T]],
     *,
@@ -399,12 +399,12 @@ class DaytonaSandbox(Sandbox):
         if context in self._contexts:
             self._contexts.remove(context)
 
-    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
-        """``_call`` with this sandbox's URL and status line; one exhausted budget makes the next calls
+    async def _api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
+        """``call_api`` with this sandbox's URL and status line; one exhausted budget makes the next calls
         try once, so a Daytona that is down does not cost every following cell another 30 s."""
         budget = 0.0 if self._degraded else RETRY_BUDGET_S
         try:
-            result = await _call(what, fn, retry=retry, api_url=self.api_url, progress=self._progress, budget_s=budget)
+            result = await call_api(what, fn, retry=retry, api_url=self.api_url, progress=self._progress, budget_s=budget)
         except RetriesExhausted:
             self._degraded = True
             raise
@@ -448,7 +448,7 @@ class DaytonaSandbox(Sandbox):
             # a list item lacks the volumes and env that drift and the volume copy are judged by
             found = self._sandbox
             try:
-                await self._call("check the sandbox", lambda: found.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
+                await self._api("check the sandbox", lambda: found.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
                 self._check_drift(volume)
             except BackendError as exc:
                 if not isinstance(exc.__cause__, DaytonaNotFoundError):
@@ -467,7 +467,7 @@ class DaytonaSandbox(Sandbox):
         await self._prepare_workdir()
         if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
             labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
-            await self._call("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
+            await self._api("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
 
     async def info(self) -> dict[str, str]:
         if self._sandbox is None:
@@ -498,7 +498,7 @@ class DaytonaSandbox(Sandbox):
 
     async def _disk_use(self) -> str:
         """Use of the sandbox's own disk; stopped sandboxes keep counting against the organisation's quota."""
-        result = await self.exec("df -Pk /", timeout=REQUEST_TIMEOUT_S)
+        result = await self.exec("df -Pk /", timeout=API_REQUEST_TIMEOUT_S)
         fields = result.output.strip().splitlines()[-1].split() if result.exit_code == 0 else []
         if len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
             return f"unknown ({result.output.strip()[:80]})"
@@ -526,7 +526,7 @@ class DaytonaSandbox(Sandbox):
             return
         sandbox = self._sandbox
         command = f"mkdir -p {shlex.quote(self.workdir)}"
-        result = await self._call("make the working directory", lambda: sandbox.process.exec(command, timeout=int(REQUEST_TIMEOUT_S)))
+        result = await self._api("make the working directory", lambda: sandbox.process.exec(command, timeout=int(API_REQUEST_TIMEOUT_S)))
         if result.exit_code:
             raise BackendError(f"Could not make the working directory {self.workdir} in the sandbox: {result.result}")
 
@@ -534,7 +534,7 @@ class DaytonaSandbox(Sandbox):
         client = self._client
         assert client is not None
         name = self._config.volume_name
-        volume = await self._call(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
+        volume = await self._api(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
         deadline = time.monotonic() + VOLUME_READY_TIMEOUT_S
         while state_name(volume) != "ready":
             state = state_name(volume)
@@ -547,7 +547,7 @@ class DaytonaSandbox(Sandbox):
                 raise BackendError(f"The volume {name!r} did not become ready within {VOLUME_READY_TIMEOUT_S:g} s (state {state}).")
             progress(f"waiting for volume {name}… ({state})")
             await asyncio.sleep(VOLUME_POLL_S)
-            volume = await self._call(f"check the volume {name!r}", lambda: client.volume.get(name))
+            volume = await self._api(f"check the volume {name!r}", lambda: client.volume.get(name))
         return volume
 
     def _identity(self, mine: bool) -> dict[str, str]:
@@ -572,7 +572,7 @@ class DaytonaSandbox(Sandbox):
                     return sandbox
             return None
 
-        return await self._call("look for this notebook's sandbox", first)
+        return await self._api("look for this notebook's sandbox", first)
 
     async def _create(self, volume: Any, progress: ProgressCallback) -> Any:
         client = self._client
@@ -664,7 +664,7 @@ class DaytonaSandbox(Sandbox):
             await self._close_contexts()
             old = self._sandbox
             progress(f"deleting sandbox {old.id}…")
-            await self._call("delete the sandbox", lambda: old.delete(timeout=REQUEST_TIMEOUT_S, wait=True))
+            await self._api("delete the sandbox", lambda: old.delete(timeout=API_REQUEST_TIMEOUT_S, wait=True))
             self._sandbox = None
         await self.start(progress)
 
@@ -708,7 +708,7 @@ class DaytonaSandbox(Sandbox):
         """Start the sandbox and wait for ``started``; False if its state is already changing (409)."""
         sandbox = self._sandbox
         try:
-            await self._call("start the sandbox", lambda: sandbox.start(timeout=max(timeout_s, 1.0)))
+            await self._api("start the sandbox", lambda: sandbox.start(timeout=max(timeout_s, 1.0)))
             return True
         except BackendError as exc:
             if isinstance(exc.__cause__, DaytonaConflictError):  # FACTS.md: 409 "state change in progress"
@@ -723,7 +723,7 @@ class DaytonaSandbox(Sandbox):
     async def refresh_state(self) -> str:
         """The sandbox's state now. Raises SandboxGone if it no longer exists or is being destroyed."""
         try:
-            await self._call("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=REQUEST_TIMEOUT_S))
+            await self._api("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
         except BackendError as exc:
             if isinstance(exc.__cause__, DaytonaNotFoundError):
                 raise SandboxGone(f"The sandbox {self.id} no longer exists (deleted, or ephemeral and stopped).") from exc
@@ -765,7 +765,7 @@ class DaytonaSandbox(Sandbox):
             return ConnectionLost(f"The connection to the sandbox was lost ({detail}) and it cannot be reached: {inner}")
         if state != "started":
             return ContextDied(f"the sandbox stopped ({state})")
-        contexts = await self._call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
+        contexts = await self._api("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
         if not any(c.id == context_id and c.active for c in contexts):
             return ContextDied("the interpreter process is gone")
         return ConnectionLost(
@@ -777,7 +777,7 @@ class DaytonaSandbox(Sandbox):
         sandbox = self.sdk_sandbox
 
         async def create() -> Any:
-            return await self._call(
+            return await self._api(
                 "create an interpreter context", lambda: sandbox.code_interpreter.create_context(cwd=self.workdir)
             )
 
@@ -798,7 +798,7 @@ class DaytonaSandbox(Sandbox):
 
     async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         sandbox = self.sdk_sandbox
-        response = await self._call(
+        response = await self._api(
             "run a command in the sandbox",
             lambda: sandbox.process.exec(command, cwd=self.workdir, timeout=int(timeout) if timeout else None),
             retry=False,
@@ -808,11 +808,11 @@ class DaytonaSandbox(Sandbox):
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
         sandbox = self.sdk_sandbox
         uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
-        await self._call("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
+        await self._api("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
 
     async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
         sandbox = self.sdk_sandbox
-        results = await self._call(
+        results = await self._api(
             "download files from the sandbox",
             lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
         )
@@ -835,7 +835,7 @@ class DaytonaSandbox(Sandbox):
             username = GIT_DEFAULT_USERNAME
 
         async def clone(branch: str | None = None, commit_id: str | None = None) -> None:
-            await self._call(
+            await self._api(
                 "clone the repository",
                 lambda: sandbox.git.clone(
                     url=url, path=path, branch=branch, commit_id=commit_id, username=username, password=password
@@ -856,7 +856,7 @@ class DaytonaSandbox(Sandbox):
             except BackendError as exc:
                 log.info("cloning %s as branch %s failed (%s); trying it as a tag or commit", url, ref, exc)
             await clone()  # the default branch, with the tags that point into it
-            result = await self.exec(f"git -C {shlex.quote(dest)} checkout --quiet {shlex.quote(ref)}", REQUEST_TIMEOUT_S)
+            result = await self.exec(f"git -C {shlex.quote(dest)} checkout --quiet {shlex.quote(ref)}", API_REQUEST_TIMEOUT_S)
             if result.exit_code:
                 raise BackendError(
                     f"repo_ref {ref!r} is not a branch of {url}, and `git checkout {ref}` in the clone failed: "
@@ -867,7 +867,7 @@ class DaytonaSandbox(Sandbox):
         if not paths:
             return
         command = "rm -f -- " + " ".join(shlex.quote(p) for p in paths)
-        result = await self.exec(command, timeout=REQUEST_TIMEOUT_S)
+        result = await self.exec(command, timeout=API_REQUEST_TIMEOUT_S)
         if result.exit_code:
             raise BackendError(f"Could not delete files in the sandbox: {result.output.strip()}")
 
@@ -887,13 +887,13 @@ class DaytonaSandbox(Sandbox):
             if self._sandbox is not None:
                 await self._close_contexts()
                 if self._policy is SandboxPolicy.EPHEMERAL:
-                    await self._call("delete the sandbox", lambda: self._sandbox.delete(timeout=REQUEST_TIMEOUT_S))
+                    await self._api("delete the sandbox", lambda: self._sandbox.delete(timeout=API_REQUEST_TIMEOUT_S))
                 elif self._state() == "started":
                     others = await self._other_kernels()
                     if others:
                         log.info("sandbox %s left running: %d other kernel context(s) use it", self.id, others)
                     else:
-                        await self._call("stop the sandbox", lambda: self._sandbox.stop(timeout=REQUEST_TIMEOUT_S))
+                        await self._api("stop the sandbox", lambda: self._sandbox.stop(timeout=API_REQUEST_TIMEOUT_S))
         finally:
             await self._close_client()
 
@@ -903,7 +903,7 @@ class DaytonaSandbox(Sandbox):
 
     async def _other_kernels(self) -> int:
         """How many interpreter contexts in the sandbox are not ours: each live kernel keeps one."""
-        contexts = await self._call("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
+        contexts = await self._api("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
         return sum(1 for c in contexts if c.id != DEFAULT_CONTEXT_ID)
 
     async def _close_client(self) -> None:
