@@ -37,11 +37,13 @@ class Request:
         budget: OutputBudget | None = None,
     ) -> None:
         self._decoder = FrameDecoder(token)
-        self._emit = emit
+        self._emit_now = emit
         self._on_input = on_input
         self._policy = policy or OutputPolicy(trusted=False)
         self._budget = budget or OutputBudget(0)
         self.error: dict[str, Any] | None = None
+        self.error_shown = False  # the error output was already emitted, in its place among the outputs
+        self._error_pending = False  # the error is emitted before the next output, if one follows
         self.hello: Hello | None = None
         self.reply: dict[str, Any] | None = None
         self.files: FileChanges | None = None
@@ -73,11 +75,22 @@ class Request:
         if text:
             self._emit("stream", dict(content, text=text))
 
-    def fail(self, content: dict[str, Any], overrides: bool = False) -> None:
-        """Record the request's error. A cell shows exactly one error output, emitted
-        at the end; a later error is shown as text unless it ``overrides``."""
+    def _emit(self, msg_type: str, content: dict[str, Any]) -> None:
+        """Emit an output; the sandbox's error, if one is pending, goes first, in its place."""
+        if self._error_pending:
+            self._error_pending = False
+            self.error_shown = True
+            self._emit_now("error", self.error)
+        self._emit_now(msg_type, content)
+
+    def fail(self, content: dict[str, Any], overrides: bool = False, in_place: bool = False) -> None:
+        """Record the request's error. A cell shows one error output, at the end, or
+        (``in_place``: the sandbox's own error) just before any output that follows it,
+        such as the cell's figures, as with ipykernel. A later error is shown as text
+        unless it ``overrides``."""
         if self.error is None or overrides:
             self.error = content
+            self._error_pending = in_place
         else:
             self._emit("stream", stderr(f"{content['ename']}: {content['evalue']}\n"))
 
@@ -102,7 +115,7 @@ class Request:
             if self._budget.fits(event.content):  # before cleaning: what is dropped costs no cleaning
                 self._emit(event.kind, self._policy.content(event.kind, event.content))
         elif isinstance(event, CellError):
-            self.fail(event.content)
+            self.fail(event.content, in_place=True)
         elif isinstance(event, Payload):
             item = self._policy.payload(event.item)
             if item is not None:

@@ -128,7 +128,7 @@ class RuntimeSession:
             request.fail(verdict.error, overrides=verdict.overrides)
         if request.files is not None:
             await self._pull(request.files, frontend)
-        if request.error is not None:
+        if request.error is not None and not request.error_shown:
             frontend.emit("error", request.error)
         return CellOutcome(error=request.error, user_expressions=request.user_expressions, payload=request.payload)
 

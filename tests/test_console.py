@@ -67,7 +67,8 @@ def test_bare_exit_closes_the_console(kernel_name: str, tmp_path: Path, word: st
 
 def test_a_variable_named_exit_is_just_a_variable(kernel_name: str, tmp_path: Path) -> None:
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
-        k.execute("exit = 5")
+        assert k.execute("exit = 5").errors[0]["ename"] == "SyntaxError"  # as in ipykernel: autocall makes it exit(= 5)
+        k.execute("exit = 5\npass")
         run = k.execute("exit")
         assert run.status == "ok" and result_text(run) == "5"
         assert not [m for m in run.messages if m["content"].get("payload")]

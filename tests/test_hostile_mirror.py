@@ -632,7 +632,7 @@ def test_scanning_hashing_and_reading_run_off_the_event_loop(folder: Path, sandb
 # -- end to end, on both backends -------------------------------------------------------------------
 
 FORGE = (
-    "rt = display.__self__\n"
+    "rt = get_ipython().runtime\n"
     "open('../escape.txt', 'w').write('pwned')\n"
     "os.makedirs('.git/hooks', exist_ok=True)\n"
     "open('.git/hooks/pre-commit', 'w').write('evil')\n"

@@ -97,14 +97,14 @@ def test_status_magic(kernel_name: str, tmp_path: Path) -> None:
 
 def test_checkpoint_and_restore_round_trip(kernel_name: str, tmp_path: Path) -> None:
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
-        k.execute("import pandas as pd, threading\nconfig = {'a': [1, 2]}\nframe = pd.DataFrame({'x': [1, 2, 3]})\n"
+        k.execute("import pandas as pd, threading\nsettings = {'a': [1, 2]}\nframe = pd.DataFrame({'x': [1, 2, 3]})\n"
                   "def double(v):\n    return v * 2\nlock = threading.Lock()")
         saved = k.execute("%daytona checkpoint").text()
         assert "saved 3 variable(s)" in saved and "skipped: lock" in saved
         k.restart()
-        assert k.execute("config").errors[0]["ename"] == "NameError"
-        assert "restored 3 variable(s): config, double, frame" in k.execute("%daytona restore").text()
-        assert result_text(k.execute("double(21), config, int(frame.x.sum())")) == "(42, {'a': [1, 2]}, 6)"
+        assert k.execute("settings").errors[0]["ename"] == "NameError"  # not `config`: IPython's automagic runs %config
+        assert "restored 3 variable(s): double, frame, settings" in k.execute("%daytona restore").text()
+        assert result_text(k.execute("double(21), settings, int(frame.x.sum())")) == "(42, {'a': [1, 2]}, 6)"
         assert not (tmp_path / ".daytona-kernel").exists()  # checkpoints stay on the volume
 
 

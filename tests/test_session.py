@@ -37,13 +37,14 @@ async def test_text_and_frames_reach_the_frontend_in_order() -> None:
     assert "run_cell" in sandbox.codes[-1]
 
 
-async def test_the_cells_error_is_emitted_once_at_the_end() -> None:
+async def test_the_cells_error_is_emitted_once_in_its_place() -> None:
+    """As with ipykernel, output after the error (the cell's figures, flushed after it) comes after it."""
     error = {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb"]}
     sandbox = FakeSandbox([Run([frame("error", error), "after\n"])])
     front = Recorder()
     outcome = await session_for(sandbox).execute(Cell("1/0", 1), front)
     assert outcome.error == error
-    assert [k for k, _ in front.outputs] == ["stream", "error"]
+    assert [k for k, _ in front.outputs] == ["error", "stream"]
 
 
 async def test_an_error_that_escaped_the_runtime_becomes_the_cells_error() -> None:

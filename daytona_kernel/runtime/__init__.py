@@ -12,6 +12,7 @@ from importlib import resources
 
 FRAMING_MODULE = "_daytona_kernel_framing"
 SHELL_MODULE = "_daytona_kernel_shell"
+IPYSHELL_MODULE = "_daytona_kernel_ipyshell"
 PATHRULES_MODULE = "_daytona_kernel_pathrules"
 DURABLE_MODULE = "_daytona_kernel_durable"
 RUNTIME_MODULE = "_daytona_kernel_runtime"
@@ -26,24 +27,36 @@ def _source(name: str) -> str:
 
 
 def bootstrap_code(token: str, options: dict | None = None) -> str:
-    """Code that installs the runtime into a fresh context and says hello."""
+    """Code that installs the runtime into a fresh context and says hello.
+
+    The IPython shell module needs IPython: when the sandbox's Python cannot
+    import it, the module is left out and the runtime uses its basic shell.
+    """
     modules = [
         (FRAMING_MODULE, "<daytona-kernel-framing>", _source("framing.py")),
         (PATHRULES_MODULE, "<daytona-kernel-pathrules>", _source("pathrules.py")),
         (DURABLE_MODULE, "<daytona-kernel-durable>", _source("durable.py")),
         (SHELL_MODULE, "<daytona-kernel-shell>", _source("shell.py")),
+        (IPYSHELL_MODULE, "<daytona-kernel-ipyshell>", _source("ipyshell.py")),
         (RUNTIME_MODULE, "<daytona-kernel-runtime>", _source("runtime.py")),
     ]
     return (
         "def __dk_boot():\n"
         "    import sys, types\n"
+        f"    options = __import__('json').loads({json.dumps(options or {})!r})\n"
         f"    for name, filename, src in {modules!r}:\n"
         "        mod = types.ModuleType(name)\n"
         "        mod.__file__ = filename\n"
         "        sys.modules[name] = mod\n"
-        "        exec(compile(src, filename, 'exec'), mod.__dict__)\n"
+        "        try:\n"
+        "            exec(compile(src, filename, 'exec'), mod.__dict__)\n"
+        "        except Exception as exc:\n"
+        f"            if name != {IPYSHELL_MODULE!r}:\n"
+        "                raise\n"
+        "            del sys.modules[name]\n"
+        "            options['ipython_error'] = '%s: %s' % (type(exc).__name__, exc)\n"
         f"    rt = sys.modules[{RUNTIME_MODULE!r}]\n"
-        f"    rt.current = rt.Runtime({token!r}, __import__('json').loads({json.dumps(options or {})!r}))\n"
+        f"    rt.current = rt.Runtime({token!r}, options)\n"
         "    return rt.current\n"
         f"{HANDLE} = __dk_boot()\n"
         "del __dk_boot\n"

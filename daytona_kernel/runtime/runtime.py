@@ -44,6 +44,19 @@ except ImportError:  # imported directly, e.g. by unit tests
     from daytona_kernel.runtime import pathrules as _pathrules
     from daytona_kernel.runtime import shell as _shell
 
+
+def _ipyshell_module():
+    """The IPython shell module the bootstrap installed, or None when the sandbox has no usable IPython."""
+    if "_daytona_kernel_ipyshell" in sys.modules:
+        return sys.modules["_daytona_kernel_ipyshell"]
+    if "_daytona_kernel_framing" in sys.modules:  # bootstrapped, and the module could not load
+        return None
+    try:
+        from daytona_kernel.runtime import ipyshell
+    except ImportError:
+        return None
+    return ipyshell
+
 Kind = _framing.Kind
 
 INTERNAL_PREFIX = "<daytona-kernel-"
@@ -445,6 +458,8 @@ class _RuntimeFinder(object):
         if name == INLINE_BACKEND:
             return importlib.util.spec_from_loader(name, _SourceLoader(INLINE_BACKEND_SOURCE))
         after = self._PATCHES.get(name)
+        if after == "patch_ipython_module" and self._rt.ipython is not None:
+            return None  # IPython's own display functions publish through the shell
         if after is not None:
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is not None and spec.loader is not None:
@@ -502,16 +517,22 @@ class Runtime(object):
         self.inline_backend = INLINE_BACKEND
         self.user_module = types.ModuleType("__main__")
         self.user_ns = self.user_module.__dict__
-        self._init_namespace()
-        self.initial_names = frozenset(self.user_ns)
-        self.shell = _shell.Shell(self)
+        self.ipython = self._start_ipython()
+        if self.ipython is None:
+            self._init_namespace()
+            self.initial_names = frozenset(self.user_ns)
+            self.shell = _shell.Shell(self)
+            os.environ["MPLBACKEND"] = "module://" + INLINE_BACKEND
+        else:
+            self.shell = self.ipython
+            self.initial_names = frozenset(self.user_ns) | frozenset(self.ipython.user_ns_hidden)
         sys.modules["__main__"] = self.user_module
-        os.environ["MPLBACKEND"] = "module://" + INLINE_BACKEND
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
         sys.meta_path.insert(0, _RuntimeFinder(self))
-        for name in IPYTHON_DISPLAY_MODULES:
-            if name in sys.modules:
-                self.patch_ipython_module(sys.modules[name])
+        if self.ipython is None:
+            for name in IPYTHON_DISPLAY_MODULES:
+                if name in sys.modules:
+                    self.patch_ipython_module(sys.modules[name])
         self.workdir = os.getcwd()
         self.durable = None
         self._restore_notice = self._restore_from_volume()
@@ -527,7 +548,8 @@ class Runtime(object):
                 self.workdir, self.options.get("sync_excludes") or (), self.options.get("sync_includes") or (), secrets=()
             )
             self._watch, _ = _pathrules.scan(self.workdir, self._watch_rules)
-        builtins.display = self.display
+        if self.ipython is None:
+            builtins.display = self.display
         builtins.get_ipython = lambda: self.shell
         builtins.input = self.input
         getpass.getpass = self.getpass
@@ -538,6 +560,21 @@ class Runtime(object):
                 self.fds = capture
             except OSError as exc:
                 self.err.write("daytona-kernel: output written to fds 1 and 2 will not be shown (%r)\n" % (exc,))
+
+    def _start_ipython(self):
+        """IPython's shell for the cells when the sandbox's Python has a compatible IPython, else None."""
+        self._fallback_notice = None
+        if not self.options.get("ipython", True):
+            return None  # the kernel asked for the basic shell
+        module = _ipyshell_module()
+        if module is None or not module.compatible():
+            reason = self.options.get("ipython_error") or "IPython 8.0 or newer is not installed"
+            self._fallback_notice = (
+                "daytona-kernel: this sandbox's Python cannot run IPython (%s); cells run on a basic shell "
+                "with fewer magics.\n" % reason
+            )
+            return None
+        return module.make_shell(self, self.user_module)
 
     def _init_namespace(self):
         ns = self.user_ns
@@ -608,6 +645,7 @@ class Runtime(object):
                     "python": "%d.%d.%d" % sys.version_info[:3],
                     "cwd": os.getcwd(),
                     "executable": sys.executable,
+                    "ipython": self.ipython and _ipyshell_module().release.version,
                 },
             )
 
@@ -717,6 +755,8 @@ class Runtime(object):
                 setattr(module, name, func)
 
     def _ipython_formatter(self):
+        if self.ipython is not None:
+            return self.ipython.display_formatter
         if not self._ipy_formatter_tried:
             self._ipy_formatter_tried = True
             try:
@@ -828,10 +868,10 @@ class Runtime(object):
         """
         self._note_synced(synced)
         self.output_used = self.dropped_chars = 0
+        if self.ipython is not None:
+            return self._run_ipython_cell(code, count, store_history, silent, allow_stdin, user_expressions)
         with self.session():
-            if self._restore_notice:
-                self.err.write(self._restore_notice)
-                self._restore_notice = ""
+            self._say_notices()
             self._stdin_allowed = allow_stdin
             self._execution_count = count
             filename = self._register_cell(code, count)
@@ -852,13 +892,40 @@ class Runtime(object):
                     self.send(Kind.ERROR, self.error_content(etype, evalue, tb))
             if user_expressions:
                 self.send(Kind.USER_EXPRESSIONS, self._user_expressions(user_expressions))
-            self._report_file_changes()
-            if self.durable is not None:
-                self.durable.wake()  # copies to the volume after the reply, in the background
-            with self.lock:
-                self.flush_streams_locked()
-                self._budget_notice()
-            self.output_used = self.dropped_chars = 0
+            self._after_cell()
+
+    def _after_cell(self):
+        """What every cell ends with: its file changes, the volume copy, the last of its output."""
+        self._report_file_changes()
+        if self.durable is not None:
+            self.durable.wake()  # copies to the volume after the reply, in the background
+        with self.lock:
+            self.flush_streams_locked()
+            self._budget_notice()
+        self.output_used = self.dropped_chars = 0
+
+    def _say_notices(self):
+        """Once per runtime, on the first cell's stderr: a restored working directory, the basic shell."""
+        for name in ("_restore_notice", "_fallback_notice"):
+            if getattr(self, name):
+                self.err.write(getattr(self, name))
+                setattr(self, name, "")
+
+    def _run_ipython_cell(self, code, count, store_history, silent, allow_stdin, user_expressions):
+        """Run one cell on IPython's shell: its displays, result and error travel as frames."""
+        shell = self.ipython
+        with self.session():
+            self._say_notices()
+            self._stdin_allowed = allow_stdin
+            shell.execution_count = count
+            try:
+                shell.run_cell(code, store_history=store_history, silent=silent)
+            finally:
+                shell.send_payloads()
+                if user_expressions:
+                    results = self.ipython.user_expressions(user_expressions)
+                    self.send(Kind.USER_EXPRESSIONS, _ipyshell_module().clean(results))
+                self._after_cell()
 
     def _note_synced(self, note):
         """Apply the kernel's note about the last sync.
@@ -1154,6 +1221,9 @@ class Runtime(object):
     def complete(self, code, cursor):
         """Reply with completions from the live namespace; never touches user state."""
         with self.session():
+            if self.ipython is not None:
+                self.send(Kind.REPLY, self.ipython.complete_reply(code, cursor))
+                return
             reply = self._complete_magic(code, cursor)
             if reply is None and self.options.get("use_jedi", True):
                 try:
@@ -1224,6 +1294,9 @@ class Runtime(object):
     def inspect(self, code, cursor, detail_level=0):
         """Reply with signature, docstring and type (and source for detail 1)."""
         with self.session():
+            if self.ipython is not None:
+                self.send(Kind.REPLY, self.ipython.inspect_reply(code, cursor, detail_level))
+                return
             name = _name_at(code, cursor)
             found, obj = self.lookup(name) if name else (False, None)
             reply = {"found": found, "data": {}, "metadata": {}}

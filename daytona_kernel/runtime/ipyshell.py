@@ -1,0 +1,223 @@
+"""IPython's own ``InteractiveShell`` in the sandbox, publishing through frames.
+
+This is ipykernel's ``ZMQInteractiveShell`` with frames instead of ZeroMQ: a
+display publisher and a display hook that send ``display``/``update``/``clear``
+and ``result`` frames, ``_showtraceback`` that sends the cell's ``error`` frame,
+payloads (pager, exit, set_next_input) sent after the cell, and completion and
+inspection answered as ipykernel's ``do_complete``/``do_inspect`` answer them.
+Loaded only when the sandbox's Python has a compatible IPython (``MIN_IPYTHON``);
+otherwise the runtime keeps its small standard-library shell.
+"""
+
+import binascii
+import importlib.util
+import os
+import sys
+
+from IPython.core import page, release
+from IPython.core.autocall import ExitAutocall
+from IPython.core.completer import provisionalcompleter, rectify_completions
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
+from IPython.utils.process import system
+from IPython.utils.tokenutil import token_at_cursor
+from traitlets import Any, Bool, Instance, Type
+from traitlets.config import Config
+
+try:  # inside the sandbox the bootstrap installed the framing module under this name
+    from _daytona_kernel_framing import KERNEL_MAGICS, Kind
+except ImportError:  # imported from the package (tests)
+    from daytona_kernel.runtime.framing import KERNEL_MAGICS, Kind
+
+MIN_IPYTHON = (8, 0)
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+JUPYTER_TYPES_KEY = "_jupyter_types_experimental"
+
+
+def clean(obj):
+    """JSON-ready data: bytes become base64 text, as ipykernel's json_clean does (``_repr_png_`` bytes)."""
+    if isinstance(obj, bytes):
+        return binascii.b2a_base64(obj, newline=False).decode("ascii")
+    if isinstance(obj, dict):
+        return dict((str(k), clean(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    return obj
+
+
+class FramePublisher(DisplayPublisher):
+    """``display()``, ``update_display()`` and ``clear_output()`` as frames."""
+
+    def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        content = {"data": clean(data), "metadata": clean(metadata or {}), "transient": clean(transient or {})}
+        self.shell.runtime.send(Kind.UPDATE if update else Kind.DISPLAY, content)
+
+    def clear_output(self, wait=False):
+        self.shell.runtime.send(Kind.CLEAR, {"wait": bool(wait)})
+
+
+class FrameDisplayHook(DisplayHook):
+    """A cell's result (``Out[n]``) as one ``result`` frame: ipykernel's ZMQShellDisplayHook."""
+
+    msg = None
+
+    def start_displayhook(self):
+        self.msg = {"data": {}, "metadata": {}, "execution_count": None}
+
+    def write_output_prompt(self):
+        self.msg["execution_count"] = self.prompt_count
+
+    def write_format_data(self, format_dict, md_dict=None):
+        self.msg["data"] = clean(format_dict)
+        self.msg["metadata"] = clean(md_dict or {})
+
+    def finish_displayhook(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.msg and self.msg["data"]:
+            self.shell.runtime.send(Kind.RESULT, self.msg)
+        self.msg = None
+
+
+class FrameExitAutocall(ExitAutocall):
+    """``exit``/``quit``: ask the frontend to close the kernel (ipykernel's ZMQExitAutocall)."""
+
+    def __call__(self, keep_kernel=False):
+        self._ip.keepkernel_on_exit = keep_kernel
+        self._ip.ask_exit()
+
+
+class SandboxShell(InteractiveShell):
+    """The ``get_ipython()`` of a sandbox: IPython itself, with frames for I/O."""
+
+    displayhook_class = Type(FrameDisplayHook)
+    display_pub_class = Type(FramePublisher)
+    readline_use = Bool(False)
+    autoindent = Bool(False)
+    runtime = Any()
+    exiter = Instance(ExitAutocall)
+    keepkernel_on_exit = None
+
+    def _exiter_default(self):
+        return FrameExitAutocall(self)
+
+    def init_virtualenv(self):
+        """A kernel runs in the interpreter it was given (as ipykernel does)."""
+
+    def init_environment(self):
+        """ipykernel's environment: colours on, pagers off."""
+        env = os.environ
+        env["TERM"] = "xterm-color"
+        env["CLICOLOR"] = "1"
+        env["FORCE_COLOR"] = "1"
+        env["CLICOLOR_FORCE"] = "1"
+        env["PAGER"] = "cat"
+        env["GIT_PAGER"] = "cat"
+
+    def init_hooks(self):
+        super().init_hooks()
+        self.set_hook("show_in_pager", page.as_hook(self._page), 99)
+
+    def _page(self, strg, start=0, screen_lines=0, pager_cmd=None):
+        data = strg if isinstance(strg, dict) else {"text/plain": strg}
+        self.payload_manager.write_payload({"source": "page", "data": data, "start": max(0, start)})
+
+    def enable_gui(self, gui=None):
+        """No windows from a sandbox: figures stay inline."""
+        if gui not in (None, "inline"):
+            sys.stderr.write("daytona-kernel: the %r GUI cannot show windows from a sandbox; figures stay inline.\n" % gui)
+
+    def ask_exit(self):
+        self.exit_now = not self.keepkernel_on_exit
+        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": bool(self.keepkernel_on_exit)})
+
+    def set_next_input(self, text, replace=False):
+        self.payload_manager.write_payload({"source": "set_next_input", "text": text, "replace": replace})
+
+    def _showtraceback(self, etype, evalue, stb):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        content = {"traceback": [str(line) for line in stb], "ename": str(etype.__name__), "evalue": str(evalue)}
+        self.runtime.send(Kind.ERROR, content)
+        self._last_traceback = stb
+
+    def show_usage_error(self, exc):
+        """A UsageError is the cell's error (so the reply says error, as ipykernel's does), shown as one line."""
+        self._showtraceback(type(exc), exc, ["\x1b[0;31mUsageError\x1b[0m: %s" % exc])
+
+    def system_piped(self, cmd):
+        """``!cmd``: output streamed as it comes, the exit code in ``_exit_code`` (ipykernel's system_piped)."""
+        if cmd.rstrip().endswith("&"):
+            raise OSError("Background processes not supported.")
+        self.user_ns["_exit_code"] = system(self.var_expand(cmd, depth=1))
+
+    system = system_piped
+
+    def send_payloads(self):
+        for payload in self.payload_manager.read_payload():
+            self.runtime.send(Kind.PAYLOAD, clean(payload))
+        self.payload_manager.clear_payload()
+
+    # -- completion and inspection: ipykernel's do_complete / do_inspect --------
+
+    def complete_reply(self, code, cursor):
+        with provisionalcompleter():
+            completions = list(rectify_completions(code, self.Completer.completions(code, cursor)))
+        types = [
+            {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
+            for c in completions
+        ]
+        start, end = (completions[0].start, completions[0].end) if completions else (cursor, cursor)
+        return {
+            "matches": [c.text for c in completions],
+            "cursor_start": start,
+            "cursor_end": end,
+            "metadata": {JUPYTER_TYPES_KEY: types},
+        }
+
+    def inspect_reply(self, code, cursor, detail_level=0):
+        name = token_at_cursor(code, cursor)
+        reply = {"data": {}, "metadata": {}, "found": False}
+        try:
+            bundle = self.object_inspect_mime(name, detail_level=detail_level)
+        except KeyError:
+            return reply
+        if not self.enable_html_pager:
+            bundle.pop("text/html", None)
+        reply["data"] = clean(bundle)
+        reply["found"] = True
+        return reply
+
+
+InteractiveShellABC.register(SandboxShell)
+
+
+def _kernel_magic(name):
+    def magic(line):
+        raise UsageError(
+            "%%%s runs in the kernel, next to your files, not in the sandbox: put it in a cell of its own." % name
+        )
+
+    return magic
+
+
+def compatible():
+    """True when this IPython can run the sandbox's cells."""
+    return tuple(release.version_info[:2]) >= MIN_IPYTHON
+
+
+def make_shell(runtime, user_module):
+    """The sandbox's shell for ``runtime``, with the cells' namespace in ``user_module``."""
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    config.InteractiveShell.display_page = False
+    if "MPLBACKEND" not in os.environ and importlib.util.find_spec("matplotlib_inline") is not None:
+        os.environ["MPLBACKEND"] = INLINE_BACKEND  # ipykernel's default; without it matplotlib picks its own
+    shell = SandboxShell.instance(config=config, runtime=runtime, user_module=user_module)
+    for name in KERNEL_MAGICS:
+        shell.register_magic_function(_kernel_magic(name), "line", name)
+    return shell
