@@ -80,7 +80,8 @@ class Request:
         if self._error_pending:
             self._error_pending = False
             self.error_shown = True
-            self._emit_now("error", self.error)
+            if self.error is not None:
+                self._emit_now("error", self.error)
         self._emit_now(msg_type, content)
 
     def fail(self, content: dict[str, Any], overrides: bool = False, in_place: bool = False) -> None:
