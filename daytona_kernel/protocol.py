@@ -27,6 +27,8 @@ class Hello:
 
     pid: int
     python: str
+    ipython: str = ""  # the IPython version the cells run on; "" for the basic shell
+    ipython_cache: str = ""  # where the kernel may put its own IPython for this Python; "" if it should not
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,12 @@ def _mimebundle(payload: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def _hello(p: dict[str, Any]) -> Hello:
-    return Hello(_int(p.get("pid"), "hello.pid"), _str(p.get("python"), "hello.python"))
+    return Hello(
+        _int(p.get("pid"), "hello.pid"),
+        _str(p.get("python"), "hello.python"),
+        _str(p.get("ipython") or "", "hello.ipython"),
+        _str(p.get("ipython_cache") or "", "hello.ipython_cache"),
+    )
 
 
 def _display(kind: str) -> Callable[[dict[str, Any]], Output]:

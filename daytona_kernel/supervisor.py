@@ -13,16 +13,18 @@ import os
 import posixpath
 import secrets
 import shlex
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from .backends.base import Context, RunError, Sandbox
 from .cell import ProgressCallback
 from .config import SessionSettings
+from . import ipython_bundle
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .protocol import Hello
 from .request import Request
-from .runtime import RUNTIME_MISSING, bootstrap_code, call_source
+from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, unpack_ipython_code
 
 RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
 OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps
@@ -112,6 +114,10 @@ class ContextSupervisor:
         self.notices += self.sandbox.take_notices()
         context = await self.sandbox.create_context()
         token, hello = await self._bootstrap(context)
+        if self._wants_ipython(hello) and await self._ship_ipython(context, hello):
+            await self.close_quietly(context)  # a new context finds the shipped IPython
+            context = await self.sandbox.create_context()
+            token, hello = await self._bootstrap(context)
         self.live = Live(context, token, hello.pid, hello.python)
         if self._settings.repo_url and self._repo_staged_in != self.sandbox.generation:
             self._repo_staged_in = self.sandbox.generation  # once per sandbox: a new one needs it again
@@ -125,6 +131,7 @@ class ContextSupervisor:
         token = secrets.token_hex(8)
         request = Request(token, self._output_outside_a_cell)
         options = {**self._runtime_options, **self.sandbox.storage_options()}
+        options["ship_ipython"] = ipython_bundle.ipython_version()
         if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
             options["volume_excludes"] = ["/" + repo_folder(self._settings.repo_url) + "/"]
         code = bootstrap_code(token, options)
@@ -143,6 +150,42 @@ class ContextSupervisor:
                 f"The runtime could not start in the sandbox ({detail}). The sandbox needs Python 3.9 or newer as `python3`."
             )
         return token, hello
+
+    @staticmethod
+    def _wants_ipython(hello: Hello) -> bool:
+        """The sandbox's Python has no usable IPython, and the kernel's own runs there."""
+        return not hello.ipython and bool(hello.ipython_cache) and ipython_bundle.supports(hello.python)
+
+    async def _ship_ipython(self, context: Context, hello: Hello) -> bool:
+        """Upload the kernel's pure-Python IPython into the sandbox's cache folder, once per sandbox.
+
+        False (with a notice; cells then run on the basic shell) if it could not be installed.
+        """
+        self.report("installing IPython in the sandbox (once per sandbox)…")
+        started = time.monotonic()
+        archive = hello.ipython_cache + ".tar.gz"
+        output: list[str] = []
+        try:
+            data = await asyncio.to_thread(ipython_bundle.archive, hello.python)
+            await self.sandbox.upload([(data, archive)])
+            code = unpack_ipython_code(archive, hello.ipython_cache)
+            error = await context.run_code(code, output.append, output.append, RUNTIME_CALL_TIMEOUT_S)
+        except DaytonaKernelError as exc:
+            error, output = None, [str(exc)]
+        if error is not None or output:
+            reason = f"{error.name}: {error.value}" if error is not None else "".join(output).strip()
+            self._log.warning("could not install IPython in the sandbox: %s", reason)
+            self.notices.append(
+                f"daytona-kernel: could not install IPython in the sandbox ({reason}); cells run on a basic shell.\n"
+            )
+            return False
+        self._log.info(
+            "IPython %s installed in the sandbox: %.1f MB in %.1f s",
+            ipython_bundle.ipython_version(),
+            len(data) / 1e6,
+            time.monotonic() - started,
+        )
+        return True
 
     async def rebootstrap(self, live: Live) -> Live:
         """The worker behind ``live`` was silently replaced by a fresh one (the daemon does that

@@ -22,6 +22,35 @@ RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
 worker with a fresh one (silently), so the runtime must be bootstrapped again."""
 
 
+IPYTHON_CACHE_SOURCE = (
+    "def ipython_cache(options):\n"
+    "    import os, sys\n"
+    "    if not options.get('ship_ipython'):\n"
+    "        return ''\n"
+    "    name = 'ipython-%s-py%d.%d' % ((options['ship_ipython'],) + tuple(sys.version_info[:2]))\n"
+    "    return os.path.join(os.path.expanduser('~'), '.cache', 'daytona-kernel', name)\n"
+)
+"""The sandbox's folder for the IPython the kernel ships (``ship_ipython`` is its version), per Python version."""
+
+
+def unpack_ipython_code(archive: str, folder: str) -> str:
+    """Code that unpacks a shipped IPython archive into its cache folder, whole or not at all."""
+    return (
+        "def __dk_unpack(archive, folder):\n"
+        "    import os, shutil, tarfile\n"
+        "    part = folder + '.part-%d' % os.getpid()\n"
+        "    with tarfile.open(archive) as tar:\n"
+        "        tar.extractall(part, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))\n"
+        "    try:\n"
+        "        os.rename(part, folder)\n"
+        "    except OSError:  # another kernel unpacked it first\n"
+        "        shutil.rmtree(part, ignore_errors=True)\n"
+        "    os.remove(archive)\n"
+        f"__dk_unpack({archive!r}, {folder!r})\n"
+        "del __dk_unpack\n"
+    )
+
+
 def _source(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
@@ -41,9 +70,13 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
         (RUNTIME_MODULE, "<daytona-kernel-runtime>", _source("runtime.py")),
     ]
     return (
-        "def __dk_boot():\n"
-        "    import sys, types\n"
+        IPYTHON_CACHE_SOURCE + "def __dk_boot():\n"
+        "    import os, sys, types\n"
         f"    options = __import__('json').loads({json.dumps(options or {})!r})\n"
+        "    cache = ipython_cache(options)\n"
+        "    if cache and os.path.isdir(cache):  # an IPython the kernel shipped earlier\n"
+        "        sys.path.insert(0, cache)\n"
+        "    options['ipython_cache'] = cache\n"
         f"    for name, filename, src in {modules!r}:\n"
         "        mod = types.ModuleType(name)\n"
         "        mod.__file__ = filename\n"
@@ -59,7 +92,7 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
         f"    rt.current = rt.Runtime({token!r}, options)\n"
         "    return rt.current\n"
         f"{HANDLE} = __dk_boot()\n"
-        "del __dk_boot\n"
+        "del __dk_boot, ipython_cache\n"
         f"{HANDLE}.hello()\n"
     )
 

@@ -645,7 +645,8 @@ class Runtime(object):
                     "python": "%d.%d.%d" % sys.version_info[:3],
                     "cwd": os.getcwd(),
                     "executable": sys.executable,
-                    "ipython": self.ipython and _ipyshell_module().release.version,
+                    "ipython": _ipyshell_module().release.version if self.ipython else "",
+                    "ipython_cache": "" if self.ipython else self.options.get("ipython_cache") or "",
                 },
             )
 

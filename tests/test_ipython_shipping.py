@@ -1,0 +1,59 @@
+"""IPython in a sandbox whose Python has none, offline (issue 15.3): the kernel ships its own,
+once per sandbox, and the first cell already runs on it."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from daytona_emulator import DaytonaEmulator
+from kernels import Kernel, result_text
+
+from daytona_kernel import ipython_bundle
+
+UPLOAD = "POST /toolbox/{sid}/files/bulk-upload"
+
+
+@pytest.fixture
+def bare_emulator(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """An emulator whose sandboxes run a Python with only the standard library."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    missing = subprocess.run([str(python), "-c", "import IPython"], capture_output=True)
+    assert missing.returncode != 0, "the bare venv must not see IPython"
+    emu = DaytonaEmulator(tmp_path / "emu", python=str(python)).start()
+    yield emu
+    emu.close()
+
+
+def test_an_offline_sandbox_without_ipython_gets_the_kernels(
+    bare_emulator: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # the emulated sandboxes' Python sees this home
+    env = dict(bare_emulator.env(), DAYTONA_KERNEL_NETWORK_BLOCK_ALL="1")
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    started = time.monotonic()
+    with Kernel("daytona", env=env, cwd=str(folder)) as k:
+        run = k.execute("import IPython\ntype(get_ipython()).__name__, IPython.__version__, IPython.__file__")
+        first = time.monotonic() - started
+        name, version, where = ast.literal_eval(result_text(run))
+        assert (name, version) == ("SandboxShell", ipython_bundle.ipython_version())
+        assert where.startswith(str(home / ".cache" / "daytona-kernel"))
+        assert result_text(k.execute("%who_ls")) == "['IPython']"
+        assert [s.spec.get("networkBlockAll") for s in bare_emulator.sandboxes.values()] == [True]
+        uploads = bare_emulator.counts[UPLOAD]
+        assert uploads >= 1
+        started = time.monotonic()
+        k.restart()
+        assert result_text(k.execute("type(get_ipython()).__name__")) == "'SandboxShell'"
+        warm = time.monotonic() - started
+        assert bare_emulator.counts[UPLOAD] == uploads  # cached on the sandbox's disk: shipped once
+    print(f"first start with the IPython upload: {first:.2f} s; restart: {warm:.2f} s")
