@@ -76,7 +76,7 @@ def test_exit_without_parentheses_asks_the_frontend(kernel_name: str) -> None:
 # VS Code's variable listing (vscode-jupyter's variableScriptGenerator): its helper script, then
 # ``_VSCODE_rwho_ls = %who_ls``, the helper called with the names, and the cleanup, in one silent
 # execute. The helper below is a short stand-in for vscodeGetVariableInfo.py with the same entry point.
-VSCODE_TYPES_HELPER = '''
+VSCODE_TYPES_HELPER = """
 def _VSCODE_getVariable(what_to_get, is_debugging, *args):
     import json as _VSCODE_json
     import builtins as _VSCODE_builtins
@@ -84,7 +84,7 @@ def _VSCODE_getVariable(what_to_get, is_debugging, *args):
     for name in args[0]:
         result[name] = _VSCODE_builtins.type(globals()[name]).__name__
     return _VSCODE_builtins.print(_VSCODE_json.dumps(result))
-'''
+"""
 VSCODE_TYPES_FLOW = (
     VSCODE_TYPES_HELPER
     + "\n\n_VSCODE_rwho_ls = %who_ls\n"
@@ -101,3 +101,14 @@ def test_vscode_variable_listing_flow_returns_names_and_types(kernel_name: str) 
         assert run.status == "ok", run.errors
         assert run.text() == '{"helper": "function", "math": "module", "names": "list", "total": "int"}\n'
         assert result_text(k.execute("'_VSCODE_rwho_ls' in dir()")) == "False"
+
+
+def test_widgets_show_their_text_and_tqdm_draws_a_text_bar(kernel_name: str) -> None:
+    with Kernel(kernel_name) as k:
+        k.execute("import ipywidgets as w")
+        run = k.execute("w.IntSlider(value=3)")
+        assert list(run.of_type("execute_result")[0]["data"]) == ["text/plain"]
+        for module in ("tqdm.notebook", "tqdm.auto"):
+            run = k.execute(f"from {module} import tqdm\nfor i in tqdm(range(3)):\n    pass")
+            assert run.status == "ok" and not run.of_type("display_data"), module
+            assert "3/3" in run.text("stderr"), module

@@ -34,6 +34,16 @@ except ImportError:  # imported from the package (tests)
 MIN_IPYTHON = (8, 0)
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 JUPYTER_TYPES_KEY = "_jupyter_types_experimental"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # needs the comm bridge the sandbox lacks
+
+
+def without_widget_view(data):
+    """A bundle without the widget view when it has another form, so the frontend shows that
+    (its static text) instead of "Error displaying widget: model not found"."""
+    if isinstance(data, dict) and WIDGET_VIEW in data and len(data) > 1:
+        data = dict(data)
+        del data[WIDGET_VIEW]
+    return data
 
 
 def clean(obj):
@@ -53,6 +63,7 @@ class FramePublisher(DisplayPublisher):
     def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
         sys.stdout.flush()
         sys.stderr.flush()
+        data = without_widget_view(data)
         content = {"data": clean(data), "metadata": clean(metadata or {}), "transient": clean(transient or {})}
         self.shell.runtime.send(Kind.UPDATE if update else Kind.DISPLAY, content)
 
@@ -72,7 +83,7 @@ class FrameDisplayHook(DisplayHook):
         self.msg["execution_count"] = self.prompt_count
 
     def write_format_data(self, format_dict, md_dict=None):
-        self.msg["data"] = clean(format_dict)
+        self.msg["data"] = clean(without_widget_view(format_dict))
         self.msg["metadata"] = clean(md_dict or {})
 
     def finish_displayhook(self):
@@ -167,10 +178,7 @@ class SandboxShell(InteractiveShell):
     def complete_reply(self, code, cursor):
         with provisionalcompleter():
             completions = list(rectify_completions(code, self.Completer.completions(code, cursor)))
-        types = [
-            {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
-            for c in completions
-        ]
+        types = [{"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature} for c in completions]
         start, end = (completions[0].start, completions[0].end) if completions else (cursor, cursor)
         return {
             "matches": [c.text for c in completions],
@@ -198,9 +206,7 @@ InteractiveShellABC.register(SandboxShell)
 
 def _kernel_magic(name):
     def magic(line):
-        raise UsageError(
-            "%%%s runs in the kernel, next to your files, not in the sandbox: put it in a cell of its own." % name
-        )
+        raise UsageError("%%%s runs in the kernel, next to your files, not in the sandbox: put it in a cell of its own." % name)
 
     return magic
 
@@ -215,6 +221,7 @@ def make_shell(runtime, user_module):
     config = Config()
     config.HistoryManager.hist_file = ":memory:"
     config.InteractiveShell.display_page = False
+    config.IPKernelApp = Config()  # libraries (tqdm.auto, plotly ...) look for it to know they are in a notebook
     if "MPLBACKEND" not in os.environ and importlib.util.find_spec("matplotlib_inline") is not None:
         os.environ["MPLBACKEND"] = INLINE_BACKEND  # ipykernel's default; without it matplotlib picks its own
     shell = SandboxShell.instance(config=config, runtime=runtime, user_module=user_module)

@@ -449,7 +449,11 @@ IPYTHON_DISPLAY_MODULES = ("IPython.core.display_functions", "IPython.core.displ
 class _RuntimeFinder(object):
     """Serves the inline matplotlib backend and patches modules once they are imported."""
 
-    _PATCHES = dict([(name, "patch_ipython_module") for name in IPYTHON_DISPLAY_MODULES], ipywidgets="widgets_notice")
+    _PATCHES = dict(
+        [(name, "patch_ipython_module") for name in IPYTHON_DISPLAY_MODULES],
+        ipywidgets="widgets_notice",
+        **{"tqdm.notebook": "tqdm_as_text"}
+    )
 
     def __init__(self, runtime):
         self._rt = runtime
@@ -1093,6 +1097,13 @@ class Runtime(object):
                 del self.user_ns[name]
         self.user_ns["Out"].clear()
         self.user_ns["_"] = self.user_ns["__"] = self.user_ns["___"] = ""
+
+    def tqdm_as_text(self, module):
+        """``tqdm.notebook`` (and so ``tqdm.auto`` in a notebook) draws its text bar until widgets work."""
+        import tqdm.std
+
+        module.tqdm = module.tqdm_notebook = tqdm.std.tqdm
+        module.trange = module.tnrange = tqdm.std.trange
 
     def widgets_notice(self, module):
         if not self._widgets_noticed:
