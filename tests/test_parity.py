@@ -27,8 +27,7 @@ NOTEBOOK: list[tuple[str, list[str], bool]] = [
     ("len(captured.outputs)", [], True),
     ("from PIL import Image\nImage.new('RGB', (3, 2), 'red')", [], True),
     (
-        "class Frac:\n    pass\n"
-        "get_ipython().display_formatter.formatters['text/latex'].for_type(Frac, lambda o: '$x$')\nFrac()",
+        "class Frac:\n    pass\nget_ipython().display_formatter.formatters['text/latex'].for_type(Frac, lambda o: '$x$')\nFrac()",
         [],
         True,
     ),
@@ -81,7 +80,7 @@ def run_notebook(kernel_name: str, folder: Path) -> list[tuple[Run, list[tuple[A
         k.execute("pass", store_history=False)  # the sandbox's start is shown in the first cell
         for code, answers, exact in NOTEBOOK:
             queue = iter(answers)
-            run = k.execute(code, stdin_answer=(lambda content: next(queue)) if answers else None)
+            run = k.execute(code, stdin_answer=(lambda content, queue=queue: next(queue)) if answers else None)
             results.append((run, signature(run, exact)))
     return results
 
