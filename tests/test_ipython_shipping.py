@@ -4,6 +4,7 @@ once per sandbox, and the first cell already runs on it."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import time
@@ -36,8 +37,9 @@ def test_an_offline_sandbox_without_ipython_gets_the_kernels(
 ) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    monkeypatch.setenv("HOME", str(home))  # the emulated sandboxes' Python sees this home
-    env = dict(bare_emulator.env(), DAYTONA_KERNEL_NETWORK_BLOCK_ALL="1")
+    kernel_home = os.environ.get("HOME", "")
+    monkeypatch.setenv("HOME", str(home))  # the emulated sandboxes' Python sees this home; the kernel keeps its own
+    env = dict(bare_emulator.env(), DAYTONA_KERNEL_NETWORK_BLOCK_ALL="1", HOME=kernel_home)
     folder = tmp_path / "nb"
     folder.mkdir()
     started = time.monotonic()
