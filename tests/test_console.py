@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -12,6 +13,11 @@ from kernels import Kernel, result_text
 
 PROMPT = r"In \[\d+\]: "
 TIMEOUT_S = 60
+# jupyter_console shows its first prompt once the kernel answers kernel_info on the shell channel; its
+# iopub subscription can reach the kernel up to one ZMQ reconnect interval (100 ms) later. A cell typed
+# inside that window, as pexpect types it, loses its status messages and the console waits forever
+# for "idle" (seen in CI with bare `exit`). A person never types that fast; the tests wait it out.
+IOPUB_SETTLE_S = 0.5
 
 def console(kernel_name: str, folder: Path) -> pexpect.spawn:
     child = pexpect.spawn(
@@ -24,6 +30,7 @@ def console(kernel_name: str, folder: Path) -> pexpect.spawn:
         dimensions=(40, 200),
     )
     child.expect(PROMPT)
+    time.sleep(IOPUB_SETTLE_S)
     return child
 
 
