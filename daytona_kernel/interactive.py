@@ -1,12 +1,12 @@
-"""IPython syntax, handled in the kernel process with IPython's own machinery.
+"""What the kernel answers about a cell without the sandbox.
 
-IPython does not need to be installed in the sandbox: cells are checked and
-transformed here, then run there through runtime helpers.
+``is_complete`` with IPython's own TransformerManager (JupyterLab's console waits
+only 250 ms for it), and the cells of kernel-side magics. Cells go to the sandbox
+as they are: IPython there transforms them, as ipykernel's shell does.
 """
 
 from __future__ import annotations
 
-import tokenize
 from typing import Any
 
 from IPython.core.inputtransformer2 import TransformerManager
@@ -23,18 +23,6 @@ def check_complete(code: str) -> dict[str, Any]:
     if status == "incomplete":
         reply["indent"] = " " * (indent or 0)
     return reply
-
-
-def transform_cell(code: str) -> str:
-    """IPython syntax (``!cmd``, ``%magic``, ``obj?``) to plain Python calling ``get_ipython()``.
-
-    Code that does not even tokenize is passed on as it is, so the sandbox reports
-    the SyntaxError with the user's own lines, as for any other error.
-    """
-    try:
-        return _transformer.transform_cell(code)
-    except (SyntaxError, tokenize.TokenError, ValueError):
-        return code
 
 
 def kernel_magic_lines(code: str) -> list[tuple[str, str]] | None:

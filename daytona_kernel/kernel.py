@@ -24,7 +24,7 @@ from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
-from .interactive import check_complete, kernel_magic_lines, transform_cell
+from .interactive import check_complete, kernel_magic_lines
 from .session import RuntimeSession
 
 # Session event kind -> iopub message type.
@@ -214,7 +214,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             outcome = CellOutcome(error=await self._runtime.kernel_magics(magics, frontend))
         else:
             assert self._runtime is not None
-            cell = Cell(transform_cell(code), count, silent, store_history, allow_stdin, dict(user_expressions or {}))
+            cell = Cell(code, count, silent, store_history, allow_stdin, dict(user_expressions or {}))
             outcome = await self._runtime.execute(cell, frontend)
         if store_history:
             self._next_count += 1

@@ -429,16 +429,9 @@ def test_a_vanished_file_on_daytona_costs_only_that_file(daytona_env, folder: Pa
 
 def _runtime_watch(workdir: Path) -> Any:
     """The runtime's change-report methods over a real folder, without starting a runtime."""
-    from types import SimpleNamespace
+    from daytona_kernel.runtime.files import WorkdirWatch
 
-    from daytona_kernel.runtime import runtime as rt
-
-    rules = MirrorRules(str(workdir), secrets=())
-    watch = SimpleNamespace(workdir=str(workdir), _watch_rules=rules, _mode_notice=None, _racy={})
-    watch._watch, _ = scan(str(workdir), rules)
-    watch.changes = lambda: rt.Runtime._file_changes(watch)
-    watch.note = lambda note: rt.Runtime._note_synced(watch, note)
-    return watch
+    return WorkdirWatch(str(workdir), MirrorRules(str(workdir), secrets=()))
 
 
 def test_a_change_is_reported_again_until_the_kernel_acknowledges_it(tmp_path: Path) -> None:
@@ -636,7 +629,7 @@ FORGE = (
     "open('../escape.txt', 'w').write('pwned')\n"
     "os.makedirs('.git/hooks', exist_ok=True)\n"
     "open('.git/hooks/pre-commit', 'w').write('evil')\n"
-    "rt._file_changes = lambda: {'changed': {'../escape.txt': [5, 1], '.git/hooks/pre-commit': [4, 1], "
+    "rt.watch.changes = lambda: {'changed': {'../escape.txt': [5, 1], '.git/hooks/pre-commit': [4, 1], "
     "'ok.txt': [2, 1]}, 'deleted': [], 'truncated': False}\n"
     "open('ok.txt', 'w').write('ok')\n"
 )

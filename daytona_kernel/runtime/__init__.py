@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-FRAMING_MODULE = "_daytona_kernel_framing"
-SHELL_MODULE = "_daytona_kernel_shell"
-IPYSHELL_MODULE = "_daytona_kernel_ipyshell"
-PATHRULES_MODULE = "_daytona_kernel_pathrules"
-DURABLE_MODULE = "_daytona_kernel_durable"
-RUNTIME_MODULE = "_daytona_kernel_runtime"
+MODULE_PREFIX = "_daytona_kernel_"
+MODULES = ("framing", "pathrules", "durable", "files", "streams", "display", "basic", "ipyshell", "runtime")
+"""The runtime's modules, in import order; each is installed as ``_daytona_kernel_<name>``."""
+IPYSHELL_MODULE = MODULE_PREFIX + "ipyshell"
+RUNTIME_MODULE = MODULE_PREFIX + "runtime"
 HANDLE = "__dk__"
 RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
 """The error a call raises in a worker without the runtime: the daemon replaced a dead
@@ -59,16 +58,10 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
     """Code that installs the runtime into a fresh context and says hello.
 
     The IPython shell module needs IPython: when the sandbox's Python cannot
-    import it, the module is left out and the runtime uses its basic shell.
+    import it, the module is left out and the runtime uses its basic shell
+    (``basic.py``).
     """
-    modules = [
-        (FRAMING_MODULE, "<daytona-kernel-framing>", _source("framing.py")),
-        (PATHRULES_MODULE, "<daytona-kernel-pathrules>", _source("pathrules.py")),
-        (DURABLE_MODULE, "<daytona-kernel-durable>", _source("durable.py")),
-        (SHELL_MODULE, "<daytona-kernel-shell>", _source("shell.py")),
-        (IPYSHELL_MODULE, "<daytona-kernel-ipyshell>", _source("ipyshell.py")),
-        (RUNTIME_MODULE, "<daytona-kernel-runtime>", _source("runtime.py")),
-    ]
+    modules = [(MODULE_PREFIX + name, f"<daytona-kernel-{name}>", _source(name + ".py")) for name in MODULES]
     return (
         IPYTHON_CACHE_SOURCE + "def __dk_boot():\n"
         "    import os, sys, types\n"

@@ -9,7 +9,6 @@ Loaded only when the sandbox's Python has a compatible IPython (``MIN_IPYTHON``)
 otherwise the runtime keeps its small standard-library shell.
 """
 
-import binascii
 import importlib.util
 import os
 import sys
@@ -26,35 +25,16 @@ from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any, Bool, Instance, Type
 from traitlets.config import Config
 
-try:  # inside the sandbox the bootstrap installed the framing module under this name
+try:  # inside the sandbox the bootstrap installed these modules under these names
+    from _daytona_kernel_display import clean, without_widget_view
     from _daytona_kernel_framing import KERNEL_MAGICS, Kind
 except ImportError:  # imported from the package (tests)
+    from daytona_kernel.runtime.display import clean, without_widget_view
     from daytona_kernel.runtime.framing import KERNEL_MAGICS, Kind
 
 MIN_IPYTHON = (8, 0)
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 JUPYTER_TYPES_KEY = "_jupyter_types_experimental"
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # needs the comm bridge the sandbox lacks
-
-
-def without_widget_view(data):
-    """A bundle without the widget view when it has another form, so the frontend shows that
-    (its static text) instead of "Error displaying widget: model not found"."""
-    if isinstance(data, dict) and WIDGET_VIEW in data and len(data) > 1:
-        data = dict(data)
-        del data[WIDGET_VIEW]
-    return data
-
-
-def clean(obj):
-    """JSON-ready data: bytes become base64 text, as ipykernel's json_clean does (``_repr_png_`` bytes)."""
-    if isinstance(obj, bytes):
-        return binascii.b2a_base64(obj, newline=False).decode("ascii")
-    if isinstance(obj, dict):
-        return dict((str(k), clean(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    return obj
 
 
 class FramePublisher(DisplayPublisher):
@@ -167,6 +147,14 @@ class SandboxShell(InteractiveShell):
         self.user_ns["_exit_code"] = system(self.var_expand(cmd, depth=1))
 
     system = system_piped
+
+    def execute(self, code, count, store_history=True, silent=False):
+        """Run one cell for the runtime, as ipykernel's do_execute does."""
+        self.execution_count = count
+        self.run_cell(code, store_history=store_history, silent=silent)
+
+    def expressions_reply(self, expressions):
+        return clean(self.user_expressions(expressions))
 
     def send_payloads(self):
         for payload in self.payload_manager.read_payload():

@@ -1,0 +1,201 @@
+"""The working directory as the kernel sees it: change reports, the volume's copy, checkpoints.
+
+Standard library only, Python 3.9+: it runs in the sandbox, sent with the runtime.
+``WorkdirWatch`` tells the kernel which files a cell created, changed or deleted
+(the mirror downloads them); ``open_volume`` restores a new sandbox's working
+directory from the volume and keeps the volume's copy; ``save_checkpoint`` and
+``load_checkpoint`` pickle the user's variables for ``%daytona checkpoint``.
+"""
+
+import hashlib
+import os
+import time
+import types
+
+try:
+    import _daytona_kernel_durable as _durable
+    import _daytona_kernel_pathrules as _pathrules
+except ImportError:  # imported from the package (tests)
+    from daytona_kernel.runtime import durable as _durable
+    from daytona_kernel.runtime import pathrules as _pathrules
+
+CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # relative to the working directory
+SCAN_BUDGET_S = 2.0  # the per-cell scan of the working directory; past it the report says it is incomplete
+RACY_WINDOW_NS = 2 * 1000000000  # mtimes this close to a scan may hide a rewrite (one-second and FAT file systems)
+RACY_HASH_MAX_BYTES = 64 * 1024 * 1024
+RESTORE_BUDGET_S = 15.0  # restoring in the bootstrap (a runtime call may take 30 s); the rest in the background
+
+
+class WorkdirWatch(object):
+    """The acknowledged snapshot of the working directory, which only the kernel's note moves on.
+
+    Without ``rules`` (the kernel does not download changes) it only applies the modes of uploaded files.
+    """
+
+    def __init__(self, workdir, rules=None):
+        self.workdir = workdir
+        self.rules = rules
+        self.snapshot = _pathrules.scan(workdir, rules)[0] if rules is not None else None
+        self.racy = {}  # {path: (stat, sha256)} of files whose mtime cannot tell a rewrite in the same second
+        self.mode_notice = None
+
+    def note(self, note):
+        """Apply the kernel's note about the last sync.
+
+        ``up``: {path: permission bits} of files it uploaded: their modes are set
+        here and they are not reported back as changed. ``acked``: {path: stat}
+        of reported changes the kernel has handled; ``gone``: reported deletions
+        it has handled. Changes it has not acknowledged are reported again.
+        """
+        note = note or {}
+        for rel, mode in (note.get("up") or {}).items():
+            path = os.path.join(self.workdir, rel)
+            if mode is not None:
+                try:
+                    os.chmod(path, mode & 0o777)
+                except OSError as exc:  # a filesystem without chmod: said once, with the next report
+                    if self.mode_notice is None:
+                        self.mode_notice = "daytona-kernel: this folder does not keep file modes (%s: %s)\n" % (rel, exc)
+            self.racy.pop(rel, None)  # its content is the kernel's: looked at afresh in the next scan
+            if self.snapshot is None:
+                continue
+            try:
+                self.snapshot[rel] = _pathrules.file_stat(os.lstat(path))
+            except OSError:
+                self.snapshot.pop(rel, None)
+        if self.snapshot is None:
+            return
+        for rel, stat in (note.get("acked") or {}).items():
+            self.snapshot[rel] = tuple(stat) if len(stat) == 3 else (stat[0], stat[1], None)
+        for rel in note.get("gone") or ():
+            self.snapshot.pop(rel, None)
+
+    def take_notice(self):
+        """The file-mode notice, once per runtime."""
+        notice = self.mode_notice or ""
+        if notice:
+            self.mode_notice = ""  # set: later failures are not said again
+        return notice
+
+    def changes(self):
+        """Changes against the acknowledged snapshot, or None.
+
+        A path that is merely unreadable now (a folder without permission) is
+        not reported as deleted.
+        """
+        if self.snapshot is None:
+            return None
+        started_ns = time.time_ns()
+        now, complete = _pathrules.scan(self.workdir, self.rules, budget_s=SCAN_BUDGET_S)
+        changed = {rel: list(stat) for rel, stat in now.items() if self.snapshot.get(rel) != stat}
+        rewritten, self.racy = rewritten_in_place(self.workdir, self.racy, now, changed, started_ns)
+        for rel in rewritten:
+            changed[rel] = list(now[rel])
+        deleted = [rel for rel in self.snapshot if rel not in now and _pathrules.gone(self.workdir, rel)] if complete else []
+        if changed or deleted or not complete:
+            return {"changed": changed, "deleted": deleted, "truncated": not complete}
+        return None
+
+
+def rewritten_in_place(workdir, racy, now, changed, started_ns):
+    """(files whose size and mtime stayed the same while their content changed, the new racy table).
+
+    With one-second mtimes a same-size rewrite within the second looks
+    unchanged, so the content of every file whose mtime is that close to a scan
+    is hashed, and compared at the next scan (as git treats "racily clean"
+    entries). Only such recent files are hashed. ``racy`` is {path: (stat, sha256)}.
+    """
+    rewritten, still_racy = [], {}
+    for rel, stat in now.items():
+        known = racy.get(rel)
+        recent = stat[1] >= started_ns - RACY_WINDOW_NS
+        if (known is None and not recent) or stat[0] > RACY_HASH_MAX_BYTES:
+            continue
+        try:
+            digest = _file_digest(os.path.join(workdir, rel))
+        except OSError:
+            continue  # gone or unreadable since the scan: the next scan says so
+        if known is not None and known[0] == stat and known[1] != digest and rel not in changed:
+            rewritten.append(rel)
+        if recent:
+            still_racy[rel] = (stat, digest)
+    return rewritten, still_racy
+
+
+def _file_digest(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def open_volume(workdir, options, notice):
+    """(the volume's DurableCopy or None, the notice for the first cell): a new sandbox's files come back from the volume."""
+    volume = options.get("volume_dir")
+    if not volume:
+        return None, ""
+    volume = os.path.normpath(os.path.join(workdir, volume))
+    if not os.path.isdir(volume):
+        return None, "daytona-kernel: the volume is not mounted at %s; files in the working directory are not kept on it.\n" % volume
+
+    def scan():  # what the volume keeps: what the mirror would move (its own rules: this runs in the copier's thread)
+        excludes = list(options.get("sync_excludes") or ()) + list(options.get("volume_excludes") or ())
+        return _pathrules.scan(workdir, _pathrules.MirrorRules(workdir, excludes, options.get("sync_includes") or (), secrets=()))
+
+    durable = _durable.DurableCopy(workdir, volume, scan, always=(CHECKPOINT_FILE,), notice=notice)
+    restored, problems = durable.restore(RESTORE_BUDGET_S)
+    text = ""
+    if restored:
+        text += "daytona-kernel: restored %d file(s) from the volume into this new sandbox's working directory.\n" % restored
+    if durable.pending:
+        text += "daytona-kernel: %d more file(s) are being restored from the volume in the background.\n" % len(durable.pending)
+        durable.wake()
+    if problems:
+        text += "daytona-kernel: could not restore from the volume: %s\n" % ", ".join(problems[:10])
+    return durable, text
+
+
+def _pickler():
+    for name in ("cloudpickle", "dill"):
+        try:
+            return name, __import__(name)
+        except ImportError:
+            continue  # try the next one; the standard library's pickle is the last resort
+    import pickle
+
+    return "pickle", pickle
+
+
+def save_checkpoint(path, user_ns, hidden):
+    """Pickle every picklable user variable to path; the reply says what was saved and skipped."""
+    name, pickler = _pickler()
+    saved, skipped = {}, []
+    for var, value in list(user_ns.items()):
+        if var in hidden or var.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        try:
+            saved[var] = pickler.dumps(value)
+        except Exception as exc:
+            skipped.append("%s (%s)" % (var, type(exc).__name__))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    blob = pickler.dumps({"pickler": name, "variables": saved})
+    with open(path + ".tmp", "wb") as f:
+        f.write(blob)
+    os.replace(path + ".tmp", path)
+    return {"saved": sorted(saved), "skipped": skipped, "pickler": name, "bytes": len(blob)}
+
+
+def load_checkpoint(path, user_ns):
+    """Load a checkpoint's variables back into user_ns; the reply says what came back and what failed."""
+    _, pickler = _pickler()
+    with open(path, "rb") as f:
+        data = pickler.loads(f.read())
+    restored, failed = [], []
+    for var, blob in data["variables"].items():
+        try:
+            user_ns[var] = pickler.loads(blob)
+            restored.append(var)
+        except Exception as exc:
+            failed.append("%s (%s)" % (var, type(exc).__name__))
+    return {"restored": sorted(restored), "failed": failed, "pickler": data.get("pickler")}
