@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 import zmq
+from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
@@ -99,9 +100,17 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     @property
     def kernel_info(self) -> dict[str, Any]:
-        info = super().kernel_info
-        info["supported_features"] = []  # no debugger, no kernel subshells
-        return info
+        """The base class's reply without its features (no debugger, no kernel subshells). Built here:
+        the base property imports debugpy to ask whether it is there, 70 ms before the first reply."""
+        return {
+            "protocol_version": kernel_protocol_version,
+            "implementation": self.implementation,
+            "implementation_version": self.implementation_version,
+            "language_info": self.language_info,
+            "banner": self.banner,
+            "help_links": self.help_links,
+            "supported_features": [],
+        }
 
     # -- comms: no widget support yet, so every comm is politely closed ----
 
