@@ -22,12 +22,26 @@ sandbox is stopped underneath the kernel (losing its contexts), delays.
 
 Control plane (``apps/api/src/sandbox/services/sandbox.service.ts`` and FACTS.md
 "Control plane"): transitions take time (``transition_s`` per transitional
-state: creating, starting, stopping, archiving, destroying); a start or stop
-during a transition answers 409 "State change in progress" (start during
-``archiving`` is accepted); an ephemeral sandbox (autoDeleteInterval=0) is
-destroyed when it stops, after which GET is 404; a GPU sandbox must be
-ephemeral (400); every toolbox request counts as activity and ``run_auto_stop``
-does what Daytona's auto-stop does to sandboxes idle past their interval.
+state: creating, starting, stopping, archiving, destroying, pausing, resuming);
+a start, stop or pause during a transition answers 409 "State change in
+progress" (start during ``archiving`` is accepted); an ephemeral sandbox
+(autoDeleteInterval=0) is destroyed when it stops, after which GET is 404; a
+GPU sandbox must be ephemeral (400); every toolbox request counts as activity
+and ``run_auto_stop`` / ``run_auto_pause`` do what Daytona's auto-stop and
+auto-pause do to sandboxes idle past their interval.
+
+Pausing (the SDK's ``pause()``, ``set_auto_pause_interval`` and the create
+DTO's ``autoPauseInterval``, as their docstrings in ``daytona`` 0.226.1 state
+the API's rules; the public API source predates pausing): only sandbox classes
+in ``pausable_classes`` pause (none by default; new sandboxes get the class
+``sandbox_class``), any other class is refused with a 400. Pausing freezes
+every process of the sandbox (SIGSTOP to each worker's process group) through
+``pausing`` to ``paused``; ``start()`` resumes it through ``resuming`` and
+continues them (SIGCONT), so interpreter contexts keep their variables. While
+paused the toolbox answers as for a stopped sandbox (400). At most one of
+autoStopInterval and autoPauseInterval may be non-zero; auto-pause is refused
+for ephemeral sandboxes; a pausable class given neither interval auto-pauses
+after 60 minutes with auto-stop off.
 
 Paths inside a sandbox: a path under a volume's mount path is on that volume;
 a path under /home/daytona (the sandbox user's home) or a relative path is in
@@ -49,6 +63,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -91,8 +106,10 @@ WS_CLOSE_CODES = {WorkerEnd.COMPLETED: 1000, WorkerEnd.INTERRUPTED: WS_TIMEOUT, 
 VOLUME_READY_AFTER_S = 0.3
 SANDBOX_HOME = "/home/daytona"  # the default snapshot's user (images/sandbox/Dockerfile)
 TRANSITION_S = 0.1  # how long each transitional state lasts unless a test sets transition_s
-# The states a start is accepted in (sandbox.service.ts start(): stopped, archived, archiving).
-STARTABLE = ("stopped", "archived", "archiving")
+# The states a start is accepted in (sandbox.service.ts start(): stopped, archived, archiving; and paused, which it resumes).
+STARTABLE = ("stopped", "archived", "archiving", "paused")
+DEFAULT_AUTO_PAUSE_MIN = 60  # CreateSandbox.autoPauseInterval: a pausable class given neither interval
+DEFAULT_AUTO_STOP_MIN = 15
 
 
 def _under(path: str, folder: str) -> bool:
@@ -175,10 +192,21 @@ class EmuSandbox:
     sockets: set[asyncio.BaseTransport] = field(default_factory=set)  # open interpreter websockets
     desired: str = "started"  # the API's desiredState; state != desired means a transition is under way
     last_activity: float = field(default_factory=time.time)  # epoch seconds of the last toolbox request
+    sandbox_class: str = "container"
+    pausable: bool = False  # its class supports pausing
+    frozen: bool = False  # its processes are SIGSTOPped (pausing, paused, resuming)
 
     @property
     def ephemeral(self) -> bool:
         return self.spec.get("autoDeleteInterval") == 0
+
+    @property
+    def auto_stop_min(self) -> int:
+        return int(self.spec.get("autoStopInterval", DEFAULT_AUTO_STOP_MIN))
+
+    @property
+    def auto_pause_min(self) -> int:
+        return int(self.spec.get("autoPauseInterval") or 0)
 
 
 
@@ -195,7 +223,11 @@ class DaytonaEmulator:
         self.sandboxes: dict[str, EmuSandbox] = {}
         self.volumes: dict[str, EmuVolume] = {}
         self.delay_s = 0.0
-        self.transition_s = {state: TRANSITION_S for state in ("creating", "starting", "stopping", "archiving", "destroying")}
+        self.transition_s = {
+            state: TRANSITION_S for state in ("creating", "starting", "stopping", "archiving", "destroying", "pausing", "resuming")
+        }
+        self.sandbox_class = "container"  # the class new sandboxes get
+        self.pausable_classes: set[str] = set()  # the sandbox classes that support pausing
         self._fail_after_create: list[int] = []  # statuses for the next creates, answered after creating
         self.git_credentials: dict[str, tuple[str, str]] = {}  # url -> (username, password) a private repo wants
         self.git_auth_seen: list[tuple[str | None, str | None]] = []  # (username, password) of each clone
@@ -247,6 +279,9 @@ class DaytonaEmulator:
         r.add_delete("/api/sandbox/{sid}", self.delete_sandbox)
         r.add_post("/api/sandbox/{sid}/start", self.start_sandbox)
         r.add_post("/api/sandbox/{sid}/stop", self.stop_sandbox_request)
+        r.add_post("/api/sandbox/{sid}/pause", self.pause_sandbox_request)
+        r.add_post("/api/sandbox/{sid}/autopause/{interval}", self.set_auto_pause_interval)
+        r.add_post("/api/sandbox/{sid}/autostop/{interval}", self.set_auto_stop_interval)
         r.add_put("/api/sandbox/{sid}/labels", self.set_labels)
         r.add_get("/api/sandbox/{sid}/toolbox-proxy-url", self.toolbox_proxy_url)
         r.add_post("/api/volumes", self.create_volume)
@@ -335,7 +370,7 @@ class DaytonaEmulator:
         async def sweep() -> list[str]:
             stopped = []
             for sandbox in list(self.sandboxes.values()):
-                interval_min = sandbox.spec.get("autoStopInterval", 15)
+                interval_min = sandbox.auto_stop_min
                 idle_s = time.time() - sandbox.last_activity
                 if sandbox.state == "started" and interval_min and idle_s > interval_min * 60:
                     await self._stop(sandbox)
@@ -343,6 +378,32 @@ class DaytonaEmulator:
             return stopped
 
         return self.call(sweep())
+
+    def run_auto_pause(self) -> list[str]:
+        """Daytona's auto-pause: every started sandbox idle longer than its autoPauseInterval pauses.
+
+        Like ``run_auto_stop``, tests make a sandbox idle by moving its ``last_activity`` back.
+        Returns the ids paused.
+        """
+
+        async def sweep() -> list[str]:
+            paused = []
+            for sandbox in list(self.sandboxes.values()):
+                idle_s = time.time() - sandbox.last_activity
+                if sandbox.state == "started" and sandbox.auto_pause_min and idle_s > sandbox.auto_pause_min * 60:
+                    self._pause(sandbox)
+                    paused.append(sandbox.id)
+            return paused
+
+        return self.call(sweep())
+
+    def pause_sandbox(self, sandbox_id: str) -> None:
+        """What a pause from the dashboard (or auto-pause) does: every process freezes, through ``pausing``."""
+
+        async def pause() -> None:
+            self._pause(self.sandboxes[sandbox_id])
+
+        self.call(pause())
 
     def fail_after_create(self, status: int = 500, times: int = 1) -> None:
         """The next ``times`` creates make their sandbox, then answer ``status`` (create is not idempotent)."""
@@ -470,7 +531,9 @@ class DaytonaEmulator:
             "state": sandbox.state,
             "desiredState": sandbox.desired,
             "errorReason": sandbox.error_reason,
-            "autoStopInterval": spec.get("autoStopInterval", 15),
+            "autoStopInterval": sandbox.auto_stop_min,
+            "autoPauseInterval": sandbox.auto_pause_min,
+            "sandboxClass": sandbox.sandbox_class,
             "autoArchiveInterval": spec.get("autoArchiveInterval") or 10080,
             "autoDeleteInterval": spec.get("autoDeleteInterval", -1),
             "volumes": spec.get("volumes") or [],
@@ -483,17 +546,37 @@ class DaytonaEmulator:
         return checked(SandboxModel, data)
 
     async def _kill_contexts(self, sandbox: EmuSandbox) -> None:
+        if sandbox.frozen:  # a frozen worker would not see its SIGTERM
+            self._signal_workers(sandbox, signal.SIGCONT)
         for ctx in list(sandbox.contexts.values()):
             await ctx.worker.shutdown()
         sandbox.contexts.clear()
 
-    def _transition(self, sandbox: EmuSandbox, via: str, desired: str) -> None:
-        """Enter the transitional state ``via`` now and reach ``desired`` after ``transition_s[via]``."""
+    @staticmethod
+    def _signal_workers(sandbox: EmuSandbox, signum: int) -> None:
+        """Signal every process of the sandbox: each worker leads its own process group (its session)."""
+        sandbox.frozen = signum == signal.SIGSTOP
+        for ctx in sandbox.contexts.values():
+            pid = ctx.worker.pid
+            if pid is not None and ctx.worker.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signum)
+
+    def _pause(self, sandbox: EmuSandbox) -> None:
+        """Freeze every process now; the state follows through ``pausing`` to ``paused``."""
+        self._signal_workers(sandbox, signal.SIGSTOP)
+        self._transition(sandbox, "pausing", "paused")
+
+    def _transition(self, sandbox: EmuSandbox, via: str, desired: str, on_arrival: Any = None) -> None:
+        """Enter the transitional state ``via`` now and reach ``desired`` after ``transition_s[via]``
+        (then call ``on_arrival``, if given)."""
         sandbox.state, sandbox.desired = via, desired
 
         def arrive() -> None:
             if sandbox.state == via and sandbox.desired == desired:  # not overtaken by another change
                 sandbox.state = desired
+                if on_arrival is not None:
+                    on_arrival()
                 if desired == "destroyed":
                     task = asyncio.ensure_future(self._release(sandbox))
                     self._background.add(task)
@@ -569,10 +652,12 @@ class DaytonaEmulator:
         if (spec.gpu or 0) > 0 and spec.auto_delete_interval != 0:
             # FACTS.md "Control plane": a GPU sandbox must be ephemeral, from a snapshot or an image.
             raise BadRequest("GPU sandboxes must be ephemeral; set autoDeleteInterval to 0")
+        pausable = self.sandbox_class in self.pausable_classes
+        self._idle_intervals(body, spec, pausable)
         sid = str(uuid.uuid4())
         home = self.root / "sandboxes" / sid
         home.mkdir(parents=True)
-        sandbox = EmuSandbox(sid, body, dict(spec.labels or {}), home, [])
+        sandbox = EmuSandbox(sid, body, dict(spec.labels or {}), home, [], sandbox_class=self.sandbox_class, pausable=pausable)
         for index, (mount_path, bucket) in enumerate(buckets):
             bucket.mkdir(parents=True, exist_ok=True)  # the runner creates a missing subpath
             sandbox.mounts.append((mount_path, await self._mount(sandbox, index, mount_path, bucket)))
@@ -583,6 +668,18 @@ class DaytonaEmulator:
         if fail_status is not None:  # FACTS.md: create is not idempotent; the sandbox exists all the same
             return self._error(fail_status, f"injected fault {fail_status} after creating {sid}")
         return web.json_response(self._dto(sandbox))
+
+    def _idle_intervals(self, body: dict[str, Any], spec: Any, pausable: bool) -> None:
+        """CreateSandbox's idle rules (its field docs): refuse what the API refuses, fill in its defaults."""
+        stop, pause = spec.auto_stop_interval, spec.auto_pause_interval
+        if pause and stop:
+            raise BadRequest("At most one of autoStopInterval and autoPauseInterval may be non-zero")
+        if pause and spec.auto_delete_interval == 0:
+            raise BadRequest("Ephemeral sandboxes cannot have auto-pause enabled")
+        if pause and not pausable:
+            raise BadRequest(f"Sandbox class {self.sandbox_class} does not support pausing")
+        if pausable and spec.auto_delete_interval != 0 and stop is None and pause is None:
+            body["autoPauseInterval"], body["autoStopInterval"] = DEFAULT_AUTO_PAUSE_MIN, 0
 
     async def list_sandboxes(self, request: web.Request) -> web.Response:
         wanted = json.loads(request.query.get("labels") or "{}")
@@ -605,7 +702,57 @@ class DaytonaEmulator:
             return self._error(409, "State change in progress")
         if sandbox.state not in STARTABLE:
             raise BadRequest("Sandbox is not in valid state")
-        self._transition(sandbox, "starting", "started")
+        if sandbox.state == "paused":  # resume: the frozen processes continue once it is started
+            sandbox.last_activity = time.time()
+            self._transition(sandbox, "resuming", "started", lambda: self._signal_workers(sandbox, signal.SIGCONT))
+        else:
+            self._transition(sandbox, "starting", "started")
+        return web.json_response(self._dto(sandbox))
+
+    async def pause_sandbox_request(self, request: web.Request) -> web.Response:
+        """pause(): 409 during a transition, 400 for a class that cannot pause or a sandbox not started."""
+        sandbox = self._sandbox(request)
+        if self._in_transition(sandbox):
+            return self._error(409, "State change in progress")
+        if not sandbox.pausable:
+            raise BadRequest(f"Sandbox class {sandbox.sandbox_class} does not support pausing")
+        if sandbox.state == "paused":
+            return web.json_response(self._dto(sandbox))
+        if sandbox.state != "started":
+            raise BadRequest("Sandbox is not started")
+        self._pause(sandbox)
+        return web.json_response(self._dto(sandbox))
+
+    @staticmethod
+    def _interval(request: web.Request) -> int:
+        try:
+            interval = int(request.match_info["interval"])
+        except ValueError:
+            raise BadRequest("interval must be an integer") from None
+        if interval < 0:
+            raise BadRequest("Interval must be a non-negative integer")
+        return interval
+
+    async def set_auto_stop_interval(self, request: web.Request) -> web.Response:
+        """set_autostop_interval(): it turns auto-pause off (at most one of the two may be non-zero)."""
+        sandbox = self._sandbox(request)
+        interval = self._interval(request)
+        sandbox.spec["autoStopInterval"] = interval
+        if interval:
+            sandbox.spec["autoPauseInterval"] = 0
+        return web.json_response(self._dto(sandbox))
+
+    async def set_auto_pause_interval(self, request: web.Request) -> web.Response:
+        """set_auto_pause_interval(): a pausable, non-ephemeral class only; it turns auto-stop off."""
+        sandbox = self._sandbox(request)
+        interval = self._interval(request)
+        if interval and not sandbox.pausable:
+            raise BadRequest(f"Sandbox class {sandbox.sandbox_class} does not support pausing")
+        if interval and sandbox.ephemeral:
+            raise BadRequest("Ephemeral sandboxes cannot have auto-pause enabled")
+        sandbox.spec["autoPauseInterval"] = interval
+        if interval:
+            sandbox.spec["autoStopInterval"] = 0  # at most one of the two may be non-zero
         return web.json_response(self._dto(sandbox))
 
     async def stop_sandbox_request(self, request: web.Request) -> web.Response:
