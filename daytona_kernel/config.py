@@ -106,11 +106,29 @@ class DaytonaKernelConfig(Configurable):
         help="Extra labels for the sandbox, e.g. {'team': 'research'}.",
     ).tag(config=True)
 
+    idle_action = Enum(
+        ["pause", "stop"],
+        default_value="pause",
+        help="What Daytona does with an idle sandbox, and what a shutdown does under sandbox_policy 'reuse'. "
+        "'pause': pause it after auto_pause_interval minutes (memory and processes are kept, so your "
+        "variables survive, and a paused sandbox bills its memory), where its class supports pausing; "
+        "elsewhere, and for ephemeral sandboxes, it stops as with 'stop'. 'stop': stop it after "
+        "auto_stop_interval minutes (only the disk is kept and billed; variables are lost unless "
+        "checkpoint_on_idle saves them). Fixed when the sandbox is created. See docs/idle.md.",
+    ).tag(config=True)
+
+    auto_pause_interval = Int(
+        15,
+        min=0,
+        help="Minutes of inactivity after which Daytona pauses the sandbox, when idle_action is 'pause' and "
+        "the sandbox can pause (0 = never pause: the sandbox stops after auto_stop_interval instead).",
+    ).tag(config=True)
+
     auto_stop_interval = Int(
         15,
         min=0,
-        help="Minutes of inactivity after which Daytona stops the sandbox (0 = never). This "
-        "bounds the cost of a sandbox whose kernel was killed.",
+        help="Minutes of inactivity after which Daytona stops the sandbox (0 = never), when it does not "
+        "pause (see idle_action). This bounds the cost of a sandbox whose kernel was killed.",
     ).tag(config=True)
 
     auto_archive_interval = Int(
@@ -404,7 +422,10 @@ class DaytonaSettings:
     disk: int
     gpu: int
     labels: dict[str, str]
+    idle_action: str
+    auto_pause_interval: int
     auto_stop_interval: int
+    checkpoint_on_idle: bool
     auto_archive_interval: int
     auto_delete_interval: int
     network_block_all: bool

@@ -44,6 +44,12 @@ class SandboxNotRunning(BackendError):
     ename = "SandboxNotRunning"
 
 
+class SandboxPaused(SandboxNotRunning):
+    """The sandbox is paused (or pausing, or resuming): resume it; its contexts and variables are intact."""
+
+    ename = "SandboxPaused"
+
+
 class SandboxGone(SandboxNotRunning):
     """The sandbox no longer exists (deleted, destroyed, or ephemeral and stopped): find or create another."""
 

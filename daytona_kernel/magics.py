@@ -18,7 +18,7 @@ import logging
 import posixpath
 from typing import Any, Callable
 
-from .backends.base import Sandbox
+from .backends.base import IdleMode, Sandbox
 from .cell import Frontend, error_content, stderr, stdout
 from .config import SessionSettings
 from .protocol import file_changes
@@ -57,6 +57,7 @@ def _names(reply: dict[str, Any], key: str) -> list[str]:
 
 class IdleCheckpoint:
     """With checkpoint_on_idle, save the variables shortly before an idle sandbox is auto-stopped.
+    A sandbox that pauses instead keeps its variables, so it is not checkpointed.
 
     What it costs: the checkpoint is itself a toolbox request, so Daytona counts it as activity
     (FACTS.md "Control plane") and the auto-stop clock starts again. An idle sandbox with
@@ -78,6 +79,8 @@ class IdleCheckpoint:
 
     def arm(self) -> None:
         minutes = self._settings.auto_stop_interval
+        if self._supervisor.sandbox.idle_mode is IdleMode.PAUSE:
+            return
         if self._settings.checkpoint_on_idle and minutes:
             delay = max(minutes * 60 - IDLE_CHECKPOINT_LEAD_S, IDLE_CHECKPOINT_LEAD_S)
             self._timer = asyncio.ensure_future(self._checkpoint_after(delay))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from .backends.base import RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, SandboxNotRunning
+from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify
 from .outputs import OutputBudget, OutputPolicy
@@ -28,6 +29,7 @@ from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
+AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 
 
 class RuntimeSession:
@@ -57,6 +59,7 @@ class RuntimeSession:
         self._current: Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
         self._shut_down = False
+        self._last_cell_end = time.monotonic()  # when this kernel last kept the sandbox busy
 
     # -- lifecycle -------------------------------------------------------
 
@@ -90,6 +93,7 @@ class RuntimeSession:
         try:
             return await self._execute(cell, frontend)
         finally:
+            self._last_cell_end = time.monotonic()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
 
@@ -104,6 +108,8 @@ class RuntimeSession:
     async def _execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         try:
             live = await self.supervisor.ready(frontend.progress)
+            if self._may_have_paused():
+                await self._resume(frontend)  # before the cell's files go up: a paused sandbox refuses them
         except DaytonaKernelError as exc:
             content = error_content(exc.ename, str(exc))
             frontend.emit("error", content)
@@ -141,6 +147,9 @@ class RuntimeSession:
         started = asyncio.get_running_loop().time()
         try:
             try:
+                run_error = await self._attempt(live, code, frontend, bridge, budget)
+            except SandboxPaused:  # nothing ran: resume the sandbox; the context and its variables carry on
+                await self._resume(frontend)
                 run_error = await self._attempt(live, code, frontend, bridge, budget)
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self._recover(exc, frontend)
@@ -188,6 +197,20 @@ class RuntimeSession:
 
     def _timeout(self) -> float | None:
         return self._settings.cell_timeout or None
+
+    def _may_have_paused(self) -> bool:
+        """Idle long enough for the sandbox's auto-pause? (A cell that comes sooner pays no request for this.)"""
+        pause_s = self.sandbox.auto_pause_s
+        return bool(pause_s) and time.monotonic() - self._last_cell_end >= pause_s - AUTO_PAUSE_MARGIN_S
+
+    async def _resume(self, frontend: Frontend) -> None:
+        """Resume a paused sandbox, with one line saying so. Raises DaytonaKernelError if it cannot."""
+        try:
+            took = await self.supervisor.resume(frontend.progress)
+        finally:
+            frontend.progress("")
+        if took is not None:
+            frontend.emit("stream", stderr(f"resumed the paused sandbox in {took:.1f} s; your variables are intact\n"))
 
     async def _recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
         generation = self.sandbox.generation

@@ -240,6 +240,16 @@ class ContextSupervisor:
         self._starting = asyncio.ensure_future(self._start())
         return await self.ready(progress)
 
+    async def resume(self, progress: ProgressCallback | None) -> float | None:
+        """Resume the sandbox if it is paused: its contexts, and the live one's variables, carry on.
+        Returns the seconds it took, or None if it was not paused."""
+        began = time.monotonic()
+        if not await self.sandbox.resume_if_paused(progress or self.report):
+            return None
+        took = time.monotonic() - began
+        self._log.info("resumed the paused sandbox %s in %.1f s", self.sandbox.id, took)
+        return took
+
     async def recreate(self, progress: ProgressCallback | None) -> Live:
         """``%daytona recreate``: a new sandbox with the current configuration, and a new context in it."""
         self.live = None

@@ -88,7 +88,7 @@ def test_doctor_passes_and_fails_with_a_fix(daytona_env, tmp_path: Path) -> None
 def test_status_magic(kernel_name: str, tmp_path: Path) -> None:
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
         text = k.execute("%daytona status").text()
-        for field in ("backend:", "sandbox:", "state:", "auto-stop:", "volume:", "interpreter:", "mirror:"):
+        for field in ("backend:", "sandbox:", "state:", "idle mode:", "volume:", "interpreter:", "mirror:"):
             assert field in text, text
         assert "started" in text
         if kernel_name == "daytona":

@@ -31,6 +31,13 @@ class SandboxPolicy(str, enum.Enum):
     EPHEMERAL = "ephemeral"  # created per kernel; deleted at shutdown
 
 
+class IdleMode(str, enum.Enum):
+    """What happens to an idle sandbox (and to a 'reuse' sandbox at shutdown)."""
+
+    PAUSE = "pause"  # memory and processes are kept: variables survive; memory is billed while paused
+    STOP = "stop"  # only the disk is kept: variables are lost (checkpoint_on_idle saves them first)
+
+
 @dataclass(frozen=True)
 class RunError:
     """An exception that escaped the code string, as the interpreter reports it."""
@@ -93,6 +100,9 @@ class Sandbox(abc.ABC):
     volume_dir: str = ""
     generation: int = 0
     """Counts the sandboxes found or created: when it moves, everything installed in the old one is gone."""
+    idle_mode: IdleMode = IdleMode.STOP
+    auto_pause_s: float = 0.0
+    """Seconds without activity after which the sandbox pauses itself (0: it does not)."""
 
     def storage_options(self) -> dict[str, str]:
         """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""
@@ -108,6 +118,11 @@ class Sandbox(abc.ABC):
         """A kernel restart: let go of this process's contexts. Backends whose sandbox can outlive the
         process keep it for the next one; by default this is a shutdown."""
         await self.shutdown()
+
+    async def resume_if_paused(self, progress: ProgressCallback) -> bool:
+        """Resume the sandbox if it is paused (or pausing, or resuming); True if it was. Its processes,
+        and so every context's variables, carry on where they were frozen."""
+        return False
 
     async def recreate(self, progress: ProgressCallback) -> None:
         """Throw the sandbox away and start a new one with the current configuration."""

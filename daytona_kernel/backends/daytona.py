@@ -14,6 +14,15 @@ is waited for and then started, one that is ``archiving`` is started, a 409
 ``destroying`` or ``destroyed`` means the sandbox is gone (``SandboxGone``): it
 is found or created again. A kernel restart keeps the sandbox (``detach``); a
 shutdown stops it only when no other kernel has a context in it.
+
+Idle mode (``IdleMode``, docs/idle.md): with ``idle_action='pause'`` a reused
+sandbox whose class can pause gets an auto-pause interval (and auto-stop off)
+at creation, so Daytona pauses it when idle even after this process is gone,
+and a shutdown pauses it. Any other sandbox (a class that cannot pause,
+ephemeral sandboxes, ``idle_action='stop'``) stops, as before, and a pause
+that Daytona refuses (400) becomes a stop. A paused sandbox
+(``pausing``/``paused``/``resuming``) is ``SandboxPaused``: it is resumed with
+``start()`` and its contexts carry on with their variables.
 """
 
 from __future__ import annotations
@@ -57,9 +66,18 @@ from daytona.common.errors import (
 )
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
-from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxGone, SandboxNotRunning
+from ..errors import (
+    AuthError,
+    BackendError,
+    ConnectionLost,
+    ContextDied,
+    ContextTimeout,
+    SandboxGone,
+    SandboxNotRunning,
+    SandboxPaused,
+)
 from ..identity import owner_id
-from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
+from .base import Context, ExecResult, FileError, IdleMode, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -85,7 +103,9 @@ LABEL_POLICY = "daytona-kernel-policy"
 WS_DONE = 1000
 WS_GOING_AWAY = 1001  # the daemon: the worker process ended, or the context was deleted
 WS_TIMEOUT = 4008  # the daemon: timeout, or a KeyboardInterrupt escaped the code
-STARTABLE_STATES = ("stopped", "archived", "archiving")  # sandbox.service.ts start() accepts these
+STARTABLE_STATES = ("stopped", "archived", "archiving", "paused")  # start() accepts these (and resumes a paused one)
+PAUSED_STATES = ("pausing", "paused", "resuming")  # the processes are frozen, not gone
+HELD = {"started": "all of it", "paused": "memory and disk", "stopped": "disk only", "archived": "none (in object storage)"}
 GONE_STATES = ("destroying", "destroyed")
 FAILED_STATES = ("error", "build_failed")
 
@@ -204,6 +224,11 @@ def translate_error(exc: DaytonaError, what: str, then: str = "then restart the 
     if isinstance(exc, DaytonaNotFoundError):
         return BackendError(f"Could not {what}: not found ({exc}).")
     return BackendError(f"Could not {what}: {exc}")
+
+
+def _refused(exc: BackendError) -> bool:
+    """Daytona refused the request itself (400/422: this sandbox cannot do that), as opposed to failing."""
+    return _status(exc.__cause__) in (400, 422)
 
 
 def _quiet(text: str) -> None:
@@ -366,6 +391,7 @@ class DaytonaSandbox(Sandbox):
         if notice:
             self._notices.append(notice)
         self.generation = 0  # +1 for every sandbox found or created: a new one has lost the old one's state
+        self._idle_why = ""  # why this sandbox stops rather than pauses, when this kernel created it
 
     @property
     def description(self) -> str:
@@ -443,6 +469,7 @@ class DaytonaSandbox(Sandbox):
                 self._sandbox = None
                 self._contexts.clear()
         volume = await self._ready_volume(progress)
+        self._idle_why = ""  # set by _create, when this kernel makes the sandbox
         self._sandbox = await self._find()
         if self._sandbox is not None:
             # a list item lacks the volumes and env that drift and the volume copy are judged by
@@ -464,6 +491,7 @@ class DaytonaSandbox(Sandbox):
             self._sandbox = await self._create(volume, progress)
             self.id = self._sandbox.id
             await self._ensure_started(progress)
+        self._note_idle_mode()
         await self._prepare_workdir()
         if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
             labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
@@ -478,23 +506,49 @@ class DaytonaSandbox(Sandbox):
             "sandbox": f"{sb.id} ({self._config.image or sb.snapshot or 'default snapshot'}, target {sb.target})",
             "state": state,
             "policy": self._policy.value,
-            "resources": f"{sb.cpu} CPU, {sb.memory} GiB RAM, {sb.disk} GiB disk" + (f", {sb.gpu} GPU" if sb.gpu else ""),
+            "resources": f"{sb.cpu} CPU, {sb.memory} GiB RAM, {sb.disk} GiB disk"
+            + (f", {sb.gpu} GPU" if sb.gpu else "")
+            + f" (held now: {HELD.get(state, 'see the Daytona dashboard')})",
         }
         created = parse_time(sb.created_at)
         if created is not None:
             info["uptime"] = _duration(time.time() - created)
-        interval = sb.auto_stop_interval or 0
-        last = parse_time(sb.last_activity_at) or parse_time(sb.updated_at)
-        if interval and last is not None:
-            left = interval * 60 - (time.time() - last)
-            info["auto-stop"] = f"after {interval} min idle; in about {_duration(max(left, 0))} if idle from now"
-        else:
-            info["auto-stop"] = "off"
+        info["idle mode"] = self._idle_text()
+        info["last activity"] = self._activity_text(state)
         info["volume"] = f"{self._config.volume_name} at {self.volume_dir or '(not mounted)'} (sub-folder {self._subpath})"
         info["working directory"] = f"{self.workdir} (on the sandbox's disk; the volume keeps a copy)"
         if state == "started":
             info["disk"] = await self._disk_use()
         return info
+
+    def _idle_text(self) -> str:
+        """The idle mode in effect and why (``%daytona status``)."""
+        sb, cfg = self._sandbox, self._config
+        if self.idle_mode is IdleMode.PAUSE:
+            text = f"pause after {sb.auto_pause_interval} min idle and at shutdown: variables survive; memory is billed while paused"
+            if cfg.idle_action != IdleMode.PAUSE.value:
+                text += " (configured: idle_action 'stop'; `%daytona recreate` applies it)"
+            return text
+        minutes = sb.auto_stop_interval or 0
+        text = (f"stop after {minutes} min idle" if minutes else "never stops by itself") + ": only the disk is kept; variables are lost"
+        text += ", checkpoint_on_idle saves them first" if cfg.checkpoint_on_idle else " (checkpoint_on_idle is off)"
+        why = self._idle_why or self._why_not_pause()
+        if not why:  # this kernel would pause, but found a sandbox made to stop
+            why = "the sandbox was created to stop (by an earlier kernel, or Daytona refused auto-pause); `%daytona recreate` asks for pausing again"
+        return f"{text} (why not pause: {why})"
+
+    def _activity_text(self, state: str) -> str:
+        """Time since the last activity, and when auto-pause or auto-stop will act."""
+        sb = self._sandbox
+        last = parse_time(sb.last_activity_at) or parse_time(sb.updated_at)
+        idle_s = max(time.time() - last, 0.0) if last is not None else None
+        text = f"{_duration(idle_s)} ago" if idle_s is not None else "unknown"
+        if state != "started":
+            return f"{text}; {state} now" + ("; the next cell resumes it" if state in PAUSED_STATES else "")
+        action, minutes = ("auto-pause", sb.auto_pause_interval) if self.idle_mode is IdleMode.PAUSE else ("auto-stop", sb.auto_stop_interval)
+        if not minutes or idle_s is None:
+            return f"{text}; {action} off"
+        return f"{text}; {action} in about {_duration(max(minutes * 60 - idle_s, 0))} if idle from now"
 
     async def _disk_use(self) -> str:
         """Use of the sandbox's own disk; stopped sandboxes keep counting against the organisation's quota."""
@@ -574,14 +628,56 @@ class DaytonaSandbox(Sandbox):
 
         return await self._api("look for this notebook's sandbox", first)
 
+    def _why_not_pause(self) -> str:
+        """Why this kernel does not ask Daytona to pause its sandbox when idle ("" when it does)."""
+        if self._config.idle_action != IdleMode.PAUSE.value:
+            return "idle_action is 'stop'"
+        if self._policy is SandboxPolicy.EPHEMERAL:
+            return "ephemeral sandboxes cannot pause"
+        if not self._config.auto_pause_interval:
+            return "auto_pause_interval is 0"
+        return ""
+
+    def _note_idle_mode(self) -> None:
+        """The idle mode of the sandbox in use: what it was created with (settings are fixed at creation)."""
+        minutes = self._sandbox.auto_pause_interval or 0
+        self.idle_mode = IdleMode.PAUSE if minutes else IdleMode.STOP
+        self.auto_pause_s = minutes * 60.0
+
     async def _create(self, volume: Any, progress: ProgressCallback) -> Any:
+        """Create the sandbox. To pause when idle it is created with neither idle interval: Daytona then
+        gives a class that can pause auto-pause (with auto-stop off) and any other class auto-stop
+        (CreateSandbox.autoPauseInterval), so nothing is refused; the configured minutes are set after."""
+        self._idle_why = self._why_not_pause()
+        sandbox = await self._create_with(volume, progress, self._config.auto_stop_interval if self._idle_why else None)
+        if not self._idle_why:
+            await self._set_idle_interval(sandbox)
+        return sandbox
+
+    async def _set_idle_interval(self, sandbox: Any) -> None:
+        """Set the configured auto-pause minutes, or, on a sandbox Daytona gave auto-stop, the auto-stop minutes."""
+        cfg = self._config
+        if sandbox.auto_pause_interval:
+            if sandbox.auto_pause_interval != cfg.auto_pause_interval:
+                try:
+                    await self._api("set the auto-pause interval", lambda: sandbox.set_auto_pause_interval(cfg.auto_pause_interval))
+                except BackendError as exc:
+                    if not _refused(exc):
+                        raise
+                    log.warning("Daytona refused auto_pause_interval=%s (%s); it stays %s min", cfg.auto_pause_interval, exc, sandbox.auto_pause_interval)
+            return
+        self._idle_why = f"Daytona does not pause sandboxes of class {sandbox.sandbox_class or '(unknown)'}"
+        if (sandbox.auto_stop_interval or 0) != cfg.auto_stop_interval:
+            await self._api("set the auto-stop interval", lambda: sandbox.set_autostop_interval(cfg.auto_stop_interval))
+
+    async def _create_with(self, volume: Any, progress: ProgressCallback, auto_stop_interval: int | None) -> Any:
         client = self._client
         assert client is not None
         cfg = self._config
         common: dict[str, Any] = dict(
             labels=self._labels(),
             env_vars={k: v for k, v in cfg.env.items()},
-            auto_stop_interval=cfg.auto_stop_interval,
+            auto_stop_interval=auto_stop_interval,  # None: Daytona's default for the sandbox's class
             auto_archive_interval=cfg.auto_archive_interval,  # 0 = the API's maximum, as the help text says
             auto_delete_interval=0 if self._policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
             volumes=[VolumeMount(volume_id=volume.id, mount_path=self._mount_path, subpath=self._subpath)],
@@ -696,7 +792,7 @@ class DaytonaSandbox(Sandbox):
                     "Daytona dashboard (or delete it), then run the cell again."
                 )
             if state in STARTABLE_STATES:
-                progress(f"starting {state} sandbox {sandbox.id}…")
+                progress(f"{'resuming' if state == 'paused' else 'starting'} {state} sandbox {sandbox.id}…")
                 if await self._start_or_conflict(SANDBOX_START_TIMEOUT_S - waited):
                     return
             else:
@@ -715,7 +811,7 @@ class DaytonaSandbox(Sandbox):
                 log.info("start of %s: %s; waiting for the state change to finish", sandbox.id, exc.__cause__)
                 return False
             # Newer API code answers the same conflict as a 400 (SandboxError): wait if the state moved on.
-            if _status(exc.__cause__) == 400 and await self.refresh_state() not in ("stopped", "archived"):
+            if _status(exc.__cause__) == 400 and await self.refresh_state() not in ("stopped", "archived", "paused"):
                 log.info("start of %s: %s; its state is changing, waiting", sandbox.id, exc.__cause__)
                 return False
             raise
@@ -743,6 +839,8 @@ class DaytonaSandbox(Sandbox):
             state = await self.refresh_state()
         except BackendError as inner:
             return inner
+        if state in PAUSED_STATES:
+            return SandboxPaused(f"The sandbox {self.id} is {state}.")
         if state != "started":
             return SandboxNotRunning(f"The sandbox {self.id} is {state}.")
         status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
@@ -763,6 +861,11 @@ class DaytonaSandbox(Sandbox):
             return ContextDied("the sandbox was deleted")
         except BackendError as inner:
             return ConnectionLost(f"The connection to the sandbox was lost ({detail}) and it cannot be reached: {inner}")
+        if state in PAUSED_STATES:
+            return ConnectionLost(
+                f"The sandbox was paused while the cell ran ({detail}). The cell carries on when the sandbox resumes; "
+                "its further output is lost. Your variables are kept."
+            )
         if state != "started":
             return ContextDied(f"the sandbox stopped ({state})")
         contexts = await self._api("list interpreter contexts", lambda: self._sandbox.code_interpreter.list_contexts())
@@ -893,9 +996,32 @@ class DaytonaSandbox(Sandbox):
                     if others:
                         log.info("sandbox %s left running: %d other kernel context(s) use it", self.id, others)
                     else:
-                        await self._api("stop the sandbox", lambda: self._sandbox.stop(timeout=API_REQUEST_TIMEOUT_S))
+                        await self._pause_or_stop()
         finally:
             await self._close_client()
+
+    async def _pause_or_stop(self) -> None:
+        """Pause the sandbox in pause mode (stop it if Daytona refuses), else stop it."""
+        sandbox = self._sandbox
+        if self.idle_mode is IdleMode.PAUSE:
+            try:
+                await self._api("pause the sandbox", lambda: sandbox.pause(timeout=API_REQUEST_TIMEOUT_S))
+                return
+            except BackendError as exc:
+                if not _refused(exc):
+                    raise
+                log.warning("Daytona refused to pause sandbox %s (%s); stopping it instead", self.id, exc)
+        await self._api("stop the sandbox", lambda: sandbox.stop(timeout=API_REQUEST_TIMEOUT_S))
+
+    async def resume_if_paused(self, progress: ProgressCallback) -> bool:
+        if self._sandbox is None or await self.refresh_state() not in PAUSED_STATES:
+            return False
+        self._progress = progress
+        try:
+            await self._ensure_started(progress)
+        finally:
+            self._progress = _quiet
+        return True
 
     async def _close_contexts(self) -> None:
         for context in list(self._contexts):

@@ -344,7 +344,7 @@ class LocalSandbox(Sandbox):
             "policy": self._policy.value,
             "volume": f"{self._config.volume_name} (local folder {self.volume_dir})",
             "working directory": f"{self.workdir} (the sandbox's folder; the volume keeps a copy)",
-            "auto-stop": "none (local)",
+            "idle mode": "none (local): the workers run until the kernel shuts down",
         }
 
     async def start(self, progress: ProgressCallback) -> None:
