@@ -129,12 +129,32 @@ LEFT_OUT = {
     "nbclient update-display-id": "sends ZeroMQ messages through ipykernel's own session (get_ipython().kernel)",
     "nbclient Skip Execution with Cell Tag, UnicodePy3, Skip Exceptions": "the same cells as notebooks kept here",
     "nbconvert notebook1": "needs sympy, which the tests do not install",
+    "nbconvert Widget_List, Unexecuted_widget(_2)": "widgets: there is no comm bridge yet (intended)",
+    "nbconvert notebook3, notebook4_jpeg, markdown_display_priority, notebook_jl, notebook_tags, notebook_inject, "
+    "prompt_numbers, attachment, rawtest, HelloWorld, MixedMarkdown": "input() with stdin, a missing image, a Julia "
+    "notebook, or the same cells as notebooks kept here",
 }
 # (notebook, cell index) -> why we differ from ipykernel, applied to ipykernel's outputs
 NOTEBOOK_INTENDED = {
     ("nbclient-Check-History-in-Memory.ipynb", 1): "history is kept in memory (hist_file ':memory:'); "
     "stock ipykernel writes a history database unless nbclient asks it not to",
 }
+
+
+# MIME types that JupyterLab does not render, dropped by the output policy on the daytona backend
+# (docs/security-output.md: only an allow-list reaches the browser from a sandbox; the local
+# backend's 'auto' policy trusts its worker), and the notice that says so once per kernel.
+POLICY_DROPPED = frozenset({"text/x-rst"})
+POLICY_NOTICE = "daytona-kernel removed active content from the sandbox's output"
+
+
+def as_the_policy_shows(sig: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """ipykernel's outputs as the daytona backend's output policy lets them through."""
+    return [(o[0], tuple(m for m in o[1] if m not in POLICY_DROPPED)) if o[0] == "execute_result" else o for o in sig]
+
+
+def without_policy_notice(sig: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [o for o in sig if not (o[0] == "stream" and len(o) > 2 and o[2].startswith(POLICY_NOTICE))]
 
 
 def notebook_cells() -> list[tuple[str, int, str]]:
@@ -173,6 +193,9 @@ def test_real_notebooks_match_ipykernel_cell_by_cell(
     history_cell = ("nbclient-Check-History-in-Memory.ipynb", 1)
     assert [o[:2] for o in wanted[history_cell]] == [("error", "AssertionError")], "ipykernel keeps a history file"
     wanted[history_cell] = []
+    if kernel_name == "daytona":
+        wanted = {cell: as_the_policy_shows(sig) for cell, sig in wanted.items()}
+        ours = {cell: without_policy_notice(sig) for cell, sig in ours.items()}
     differing = [(cell, ours[cell], want) for cell, want in wanted.items() if ours[cell] != want]
     assert not differing, "\n".join(f"{cell}: ours {got}, ipykernel {want}" for cell, got, want in differing)
     assert len(ours) >= 40  # the notebooks were all read
