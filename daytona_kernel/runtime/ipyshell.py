@@ -215,4 +215,5 @@ def make_shell(runtime, user_module):
     shell = SandboxShell.instance(config=config, runtime=runtime, user_module=user_module)
     for name in KERNEL_MAGICS:
         shell.register_magic_function(_kernel_magic(name), "line", name)
+    shell.run_cell("pass", store_history=False, silent=True)  # IPython's first run sets up what later ones reuse
     return shell
