@@ -30,6 +30,7 @@ from .sync import WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
 AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
+STILL_STARTING = "The sandbox is still starting in the background; the next cell waits for it.\n"
 
 
 class RuntimeSession:
@@ -58,6 +59,7 @@ class RuntimeSession:
         self.outputs = OutputPolicy(settings.output_trusted)  # what the sandbox's output may do in the browser
         self._current: Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
+        self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._shut_down = False
         self._last_cell_end = time.monotonic()  # when this kernel last kept the sandbox busy
 
@@ -107,11 +109,16 @@ class RuntimeSession:
 
     async def _execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         try:
-            live = await self.supervisor.ready(frontend.progress)
-            if self._may_have_paused():
+            live = await self._ready_unless_interrupted(frontend)
+            if live is not None and self._may_have_paused():
                 await self._resume(frontend)  # before the cell's files go up: a paused sandbox refuses them
         except DaytonaKernelError as exc:
             content = error_content(exc.ename, str(exc))
+            frontend.emit("error", content)
+            return CellOutcome(error=content)
+        if live is None:
+            frontend.emit("stream", stderr(STILL_STARTING))
+            content = error_content("KeyboardInterrupt", "Interrupted by user")
             frontend.emit("error", content)
             return CellOutcome(error=content)
         notices = self.supervisor.notices
@@ -137,6 +144,21 @@ class RuntimeSession:
         if request.error is not None and not request.error_shown:
             frontend.emit("error", request.error)
         return CellOutcome(error=request.error, user_expressions=request.user_expressions, payload=request.payload)
+
+    async def _ready_unless_interrupted(self, frontend: Frontend) -> Live | None:
+        """The live context, or None if the user interrupted the wait for it (provisioning goes on)."""
+        stop = self._stop_waiting = asyncio.Event()
+        waiting = asyncio.ensure_future(self.supervisor.ready(frontend.progress))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stop_waiting = None
+            stopped.cancel()
+            if not waiting.done():
+                waiting.cancel()  # only this wait: ready() shields the provisioning itself
+                await asyncio.wait({waiting})  # its cleanup clears the status line
+        return None if waiting.cancelled() else waiting.result()
 
     async def _run(
         self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
@@ -270,6 +292,9 @@ class RuntimeSession:
 
         Returns once the signal is sent; the watchdog waits in the background.
         """
+        if self._stop_waiting is not None:  # the cell still waits for the sandbox: stop waiting
+            self._stop_waiting.set()
+            return
         request, live = self._current, self.supervisor.live
         if request is None or live is None:
             return

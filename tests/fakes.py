@@ -124,6 +124,7 @@ class FakeSandbox(Sandbox):
         self.runs: list[Run] = list(runs or [])
         self.bootstrap_run: Run | None = None
         self.start_errors: list[BaseException] = []  # raised by start(), one per call, before it succeeds
+        self.start_wait: asyncio.Event | None = None  # start() holds here until it is set (a slow provisioning)
         self.progress_lines: list[str] = ["creating sandbox…"]
         self.codes: list[str] = []
         self.contexts: list[FakeContext] = []
@@ -157,6 +158,8 @@ class FakeSandbox(Sandbox):
         self.starts += 1
         for line in self.progress_lines:
             progress(line)
+        if self.start_wait is not None:
+            await self.start_wait.wait()
         if self.start_errors:
             raise self.start_errors.pop(0)
 

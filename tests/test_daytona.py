@@ -133,6 +133,29 @@ def test_kernel_info_answers_while_daytona_is_slow(daytona_env, folder: Path) ->
         daytona_env.delay_s = 0.0
 
 
+def test_an_interrupt_while_the_first_cell_waits_for_the_sandbox_ends_that_cell(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C during provisioning: the cell ends with KeyboardInterrupt at once, the sandbox keeps starting."""
+    daytona_env.delay_s = 1.0  # every API request: provisioning takes several seconds
+    try:
+        with Kernel("daytona", cwd=str(folder)) as k:
+            interrupted: list[float] = []
+
+            def interrupt_at_the_status_line(msg: dict) -> None:  # type: ignore[type-arg]
+                if msg["msg_type"] == "display_data" and not interrupted:
+                    interrupted.append(time.monotonic())
+                    k.interrupt()
+
+            run = k.execute("print('never run')", timeout=30, on_message=interrupt_at_the_status_line)
+            assert interrupted, run.outputs
+            assert run.reply["content"]["ename"] == "KeyboardInterrupt"
+            assert run.text() == "" and "still starting" in run.text("stderr")
+            daytona_env.delay_s = 0.0
+            assert result_text(k.execute("6 * 7")) == "42"
+            assert daytona_env.counts["POST /api/sandbox"] == 1  # the provisioning that was under way
+    finally:
+        daytona_env.delay_s = 0.0
+
+
 def test_transient_errors_are_retried(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
     daytona_env.fail_next("POST /api/sandbox", 503, times=2)
     daytona_env.fail_next("POST /toolbox/{sid}/process/interpreter/context", 429, times=1)

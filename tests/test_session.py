@@ -214,3 +214,22 @@ async def test_output_outside_a_cell_is_logged_as_a_bounded_prefix(caplog) -> No
         await session_for(sandbox).ready()
     logged = [r.getMessage() for r in caplog.records if "outside a cell" in r.getMessage()]
     assert logged and all(len(m) < 1000 for m in logged)
+
+
+async def test_an_interrupt_while_the_sandbox_starts_ends_the_cell_and_provisioning_goes_on() -> None:
+    provisioned = asyncio.Event()
+    sandbox = FakeSandbox([Run(["later\n"])])
+    sandbox.start_wait = provisioned
+    session = session_for(sandbox)
+    front = Recorder()
+    first = asyncio.ensure_future(session.execute(Cell("x", 1), front))
+    while "creating sandbox…" not in front.statuses:  # the cell waits for the sandbox
+        await asyncio.sleep(0.001)
+    await session.interrupt()
+    outcome = await asyncio.wait_for(first, 5)
+    assert outcome.error is not None and outcome.error["ename"] == "KeyboardInterrupt"
+    assert front.of_kind("error") == [outcome.error] and front.statuses[-1] == ""
+    provisioned.set()
+    next_front = Recorder()
+    assert (await asyncio.wait_for(session.execute(Cell("print('later')", 2), next_front), 5)).error is None
+    assert next_front.text() == "later\n" and sandbox.starts == 1  # the same provisioning, not a second one
