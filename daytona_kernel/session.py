@@ -175,6 +175,7 @@ class RuntimeSession:
                 run_error = await self._attempt(live, code, frontend, bridge, budget)
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self._recover(exc, frontend)
+                await self._push(frontend)  # a new sandbox lacks what was only in the old one
                 run_error = await self._attempt(live, code, frontend, bridge, budget)
         except BackendError as exc:
             exception = exc

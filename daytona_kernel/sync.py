@@ -446,6 +446,7 @@ class WorkdirMirror:
         self._gone: list[str] = []
         self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since then
         self._failed: dict[str, Stat] = {}  # sandbox files that failed in a way a retry would repeat
+        self._generation: int | None = None  # the sandbox the manifest describes (Sandbox.generation)
 
     @property
     def syncs_up(self) -> bool:
@@ -567,8 +568,19 @@ class WorkdirMirror:
             return exc.errno in (errno.ENOENT, errno.ENOTDIR)
         return False
 
+    def _follow_sandbox(self) -> None:
+        """A new sandbox (recreated, or the old one gone) holds only what the volume's copy restored, which
+        may lack files the old one had: the manifest no longer describes it, so every file is sent again."""
+        generation = self._sandbox.generation
+        if self._generation is not None and generation != self._generation and self._manifest:
+            self._log.info("a new sandbox: the %d file(s) synced to the old one are checked again", len(self._manifest))
+            self._manifest.clear()
+            self._failed.clear()
+        self._generation = generation
+
     async def push(self, progress: ProgressCallback | None = None) -> SyncReport:
-        """Upload what changed locally. A no-change push makes no request."""
+        """Upload what changed locally (everything, in a new sandbox). A no-change push makes no request."""
+        self._follow_sandbox()
         report = SyncReport()
         if not self.syncs_up:
             return report

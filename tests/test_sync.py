@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import papermill
+import pytest
 from kernels import Kernel
 
 from daytona_kernel.runtime.pathrules import PathRules, load_rules, scan
@@ -51,6 +52,7 @@ def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: P
 
     class NoRequests:
         workdir = "/remote"
+        generation = 1
 
         async def upload(self, files):  # type: ignore[no-untyped-def]
             self.uploaded = files
@@ -71,6 +73,8 @@ def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: P
 
     os.utime(folder / "a.txt", ns=(1, 1))  # touched, same content: not a change
     assert mirror.plan_up().todo == []
+    sandbox.generation = 2  # another sandbox: it has only what the volume restored
+    assert asyncio.run(mirror.push()).up == ["a.txt"] and sandbox.uploaded == [(b"one", "/remote/a.txt")]
 
 
 # -- through kernels, on both backends -----------------------------------------------
@@ -221,3 +225,29 @@ def test_a_repository_is_staged_once(kernel_name: str, tmp_path: Path) -> None:
         assert run.of_type("execute_result")[0]["data"]["text/plain"] == "7"
     with Kernel(kernel_name, cwd=str(folder), env=env) as k:
         assert "already cloned" in k.execute("pass").text("stderr")
+
+
+@pytest.mark.parametrize("replaced_by", ["%daytona recreate", "a delete in the dashboard"])
+def test_a_new_sandbox_gets_the_local_files_its_volume_copy_lacks(daytona_env, tmp_path: Path, replaced_by: str) -> None:  # type: ignore[no-untyped-def]
+    """The volume's copy is written in the background; a sandbox lost before it was written must not lose
+    local files: the mirror uploads again what the new sandbox lacks."""
+    from conftest import sandboxes_of
+    from test_storage import delete_sandbox, wait_for
+
+    (tmp_path / "local.txt").write_text("mine")
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        assert k.execute("print(open('local.txt').read())").text() == "mine\n"
+        (old,) = [s for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"]
+        copy = daytona_env.bucket_path("daytona-kernel", old.spec["volumes"][0]["subpath"], "local.txt")
+        wait_for(copy, b"mine")
+        copy.unlink()  # as if the sandbox went before its copy was written
+        if replaced_by == "%daytona recreate":
+            assert k.execute("%daytona recreate", timeout=60).errors == []
+        else:
+            delete_sandbox(daytona_env, old.id)
+            daytona_env.wait_for_state(old.id, "destroyed")
+        run = k.execute("print(open('local.txt').read())", timeout=60)
+        assert run.errors == [] and run.text() == "mine\n", (run.errors, run.text("stderr"))
+        assert [s.id for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"] != [old.id]
+        assert k.execute("print(open('local.txt').read())").text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.txt"]  # nothing came back as a conflict
