@@ -123,6 +123,7 @@ def test_kernel_info_answers_while_daytona_is_slow(daytona_env, folder: Path) ->
             assert daytona_env.counts["POST /api/sandbox"] == 0  # provisioning was still under way
             run = k.execute("3 * 3")
             assert result_text(run) == "9"
+            daytona_env.delay_s = 0.0  # the shutdown need not be slow too
         # the first cell had to wait: one status line, updated in place, then blanked
         status = [m for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
         assert status and status[0]["msg_type"] == "display_data"

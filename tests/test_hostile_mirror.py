@@ -697,15 +697,16 @@ def test_the_local_backend_keeps_its_copies_private(tmp_path: Path) -> None:
 
 def test_the_local_backend_removes_its_input_inboxes_at_shutdown(tmp_path: Path) -> None:
     import glob
-    import tempfile
 
     from daytona_kernel.backends.local import local_root
 
     pattern = "**/daytona-kernel-inbox-*"
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), pattern), recursive=True))
-    with Kernel("daytona-local", cwd=str(tmp_path)) as k:
+    tmp = tmp_path / "tmp"  # the kernel's own temporary folder: private to this test (the machine's is shared)
+    tmp.mkdir()
+    notebook = tmp_path / "nb"
+    notebook.mkdir()
+    with Kernel("daytona-local", cwd=str(notebook), env={"TMPDIR": str(tmp)}) as k:
         run = k.execute("print(input('name? '))", stdin_answer=lambda content: "ada")
         assert run.text() == "ada\n"
-    after = set(glob.glob(os.path.join(tempfile.gettempdir(), pattern), recursive=True))
-    assert after - before == set()
+    assert glob.glob(os.path.join(tmp, pattern), recursive=True) == []
     assert glob.glob(str(local_root() / pattern), recursive=True) == []
