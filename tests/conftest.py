@@ -96,6 +96,12 @@ def _is_slow(item: pytest.Item) -> bool:
     return bool(function is not None and SLOW_CALLS & set(function.__code__.co_names))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (pyproject's addopts): the fast tier runs in one process, where starting workers would
+    cost more than they save; anything else gets xdist's choice (the cores, capped by --maxprocesses)."""
+    return 0 if config.option.markexpr == "fast" else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.slow if _is_slow(item) else pytest.mark.fast)

@@ -60,16 +60,34 @@ def test_a_restart_keeps_the_sandbox_running(emu: Any, tmp_path: Path) -> None:
 
 
 def test_a_restart_while_the_sandbox_is_stopping(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(emu.transition_s, "stopping", 12.0)  # still stopping when the new process looks
+    monkeypatch.setitem(emu.transition_s, "stopping", 60.0)  # still stopping when the new process looks
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("1")
         sandbox = only_sandbox(emu, tmp_path)
         emu.stop_sandbox(sandbox.id)  # auto-stop just began
         assert sandbox.state == "stopping"
         k.restart()
-        run = k.execute("21 * 2", timeout=30)
-        assert result_text(run) == "42"
+        seen: list[str] = []
+
+        def stop_once_it_waits(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] in ("display_data", "update_display_data") and not seen:
+                line = msg["content"]["data"]["text/plain"]
+                if ": stopping (" in line:  # the new process waits for the stop, as it must
+                    seen.append(line)
+                    finish_transition(emu, sandbox)
+
+        run = k.execute("21 * 2", timeout=30, on_message=stop_once_it_waits)
+        assert result_text(run) == "42" and seen, run.outputs
         assert sandbox.state == "started"
+
+
+def finish_transition(emu: Any, sandbox: Any) -> None:
+    """End a sandbox's transition now, as its timer would later (the test has seen the kernel wait for it)."""
+
+    async def arrive() -> None:
+        sandbox.state = sandbox.desired
+
+    emu.call(arrive())
 
 
 def test_a_sandbox_found_stopping_is_waited_for_then_started(emu: Any, tmp_path: Path) -> None:
@@ -195,8 +213,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("url", [f"http://127.0.0.1:{_closed_port()}/api", "http://no-such-host.invalid/api"])
-def test_an_unreachable_api_fails_fast_with_the_url(emu: Any, tmp_path: Path, url: str) -> None:
+@pytest.mark.parametrize("where", ["a closed port", "an unknown host"])  # ids alike in every xdist worker
+def test_an_unreachable_api_fails_fast_with_the_url(emu: Any, tmp_path: Path, where: str) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/api" if where == "a closed port" else "http://no-such-host.invalid/api"
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_API_URL": url}) as k:
         for _ in range(2):  # and the next cell does not wait again
             started = time.monotonic()
