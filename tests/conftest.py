@@ -47,12 +47,20 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+# The SDK waits for a create, start or stop by polling the state once a second (it expects Daytona's
+# websocket events, which the emulator does not send), so a 0.1 s transition costs a whole second. The
+# shared emulator makes these at once; the tests about transitions run an emulator of their own with
+# real ones (test_lifecycle_daytona, test_emulator_control_plane) or set transition_s themselves.
+INSTANT_TRANSITIONS = ("creating", "starting", "stopping", "destroying")
+
+
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """One Daytona emulator for the whole run, on 127.0.0.1."""
+    """One Daytona emulator for the whole run (of each xdist worker), on 127.0.0.1."""
     from daytona_emulator import DaytonaEmulator
 
     emu = DaytonaEmulator(tmp_path_factory.mktemp("emulator")).start()
+    emu.transition_s.update(dict.fromkeys(INSTANT_TRANSITIONS, 0.0))
     yield emu
     emu.close()
 
