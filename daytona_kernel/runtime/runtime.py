@@ -152,7 +152,6 @@ class Runtime(object):
                 },
             )
 
-
     # -- output plumbing -------------------------------------------------
 
     def session(self):
