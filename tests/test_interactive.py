@@ -226,9 +226,13 @@ def test_interrupt_while_input_waits_ends_the_cell(kernel: Kernel) -> None:
 # -- completion and inspection -------------------------------------------------
 
 
+CLASS_A = "class A:\n    x = 1\n    def method(self): pass\na = A()"  # each test defines it: tests may run in other workers
+
+
 def test_completion_uses_the_live_namespace(kernel: Kernel) -> None:
-    kernel.execute("class A:\n    x = 1\n    def method(self): pass\na = A()")
+    kernel.execute(CLASS_A)
     code = "a."
+    kernel.request("complete", code, len(code))  # a cold jedi can pass IPython's 400 ms type budget ('<unknown>'), as under ipykernel
     reply = kernel.request("complete", code, len(code))
     completed = {code[: reply["cursor_start"]] + m for m in reply["matches"]}
     assert {"a.x", "a.method"} <= completed
@@ -251,6 +255,7 @@ def test_completion_of_magics(kernel: Kernel) -> None:
 
 
 def test_completion_without_jedi(kernel: Kernel) -> None:
+    kernel.execute(CLASS_A)
     kernel.execute("%config Completer.use_jedi = False")
     try:
         reply = kernel.request("complete", "a.meth", 6)
@@ -271,6 +276,7 @@ def test_completion_never_changes_user_state(kernel: Kernel) -> None:
 
 
 def test_inspection_levels(kernel: Kernel) -> None:
+    kernel.execute(CLASS_A)
     kernel.execute("def scale(v, by=3):\n    'Scale v.'\n    return v * by")
     reply = kernel.request("inspect", "scale(1, ", 9, 0)
     assert reply["found"] is True
