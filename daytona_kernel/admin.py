@@ -174,6 +174,30 @@ async def find_orphans(
     return orphans, skipped
 
 
+async def reclaim_sessions(client: Any, owner: str, config: DaytonaKernelConfig, dry_run: bool, out: Out) -> set[str]:
+    """End detached sessions idle past ``detached_idle_minutes`` in this installation's started
+    sandboxes (docs/reattach.md); returns the ids of sandboxes that keep one."""
+    from daytona import ListSandboxesQuery
+
+    from .attach import reclaim_detached
+    from .backends.daytona import LABEL_APP, LABEL_OWNER, state_name
+    from .config import SANDBOX_WORKDIR
+
+    from daytona.common.errors import DaytonaError
+
+    holding = set()
+    async for sandbox in client.list(ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_OWNER: owner})):
+        if sandbox.labels.get(LABEL_OWNER) != owner or state_name(sandbox) != "started":
+            continue
+        try:
+            if await reclaim_detached(sandbox, SANDBOX_WORKDIR, config.detached_idle_minutes, dry_run, out):
+                holding.add(sandbox.id)
+        except DaytonaError as exc:  # one sandbox's toolbox failing must not stop the others' cleanup
+            out(f"error: could not look at the sessions in {sandbox.id}: {exc}")
+            holding.add(sandbox.id)  # unknown: do not stop it from under a session
+    return holding
+
+
 async def gc(
     older_than_s: float, dry_run: bool, out: Out, volumes_older_than_s: float = 30 * 86400, delete_stopped: bool = False
 ) -> int:
@@ -213,10 +237,14 @@ async def gc_daytona(
     failed = 0
     try:
         try:
+            holding = await reclaim_sessions(client, owner, config, dry_run, out)
             orphans, skipped = await find_orphans(client, older_than_s, owner, delete_stopped)
         except DaytonaError as exc:
             out(f"error: {translate_error(exc, 'list sandboxes', then)}")
             return 1
+        for orphan in [o for o in orphans if o.action == "stop" and o.sandbox.id in holding]:
+            orphans.remove(orphan)
+            skipped.append(Skipped(orphan.sandbox, f"{orphan.reason}, but it holds a detached session (see above)"))
         for skip in skipped:
             out(f"skipped {skip.sandbox.id}: {skip.reason}")
         if not orphans:

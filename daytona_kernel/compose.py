@@ -11,12 +11,14 @@ import logging
 import os
 from pathlib import Path
 
+from .attach import KernelIdentity
 from .backends import open_sandbox
 from .config import DaytonaKernelConfig, SessionSettings, settings_from
 from .session import RuntimeSession
 from .sync import mirror_root, open_mirror
 
 KERNEL_FILE_PREFIX = "kernel-"
+NOTEBOOK_ENV = "JPY_SESSION_NAME"  # jupyter_server gives a kernel its notebook's path here
 
 
 def build_session(
@@ -30,7 +32,8 @@ def build_session(
     root, start_in = mirror_root(folder)
     sandbox = open_sandbox(config, root, kernel_id)
     workdir_mirror = open_mirror(config, sandbox, root, log, start_in) if mirror else None
-    return RuntimeSession(sandbox, settings_from(SessionSettings, config), log, workdir_mirror, start_in)
+    identity = KernelIdentity(kernel_id, os.environ.get(NOTEBOOK_ENV, ""))
+    return RuntimeSession(sandbox, settings_from(SessionSettings, config), log, workdir_mirror, start_in, identity)
 
 
 def kernel_id_of(connection_file: str | os.PathLike[str]) -> str:

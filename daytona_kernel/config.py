@@ -237,6 +237,23 @@ class DaytonaKernelConfig(Configurable):
         "would stop an idle sandbox, so %daytona restore can bring them back.",
     ).tag(config=True)
 
+    attach = Enum(
+        ["ask", "auto", "never"],
+        default_value="ask",
+        help="A kernel that starts for a notebook whose previous session still lives in the sandbox (its "
+        "kernel was killed, or the laptop slept): 'ask' says so in one line and `%daytona attach` continues it "
+        "(namespace, execution count, the last cell's output); 'auto' attaches before the first cell; 'never' "
+        "does not look. A restart always gives a fresh namespace. See docs/reattach.md.",
+    ).tag(config=True)
+
+    detached_idle_minutes = FiniteFloat(
+        1440.0,
+        min=0.0,
+        help="A detached session (no kernel owns it) whose last cell ended this many minutes ago is ended by "
+        "the next kernel that starts in the sandbox and by `daytona-kernel gc`. A cell still running is never "
+        "ended this way.",
+    ).tag(config=True)
+
     local_python = Unicode(
         sys.executable,
         help="Python interpreter that runs cells on the local backend.",
@@ -379,6 +396,8 @@ class SessionSettings:
     checkpoint_on_idle: bool = False
     repo_url: str = ""
     repo_ref: str = ""
+    attach: str = "ask"
+    detached_idle_minutes: float = 1440.0
 
     @property
     def output_trusted(self) -> bool:

@@ -32,6 +32,10 @@ class History:
     def store(self, line: int, source: str, output: str | None) -> None:
         self._entries.append(HistoryEntry(line, source.rstrip("\n"), bounded(output)))
 
+    def prepend(self, inputs: list[tuple[int, str]]) -> None:
+        """The inputs of a session this kernel attached to: they came before this kernel's own cells."""
+        self._entries[:0] = [HistoryEntry(line, source.rstrip("\n"), None) for line, source in inputs]
+
     def query(
         self,
         access: str,

@@ -207,12 +207,15 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         cell_meta: dict | None = None,
         cell_id: str | None = None,
     ) -> dict[str, Any]:
-        count = self._next_count
         store_history = store_history and not silent  # IPython: silent forces store_history off
         if not code.strip():
-            return {"status": "ok", "execution_count": count - 1, "payload": [], "user_expressions": {}}
+            return {"status": "ok", "execution_count": self._next_count - 1, "payload": [], "user_expressions": {}}
         parent = self.get_parent()  # session callbacks may run in other tasks (provisioning, input)
         frontend = KernelFrontend(self, parent)
+        if self._runtime is not None and not self._problems:
+            await self._runtime.auto_attach(frontend)  # attach='auto': continue the previous session first
+            self._adopt()
+        count = self._next_count
         magics = kernel_magic_lines(code)
         if self._problems:
             content = error_content(ConfigError.ename, "\n".join(self._problems))
@@ -233,7 +236,16 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             reply.update(status="error", **outcome.error)
         else:
             reply.update(status="ok", user_expressions=outcome.user_expressions)
+        self._adopt()  # after %daytona attach: the next cell goes on from the session's count
         return reply
+
+    def _adopt(self) -> None:
+        """After an attach: go on from the attached session's execution count, with its inputs in the history."""
+        adopted = self._runtime.take_adopted() if self._runtime is not None else None
+        if adopted is None:
+            return
+        self._history.prepend(adopted.inputs)
+        self._next_count = max(self._next_count, adopted.count + 1)
 
     async def _ask_frontend(self, prompt: str, password: bool) -> str:
         """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""

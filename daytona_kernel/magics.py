@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from .backends.base import IdleMode, Sandbox
 from .cell import Frontend, error_content, stderr, stdout
@@ -105,8 +105,10 @@ class KernelMagics:
         mirror: WorkdirMirror | None,
         settings: SessionSettings,
         log: logging.Logger,
+        attach: Callable[[Frontend, list[str]], Awaitable[str]] | None = None,
     ) -> None:
         self._supervisor = supervisor
+        self._attach = attach  # the session's %daytona attach
         self._sandbox = supervisor.sandbox
         self._mirror = mirror
         self._settings = settings
@@ -178,7 +180,11 @@ class KernelMagics:
             return await self._restore()
         if command == "recreate":
             return await self._recreate()
-        raise UsageError("Usage: %daytona status | %daytona checkpoint | %daytona restore | %daytona recreate")
+        if command == "attach" and self._attach is not None and self._frontend is not None:
+            return await self._attach(self._frontend, args.split()[1:])
+        raise UsageError(
+            "Usage: %daytona status | %daytona checkpoint | %daytona restore | %daytona recreate | %daytona attach [--force] [SESSION]"
+        )
 
     async def _recreate(self) -> str:
         """Delete the sandbox and create one with the current configuration (after config drift)."""
@@ -227,6 +233,11 @@ class KernelMagics:
         info["interpreter"] = f"Python {live.python}, pid {live.pid}" if live is not None else "not started"
         if self._mirror is not None:
             info["mirror"] = f"{self._mirror.mode}: {self._mirror.local_root} <-> {self._sandbox.workdir}"
+        if self._supervisor.journal is not None:
+            try:
+                info["other sessions"] = await self._supervisor.journal.status(live.context.id if live else None)
+            except DaytonaKernelError as exc:
+                info["other sessions"] = f"unknown: {exc}"
         width = max(len(k) for k in info) + 1
         return "".join(f"{k + ':':<{width}} {v}\n" for k, v in info.items())
 

@@ -29,6 +29,7 @@ class Hello:
     python: str
     ipython: str = ""  # the IPython version the cells run on; "" for the basic shell
     ipython_cache: str = ""  # where the kernel may put its own IPython for this Python; "" if it should not
+    journal: dict[str, Any] = field(default_factory=dict)  # the other sessions in the sandbox (attach.Detached.parse)
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ def _hello(p: dict[str, Any]) -> Hello:
         _str(p.get("python"), "hello.python"),
         _str(p.get("ipython") or "", "hello.ipython"),
         _str(p.get("ipython_cache") or "", "hello.ipython_cache"),
+        _dict(p.get("journal") or {}, "hello.journal"),
     )
 
 

@@ -15,16 +15,17 @@ import logging
 import time
 from typing import Any
 
-from .backends.base import RunError, Sandbox
+from .attach import Adopted, KernelIdentity, SessionJournal
+from .backends.base import LOCAL_ATTACH, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused
+from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
 from .request import InputBridge, Request
-from .runtime import call_source
+from .runtime import call_source, journal_call_source
 from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
 
@@ -43,6 +44,7 @@ class RuntimeSession:
         log: logging.Logger,
         mirror: WorkdirMirror | None = None,
         start_in: str = "",
+        identity: KernelIdentity | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.mirror = mirror
@@ -54,9 +56,14 @@ class RuntimeSession:
         self.supervisor = ContextSupervisor(sandbox, settings, log, options)
         if mirror is not None and mirror.notice:
             self.supervisor.notices.append(mirror.notice)
-        self.magics = KernelMagics(self.supervisor, mirror, settings, log)
-        self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self.outputs = OutputPolicy(settings.output_trusted)  # what the sandbox's output may do in the browser
+        self.journal: SessionJournal | None = None  # sessions that outlive the kernel process (docs/reattach.md)
+        if sandbox.supports_attach:
+            self.journal = SessionJournal(sandbox, settings, identity or KernelIdentity("", ""), self.outputs, log)
+        self.supervisor.journal = self.journal
+        self.adopted: Adopted | None = None  # set by an attach, taken by the kernel (execution count, history)
+        self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach)
+        self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self._current: Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
@@ -258,6 +265,57 @@ class RuntimeSession:
             ),
         )
         return live
+
+    # -- attaching to a session another kernel process left ---------------
+
+    async def attach(self, frontend: Frontend, args: list[str]) -> str:
+        """``%daytona attach``: replay the detached session's last cell, follow it to its end, then make
+        its context this kernel's (namespace, execution count, inputs). See docs/reattach.md."""
+        journal = self.journal
+        if journal is None:
+            raise UsageError(LOCAL_ATTACH)
+        live = await self.supervisor.ready(frontend.progress)
+        session = await journal.pick(args, live.context.id)
+        await journal.claim(session)
+        frontend.emit(
+            "stream",
+            stderr(f"daytona-kernel: attaching to {session.notebook or 'this folder'}'s session ({session.describe()}); its last cell's output follows.\n"),
+        )
+        if not await journal.follow(session, frontend):
+            await journal.end(session, "its interpreter died")
+            raise BackendError(
+                "The session's interpreter ended while it ran detached (out of memory, or killed); its variables are gone. "
+                "This kernel keeps its fresh namespace."
+            )
+        context = await self.sandbox.adopt_context(session.session)
+        old = await self.supervisor.adopt(Live(context, session.token, session.pid, session.python))
+        if old is not None:
+            await journal.forget(old.id)
+        reply = await self.supervisor.call_code("attach", journal_call_source("adopt", journal.identity.instance))
+        self.adopted = journal.adopted(reply)
+        return (
+            f"attached: {reply.get('variables')} variable(s), execution count {self.adopted.count}; "
+            "your next cells run in this session.\n"
+        )
+
+    async def auto_attach(self, frontend: Frontend) -> None:
+        """With attach='auto', attach before the first cell when a session of this notebook was found."""
+        if self.journal is None or self._settings.attach != "auto":
+            return
+        try:
+            await self.supervisor.ready(frontend.progress)
+        except DaytonaKernelError:
+            return  # the cell itself reports it
+        if not self.journal.take_auto():
+            return
+        try:
+            frontend.emit("stream", stderr(await self.attach(frontend, [])))
+        except DaytonaKernelError as exc:
+            frontend.emit("stream", stderr(f"daytona-kernel: could not attach to the previous session: {exc}\n"))
+
+    def take_adopted(self) -> Adopted | None:
+        adopted, self.adopted = self.adopted, None
+        return adopted
 
     # -- the workdir mirror ------------------------------------------------
 

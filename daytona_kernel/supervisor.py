@@ -15,7 +15,7 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Context, RunError, Sandbox
 from .cell import ProgressCallback
@@ -25,6 +25,9 @@ from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .protocol import Hello
 from .request import Request
 from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, unpack_ipython_code
+
+if TYPE_CHECKING:
+    from .attach import SessionJournal
 
 RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
 OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps
@@ -67,6 +70,7 @@ class ContextSupervisor:
         self._closing: set[asyncio.Future[None]] = set()  # old contexts being deleted in the background
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
+        self.journal: SessionJournal | None = None  # journals each context's cells, for reattaching
 
     @property
     def python_version(self) -> str | None:
@@ -123,6 +127,10 @@ class ContextSupervisor:
             self._repo_staged_in = self.sandbox.generation  # once per sandbox: a new one needs it again
             await self._stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
+        if self.journal is not None:
+            notice = await self.journal.look(context.id, hello.journal)
+            if notice:
+                self.notices.append(notice)
         return self.live
 
     async def _bootstrap(self, context: Context) -> tuple[str, Hello]:
@@ -132,6 +140,8 @@ class ContextSupervisor:
         request = Request(token, self._output_outside_a_cell)
         options = {**self._runtime_options, **self.sandbox.storage_options()}
         options["ship_ipython"] = ipython_bundle.ipython_version()
+        if self.journal is not None:
+            options["journal"] = self.journal.options(context.id)
         if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
             options["volume_excludes"] = ["/" + repo_folder(self._settings.repo_url) + "/"]
         code = bootstrap_code(token, options)
@@ -232,6 +242,18 @@ class ContextSupervisor:
             closing.add_done_callback(self._closing.discard)
         self._starting = asyncio.ensure_future(self._start())
 
+    async def adopt(self, live: Live) -> Context | None:
+        """Make ``live`` (a context another kernel process left) this kernel's; returns the context it
+        replaces, which is closed."""
+        old, self.live = self.live, live
+        adopted: asyncio.Future[Live] = asyncio.get_running_loop().create_future()
+        adopted.set_result(live)
+        self._starting = adopted
+        if old is None:
+            return None
+        await self.close_quietly(old.context)
+        return old.context
+
     async def recover(self, cause: DaytonaKernelError, progress: ProgressCallback | None) -> Live:
         """The sandbox stopped (auto-stop, archive), is gone or could not be reached: start it (or find or
         create another) and a new context."""
@@ -285,10 +307,13 @@ class ContextSupervisor:
 
     async def call(self, method: str, *args: object) -> dict[str, Any]:
         """One runtime call answered by a ``reply`` frame. Raises RuntimeCallError saying why it failed."""
+        return await self.call_code(method, call_source(method, *args))
+
+    async def call_code(self, method: str, code: str) -> dict[str, Any]:
+        """``call`` with the code string already made (``method`` names it in errors)."""
         live = self.live
         if live is None:
             raise RuntimeCallError(f"{method}: the sandbox is not ready.")
-        code = call_source(method, *args)
         request, error = await self._call_once(live, code)
         if runtime_missing(error):
             await self.rebootstrap(live)

@@ -232,7 +232,7 @@ class DaytonaEmulator:
         self.git_credentials: dict[str, tuple[str, str]] = {}  # url -> (username, password) a private repo wants
         self.git_auth_seen: list[tuple[str | None, str | None]] = []  # (username, password) of each clone
         self._faults: list[list[Any]] = []  # [route substring, status, remaining]
-        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self._drop_ws_after: int | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -343,6 +343,19 @@ class DaytonaEmulator:
         """Cut the next interpreter websocket abruptly after it sent ``after_frames`` frames."""
         with self._lock:
             self._drop_ws_after = after_frames
+
+    def cut_websockets(self, sandbox_id: str) -> int:
+        """Cut every open interpreter websocket of a sandbox (a dropped VPN, a sleeping laptop) and
+        leave the cells running: the daemon keeps draining the workers' output and drops it
+        (docs/reattach.md). Returns how many were cut."""
+
+        async def cut() -> int:
+            sockets = list(self.sandboxes[sandbox_id].sockets)
+            for transport in sockets:
+                transport.abort()
+            return len(sockets)
+
+        return int(self.call(cut()))
 
     def stop_sandbox(self, sandbox_id: str, state: str = "stopped") -> None:
         """What auto-stop (or auto-archive) does: the sandbox stops and loses every process.
@@ -848,7 +861,7 @@ class DaytonaEmulator:
             raise BadRequest("cannot delete default context")
         ctx = sandbox.contexts.pop(cid)
         await ctx.worker.shutdown()
-        return web.Response(status=200)
+        return web.json_response({"message": "Context deleted successfully"})  # controller.go DeleteContext
 
     async def execute(self, request: web.Request) -> web.StreamResponse:
         """The interpreter websocket, as controller.go, repl_client.go and websocket.go run it."""
@@ -924,7 +937,12 @@ class DaytonaEmulator:
                     return
 
         sending = asyncio.ensure_future(send())
-        ending = await ctx.worker.execute(req["code"], emit, timeout or None, envs)
+        # controller.go runs the job in its own goroutine (``go iCtx.enqueueAndExecute``): nothing the
+        # client does (closing, vanishing) stops it or the reading of the worker's output.
+        job = asyncio.ensure_future(ctx.worker.execute(req["code"], emit, timeout or None, envs))
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+        ending = await asyncio.shield(job)
         if attached:
             try:
                 frames.put_nowait(WS_CLOSE_CODES[ending])

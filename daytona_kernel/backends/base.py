@@ -19,6 +19,11 @@ from typing import Callable
 
 from ..errors import UsageError
 
+LOCAL_ATTACH = (
+    "%daytona attach needs the daytona backend: the local backend's interpreters are child processes of "
+    "the kernel and end with it, so no session outlives a kernel here. Rerun the notebook, or use the "
+    "daytona kernel for cells that must survive a closed window."
+)
 OutputCallback = Callable[[str], None]
 ProgressCallback = Callable[[str], None]
 """Receives status lines while something slow runs; an empty line clears the status."""
@@ -123,6 +128,21 @@ class Sandbox(abc.ABC):
         """Resume the sandbox if it is paused (or pausing, or resuming); True if it was. Its processes,
         and so every context's variables, carry on where they were frozen."""
         return False
+
+    supports_attach = False
+    """Whether a context can outlive the kernel process (and so be attached to by the next one)."""
+
+    async def live_contexts(self) -> set[str]:
+        """The ids of the sandbox's interpreter contexts whose worker runs (any kernel's)."""
+        raise UsageError(LOCAL_ATTACH)
+
+    async def adopt_context(self, context_id: str) -> Context:
+        """Take over a context another (gone) kernel process created; it becomes this kernel's."""
+        raise UsageError(LOCAL_ATTACH)
+
+    async def end_context(self, context_id: str) -> None:
+        """Delete a context that is not this kernel's (a detached session past its idle time)."""
+        raise UsageError(LOCAL_ATTACH)
 
     async def recreate(self, progress: ProgressCallback) -> None:
         """Throw the sandbox away and start a new one with the current configuration."""

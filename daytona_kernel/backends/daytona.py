@@ -899,6 +899,29 @@ class DaytonaSandbox(Sandbox):
         self._contexts.append(ours)
         return ours
 
+    supports_attach = True  # the daemon keeps a context's worker when its client goes (docs/reattach.md)
+
+    async def _contexts_by_id(self) -> dict[str, Any]:
+        contexts = await self._api("list interpreter contexts", lambda: self.sdk_sandbox.code_interpreter.list_contexts())
+        return {c.id: c for c in contexts if c.id != DEFAULT_CONTEXT_ID and c.active}
+
+    async def live_contexts(self) -> set[str]:
+        return set(await self._contexts_by_id())
+
+    async def adopt_context(self, context_id: str) -> DaytonaContext:
+        found = (await self._contexts_by_id()).get(context_id)
+        if found is None:
+            raise ContextDied(f"the interpreter context {context_id} is gone")
+        ours = DaytonaContext(self, found)
+        self._contexts.append(ours)
+        return ours
+
+    async def end_context(self, context_id: str) -> None:
+        found = (await self._contexts_by_id()).get(context_id)
+        if found is not None:
+            sandbox = self.sdk_sandbox
+            await self._api("delete an interpreter context", lambda: sandbox.code_interpreter.delete_context(found))
+
     async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         sandbox = self.sdk_sandbox
         response = await self._api(

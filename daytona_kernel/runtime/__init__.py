@@ -11,10 +11,11 @@ import json
 from importlib import resources
 
 MODULE_PREFIX = "_daytona_kernel_"
-MODULES = ("framing", "pathrules", "durable", "files", "streams", "display", "basic", "ipyshell", "runtime")
+MODULES = ("framing", "pathrules", "durable", "journal", "files", "streams", "display", "basic", "ipyshell", "runtime")
 """The runtime's modules, in import order; each is installed as ``_daytona_kernel_<name>``."""
 IPYSHELL_MODULE = MODULE_PREFIX + "ipyshell"
 RUNTIME_MODULE = MODULE_PREFIX + "runtime"
+JOURNAL_MODULE = MODULE_PREFIX + "journal"
 HANDLE = "__dk__"
 RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
 """The error a call raises in a worker without the runtime: the daemon replaced a dead
@@ -101,3 +102,18 @@ def call_source(method: str, *args: object) -> str:
         f"if {RUNTIME_MODULE!r} in __import__('sys').modules: {runtime}.{method}({', '.join(repr(a) for a in args)})\n"
         f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
     )
+
+
+def journal_call_source(method: str, *args: object) -> str:
+    """Code that calls one method of the runtime's session journal (``adopt``), like ``call_source``."""
+    journal = f"__import__('sys').modules[{JOURNAL_MODULE!r}].current"
+    return (
+        f"if {JOURNAL_MODULE!r} in __import__('sys').modules and {journal} is not None: "
+        f"{journal}.{method}({', '.join(repr(a) for a in args)})\n"
+        f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
+    )
+
+
+def journal_script() -> str:
+    """The journal module's source, run by ``python3 -c`` in the sandbox for scan, read, claim and remove."""
+    return _source("journal.py")

@@ -27,6 +27,7 @@ try:  # inside the sandbox the bootstrap installed these modules under these nam
     import _daytona_kernel_display as _display
     import _daytona_kernel_files as _files
     import _daytona_kernel_framing as _framing
+    import _daytona_kernel_journal as _journal
     import _daytona_kernel_pathrules as _pathrules
     import _daytona_kernel_streams as _streams
 except ImportError:  # imported from the package (tests)
@@ -34,6 +35,7 @@ except ImportError:  # imported from the package (tests)
     from daytona_kernel.runtime import display as _display
     from daytona_kernel.runtime import files as _files
     from daytona_kernel.runtime import framing as _framing
+    from daytona_kernel.runtime import journal as _journal
     from daytona_kernel.runtime import pathrules as _pathrules
     from daytona_kernel.runtime import streams as _streams
 
@@ -92,6 +94,7 @@ class Runtime(object):
         patches = {"ipywidgets": self._widgets_notice, "tqdm.notebook": _display.tqdm_as_text}
         sys.meta_path.insert(0, _display.ModuleHooks(patches, {_basic.INLINE_BACKEND: _basic.INLINE_BACKEND_SOURCE}))
         self.workdir = os.getcwd()
+        self.journal = _journal.current = _journal.open_journal(self, self.options.get("journal"))  # for reattaching
         self.durable, restored = _files.open_volume(self.workdir, self.options, self.err.write)
         self._notices.insert(0, restored)
         start_in = self.options.get("start_in")
@@ -149,6 +152,7 @@ class Runtime(object):
                     "executable": sys.executable,
                     "ipython": _ipyshell_module().release.version if self.ipython else "",
                     "ipython_cache": "" if self.ipython else self.options.get("ipython_cache") or "",
+                    "journal": _journal.hello_sessions(self.journal),
                 },
             )
 
@@ -162,6 +166,8 @@ class Runtime(object):
             self._frame_target = sys.stdout
             self.out.target = sys.stdout
             self.err.target = sys.stderr
+            if self.journal is not None:
+                self.journal.begin()
             self.active = True
             sys.stdout = self.out
             sys.stderr = self.err
@@ -173,6 +179,8 @@ class Runtime(object):
             if self.fds is not None:
                 self.fds.drain()
             self.flush_streams_locked()
+            if self.journal is not None:
+                self.journal.end()
             self.active = False
             if sys.stdout is self.out:
                 sys.stdout = self._frame_target
@@ -248,6 +256,8 @@ class Runtime(object):
         ``synced`` is what the kernel's mirror did since its last call (see ``WorkdirWatch.note``).
         """
         self.watch.note(synced)
+        if self.journal is not None and not self.journal.arm(count):
+            return self.journal.refuse()  # another kernel attached to this session
         self.output_used = self.dropped_chars = 0
         with self.session():
             for notice in self._notices:  # once per runtime, on the first cell's stderr
