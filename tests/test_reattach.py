@@ -23,16 +23,24 @@ from daytona_kernel import admin
 from daytona_kernel.runtime import journal
 
 NOTEBOOK = {"JPY_SESSION_NAME": "analysis.ipynb", "DAYTONA_KERNEL_SYNC": "off"}
-STEPS = 12  # the long cell prints this many lines, STEP_S apart
-STEP_S = 0.25
-LONG_CELL = f"import time\nfor i in range({STEPS}):\n    print('step', i, flush=True)\n    time.sleep({STEP_S})\ny = x + 1\n"
+STEPS = 6  # the long cell prints this many lines: half, then (once the test lets it go on) the rest
+LONG_CELL = (
+    "import os, time\n"
+    f"for i in range({STEPS}):\n"
+    f"    while i == {STEPS // 2} and not os.path.exists('go'):\n"
+    "        time.sleep(0.05)\n"
+    "    print('step', i, flush=True)\n"
+    "    time.sleep(0.1)\n"
+    "y = x + 1\n"
+)
 
 
 def start_cell(k: Kernel, code: str) -> str:
     return str(k.kc.execute(code, stop_on_error=False))
 
 
-def wait_for_text(k: Kernel, msg_id: str, text: str, timeout: float = 30) -> None:
+def wait_for_text(k: Kernel, msg_id: str, text: str, timeout: float = 30) -> str:
+    """Read the cell's stream output until ``text`` shows; returns what was read."""
     seen = ""
     deadline = time.monotonic() + timeout
     while text not in seen:
@@ -43,6 +51,32 @@ def wait_for_text(k: Kernel, msg_id: str, text: str, timeout: float = 30) -> Non
             continue
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             seen += msg["content"]["text"]
+    return seen
+
+
+def collect(k: Kernel, msg_id: str, timeout: float = 30) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
+    """The rest of a cell started with ``start_cell``: (stdout, stderr, errors, reply content)."""
+    out, err, errors = "", "", []
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"no idle within {timeout} s; stdout so far {out!r}"
+        try:
+            msg = k.kc.get_iopub_msg(timeout=0.1)
+        except Exception:  # queue.Empty: nothing yet
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out, err = (out + content["text"], err) if content["name"] == "stdout" else (out, err + content["text"])
+        elif kind == "error":
+            errors.append(content)
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    while True:
+        reply = k.kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return out, err, errors, reply["content"]
 
 
 def kill(k: Kernel) -> None:
@@ -61,16 +95,20 @@ def live_contexts(emulator: Any, folder: Path) -> list[str]:
 def test_a_new_kernel_attaches_to_the_cell_its_killed_kernel_left_running(daytona_env: Any, tmp_path: Path) -> None:
     first = Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path))
     first.execute("x = 41")
+    [sandbox] = [s for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"]
     running = start_cell(first, LONG_CELL)
-    wait_for_text(first, running, "step 2")
+    wait_for_text(first, running, "step 1")
     kill(first)  # mid-cell: the daemon keeps the worker, and the cell goes on
     with Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path)) as second:
         fresh = second.execute("'y' in globals()")
         assert result_text(fresh) == "False"  # a fresh namespace until it attaches
         assert "%daytona attach" in fresh.text("stderr") and "still running" in fresh.text("stderr")
-        attached = second.execute("%daytona attach", timeout=30)
-        assert attached.status == "ok", attached.errors
-        printed = attached.text()
+        attaching = start_cell(second, "%daytona attach")
+        replayed = wait_for_text(second, attaching, f"step {STEPS // 2 - 1}")  # the output it missed
+        (sandbox.home / "workspace" / "go").touch()  # the cell goes on: the rest is followed live
+        followed, _, errors, reply = collect(second, attaching)
+        printed = replayed + followed
+        assert reply["status"] == "ok", errors
         assert [line for line in printed.splitlines() if line.startswith("step")] == [f"step {i}" for i in range(STEPS)]
         assert "attached:" in printed
         after = second.execute("y")
@@ -160,13 +198,17 @@ def test_a_cell_whose_websocket_is_cut_runs_to_its_end_and_keeps_its_output(dayt
     """Nobody reads the cell's output after the cut: the daemon drains and drops it, so the runtime
     never blocks on a full pipe; the journal keeps it for an attaching kernel."""
     lines = 200_000  # about 1.3 MB: far more than any pipe holds
-    code = f"for i in range({lines}):\n    print(i)\nwith open('finished', 'w') as f:\n    f.write('yes')\n"
+    code = (
+        "import os, time\nprint('waiting', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n"
+        f"for i in range({lines}):\n    print(i)\nwith open('finished', 'w') as f:\n    f.write('yes')\n"
+    )
     with Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path)) as k:
         k.execute("1")
         [sandbox] = [s for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"]
         running = start_cell(k, code)
-        wait_for_text(k, running, "\n1000\n")
+        wait_for_text(k, running, "waiting")
         assert daytona_env.cut_websockets(sandbox.id) == 1
+        (sandbox.home / "workspace" / "go").touch()  # the output starts once nobody reads it
         finished = sandbox.home / "workspace" / "finished"
         deadline = time.monotonic() + 30
         while not finished.exists():
