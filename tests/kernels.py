@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -12,6 +17,9 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
 TIMEOUT_S = 60
+IPC_ROOT = tempfile.mkdtemp(prefix="dk-ipc-")  # short: a unix socket's path is limited to about 100 bytes
+atexit.register(shutil.rmtree, IPC_ROOT, True)
+UNDER_PYTEST = "pytest" in sys.modules
 
 
 @dataclass
@@ -51,7 +59,14 @@ class Kernel:
     def __init__(
         self, name: str = "daytona-local", env: dict[str, str] | None = None, cwd: str | None = None, **launch: Any
     ):
-        self.km = KernelManager(kernel_name=name)
+        # Unix sockets, not TCP ports: a free port picked here can be taken by another test's kernel (xdist
+        # runs two side by side) before this one binds it, and the kernel dies with "Address already in use".
+        # (The benchmarks measure what clients use: TCP.)
+        self._ipc_dir = tempfile.mkdtemp(prefix="k", dir=IPC_ROOT)
+        if UNDER_PYTEST:
+            self.km = KernelManager(kernel_name=name, transport="ipc", ip=str(Path(self._ipc_dir) / "k"))
+        else:
+            self.km = KernelManager(kernel_name=name)
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.km.start_kernel(env=full_env, cwd=cwd or os.getcwd(), **launch)
@@ -123,6 +138,7 @@ class Kernel:
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> Kernel:
         return self
