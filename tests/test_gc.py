@@ -88,12 +88,12 @@ def test_gc_only_touches_this_installations_sandboxes(daytona_env) -> None:  # t
 def test_gc_leaves_a_sandbox_in_transition_alone(daytona_env, state: str) -> None:  # type: ignore[no-untyped-def]
     sandbox = make_sandbox(daytona_env, owner_id(), policy="ephemeral")
     daytona_env.sandboxes[sandbox].state = state
-    daytona_env.reset_counts()
     code, lines = run_gc()
     assert code == 0, lines
     assert f"skipped {sandbox}: it is {state}; run gc again once that has finished" in lines
     assert daytona_env.sandboxes[sandbox].state == state
-    assert daytona_env.count("DELETE") == 0 and daytona_env.count("/stop") == 0
+    # gc reports every stop and delete it tries; the shared emulator may hold other tests' orphans
+    assert [line for line in lines if sandbox in line] == [f"skipped {sandbox}: it is {state}; run gc again once that has finished"]
     daytona_env.sandboxes[sandbox].state = "destroyed"  # out of the way of the other tests
 
 
