@@ -24,12 +24,12 @@ from .config import SessionSettings
 from .protocol import file_changes
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageError
 from .runtime.framing import KERNEL_MAGICS
-from .supervisor import ContextSupervisor
+from .supervisor import ContextSupervisor, Live
 from .sync import SyncReport, WorkdirMirror
 
 IDLE_CHECKPOINT_LEAD_S = 60.0  # checkpoint this long before auto-stop would stop an idle sandbox
 
-__all__ = ["KERNEL_MAGICS", "IdleCheckpoint", "KernelMagics", "checkpoint_path", "notify"]
+__all__ = ["KERNEL_MAGICS", "IdleCheckpoint", "KernelMagics", "checkpoint_path", "notify", "resumed_notice"]
 
 
 CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # in the working directory, on the sandbox's disk
@@ -38,6 +38,11 @@ CHECKPOINT_FILE = ".daytona-kernel/checkpoint.pkl"  # in the working directory, 
 def checkpoint_path(sandbox: Sandbox) -> str:
     """Where the checkpoint is, for the user; the runtime is sent CHECKPOINT_FILE, relative to its working directory."""
     return posixpath.join(sandbox.workdir, CHECKPOINT_FILE)
+
+
+def resumed_notice(took_s: float) -> str:
+    """The one line after a paused sandbox was resumed."""
+    return f"resumed the paused sandbox in {took_s:.1f} s; your variables are intact\n"
 
 
 def notify(report: SyncReport, frontend: Frontend) -> None:
@@ -133,6 +138,16 @@ class KernelMagics:
         finally:
             self._frontend = None
 
+    async def _ready(self) -> Live:
+        """The live context, in a running sandbox: a sandbox that pauses when idle is resumed first
+        (one state check; ``%daytona status`` does not call this, so it shows a paused sandbox as it is)."""
+        live = await self._supervisor.ready()
+        if self._sandbox.idle_mode is IdleMode.PAUSE:
+            took = await self._supervisor.resume(None)
+            if took is not None and self._frontend is not None:
+                self._frontend.emit("stream", stderr(resumed_notice(took)))
+        return live
+
     def _mirror_for(self, name: str) -> WorkdirMirror:
         if self._mirror is None:
             raise BackendError(f"%{name}: the mirror is not available (the sandbox did not start).")
@@ -144,7 +159,7 @@ class KernelMagics:
 
     async def magic_sync(self, args: str) -> str:
         mirror = self._mirror_for("sync")
-        await self._supervisor.ready()
+        await self._ready()
         if args.split()[:1] == ["status"]:
             return await asyncio.to_thread(mirror.status)
         report = await mirror.push()
@@ -157,7 +172,7 @@ class KernelMagics:
     async def magic_upload(self, args: str) -> str:
         mirror = self._mirror_for("upload")
         source, dest = _one_or_two(args, "upload")
-        await self._supervisor.ready()
+        await self._ready()
         report = await mirror.upload_paths(source, dest)
         self._notify(report)
         return f"uploaded {len(report.up)} file(s), {report.bytes_up} bytes\n"
@@ -165,7 +180,7 @@ class KernelMagics:
     async def magic_download(self, args: str) -> str:
         mirror = self._mirror_for("download")
         source, dest = _one_or_two(args, "download")
-        await self._supervisor.ready()
+        await self._ready()
         report = await mirror.download_paths(source, dest)
         self._notify(report)
         return f"downloaded {len(report.down)} file(s), {report.bytes_down} bytes\n" if report.down else ""
@@ -197,7 +212,7 @@ class KernelMagics:
         )
 
     async def _checkpoint(self) -> str:
-        live = await self._supervisor.ready()
+        live = await self._ready()
         path = checkpoint_path(self._sandbox)
         reply = await self._supervisor.call("checkpoint", CHECKPOINT_FILE)
         saved, skipped = _names(reply, "saved"), _names(reply, "skipped")
@@ -208,7 +223,7 @@ class KernelMagics:
         return text + "\n"
 
     async def _restore(self) -> str:
-        live = await self._supervisor.ready()
+        live = await self._ready()
         try:
             reply = await self._supervisor.call("restore", CHECKPOINT_FILE)
         except RuntimeCallError as exc:

@@ -21,7 +21,7 @@ from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
 from .ladder import RunEnd, settle
-from .magics import IdleCheckpoint, KernelMagics, notify
+from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
 from .request import InputBridge, Request
@@ -240,7 +240,7 @@ class RuntimeSession:
         finally:
             frontend.progress("")
         if took is not None:
-            frontend.emit("stream", stderr(f"resumed the paused sandbox in {took:.1f} s; your variables are intact\n"))
+            frontend.emit("stream", stderr(resumed_notice(took)))
 
     async def _recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
         generation = self.sandbox.generation

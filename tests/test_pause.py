@@ -210,6 +210,21 @@ def test_status_shows_the_pause_mode_activity_and_resources(pausing: Any, tmp_pa
     assert "1 CPU, 1 GiB RAM, 3 GiB disk (held now: all of it)" in text, text
 
 
+def test_status_leaves_a_paused_sandbox_paused_and_sync_resumes_it(pausing: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.pause_sandbox(sandbox.id)
+        pausing.wait_for_state(sandbox.id, "paused")
+        text = k.execute("%daytona status").text()
+        assert "paused now; the next cell resumes it" in text and "(held now: memory and disk)" in text, text
+        assert sandbox.state == "paused"
+        (tmp_path / "data.txt").write_text("up")
+        run = k.execute("%sync")
+        assert run.status == "ok" and RESUMED in run.text("stderr"), (run.errors, run.text("stderr"))
+        assert result_text(k.execute("open('data.txt').read(), x")) == "('up', 1)"
+
+
 def test_where_pausing_is_refused_the_sandbox_stops_and_status_says_why(daytona_env: Any, tmp_path: Path) -> None:
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_CHECKPOINT_ON_IDLE": "true"}) as k:
         k.execute("1")
