@@ -233,7 +233,7 @@ def test_where_pausing_is_refused_the_sandbox_stops_and_status_says_why(daytona_
         assert (sandbox.auto_pause_min, sandbox.auto_stop_min) == (0, 15)
         text = k.execute("%daytona status").text()
         assert "stop after 15 min idle" in text and "checkpoint_on_idle saves them first" in text, text
-        assert "why not pause: Daytona does not pause sandboxes of class container" in text, text
+        assert "not paused because Daytona does not pause sandboxes of class container" in text, text
         assert "auto-stop in about" in text, text
     assert daytona_env.count(PAUSE) == 0 and sandbox.state in ("stopping", "stopped")
 
@@ -242,7 +242,7 @@ def test_ephemeral_sandboxes_stop_without_asking_to_pause(pausing: Any, tmp_path
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}) as k:
         text = k.execute("%daytona status").text()
         assert pausing.counts[CREATE] == 1
-    assert "why not pause: ephemeral sandboxes cannot pause" in text, text
+    assert "not paused because ephemeral sandboxes cannot pause" in text, text
 
 
 def test_idle_action_stop_keeps_stopping_a_sandbox_that_could_pause(pausing: Any, tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_idle_action_stop_keeps_stopping_a_sandbox_that_could_pause(pausing: Any
         k.execute("1")
         sandbox = only_sandbox(pausing, tmp_path)
         assert (sandbox.auto_pause_min, sandbox.auto_stop_min) == (0, 15)
-        assert "why not pause: idle_action is 'stop'" in k.execute("%daytona status").text()
+        assert "not paused because idle_action is 'stop'" in k.execute("%daytona status").text()
     assert sandbox.state in ("stopping", "stopped") and pausing.count(PAUSE) == 0
 
 

@@ -530,12 +530,12 @@ class DaytonaSandbox(Sandbox):
                 text += " (configured: idle_action 'stop'; `%daytona recreate` applies it)"
             return text
         minutes = sb.auto_stop_interval or 0
-        text = (f"stop after {minutes} min idle" if minutes else "never stops by itself") + ": only the disk is kept; variables are lost"
-        text += ", checkpoint_on_idle saves them first" if cfg.checkpoint_on_idle else " (checkpoint_on_idle is off)"
+        text = (f"stop after {minutes} min idle" if minutes else "never stops by itself") + ": only the disk is kept, variables are lost"
+        text += " (checkpoint_on_idle saves them first)" if cfg.checkpoint_on_idle else " (checkpoint_on_idle is off)"
         why = self._idle_why or self._why_not_pause()
         if not why:  # this kernel would pause, but found a sandbox made to stop
-            why = "the sandbox was created to stop (by an earlier kernel, or Daytona refused auto-pause); `%daytona recreate` asks for pausing again"
-        return f"{text} (why not pause: {why})"
+            why = "the sandbox was created to stop (by an earlier kernel, or where it cannot pause); `%daytona recreate` asks for pausing again"
+        return f"{text}; not paused because {why}"
 
     def _activity_text(self, state: str) -> str:
         """Time since the last activity, and when auto-pause or auto-stop will act."""
