@@ -29,7 +29,28 @@ F_SETPIPE_SZ = getattr(__import__("fcntl") if os.name == "posix" else None, "F_S
 PROTOCOL_LINE_START = '{"type": "'  # how the daemon's worker (json.dump of a dict) starts every line
 
 
-class OutputStream(io.TextIOBase):
+class _TextSink(io.TextIOBase):
+    """A write-only UTF-8 text stream that is not a terminal: what both of the runtime's streams are."""
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    @property
+    def errors(self):
+        return "replace"
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+
+class OutputStream(_TextSink):
     """``sys.stdout``/``sys.stderr`` inside cells: coalesces writes into chunks.
 
     A write that ends a line goes out at once when nothing was sent for
@@ -49,23 +70,6 @@ class OutputStream(io.TextIOBase):
         self._size = 0
         self.target = None
         self.buffer = _BinaryWriter(self)
-
-    @property
-    def encoding(self):
-        return "utf-8"
-
-    @property
-    def errors(self):
-        return "replace"
-
-    def isatty(self):
-        return False
-
-    def writable(self):
-        return True
-
-    def readable(self):
-        return False
 
     def fileno(self):
         """fd 1 or 2, which the runtime captures, so ``subprocess.run(..., stdout=sys.stdout)`` shows up."""
@@ -148,7 +152,7 @@ def block_signals():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-class ProtocolWriter(io.TextIOBase):
+class ProtocolWriter(_TextSink):
     """``sys.__stdout__`` once fds are captured: the worker's protocol lines, on a private fd.
 
     The daemon's worker writes each JSON line to ``sys.__stdout__`` and flushes.
@@ -162,20 +166,6 @@ class ProtocolWriter(io.TextIOBase):
         self._rt = runtime
         self._fd = fd
         self._parts = []
-
-    @property
-    def encoding(self):
-        return "utf-8"
-
-    @property
-    def errors(self):
-        return "replace"
-
-    def writable(self):
-        return True
-
-    def isatty(self):
-        return False
 
     def fileno(self):
         return 1  # the captured fd 1: never the protocol fd
