@@ -424,6 +424,7 @@ class _NoNetwork:
     """A sandbox for the pure no-change check: the first push records the manifest locally."""
 
     workdir = "/remote"
+    generation = 0  # one sandbox throughout (the mirror resets its manifest when this changes)
 
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
         return None
