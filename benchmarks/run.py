@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -142,6 +143,31 @@ def start_to_first_result(name: str, reps: int, env: dict[str, str] | None = Non
         with Kernel(name, env=env, cwd=cwd) as k:
             k.execute("1")
             samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
+def shipped_ipython_start(reps: int, data_dir: Path) -> dict[str, float]:
+    """A cold start in a new sandbox whose Python has no IPython (and an empty cache), so the kernel
+    ships its own in one upload before the first cell: what a first start on a bare image costs."""
+    venv = data_dir / "bare-python"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    emu = DaytonaEmulator(data_dir / "bare-emulator", python=str(venv / "bin" / "python")).start()
+    kernel_home = os.environ.get("HOME", "")
+    env = dict(emu.env(), DAYTONA_KERNEL_SANDBOX_POLICY="ephemeral", HOME=kernel_home)
+    samples = []
+    try:
+        for _ in range(reps):
+            os.environ["HOME"] = tempfile.mkdtemp(prefix="bench-sandbox-home-")  # the sandboxes' home: no cached IPython
+            uploads = emu.count("bulk-upload")
+            t0 = time.perf_counter()
+            with Kernel("daytona", env=env, cwd=tempfile.mkdtemp(prefix="bench-bare-nb-")) as k:
+                k.execute("1")
+                samples.append(time.perf_counter() - t0)
+            if emu.count("bulk-upload") == uploads:
+                raise RuntimeError("the bare sandbox got no IPython upload: this figure would measure something else")
+    finally:
+        os.environ["HOME"] = kernel_home
+        emu.close()
     return stats(samples)
 
 
@@ -353,7 +379,10 @@ def run(quick: bool) -> Report:
         base_start = start_to_first_result("python3", few)
         add(Figure("start to first result, daytona-local vs ipykernel", "s", start_to_first_result("daytona-local", few), base_start, "ipykernel", "≤ 2 s"))
         cold_env = {**emu_env, "DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}
-        add(Figure("start to first result, daytona (emulator), cold: new sandbox", "s", start_to_first_result("daytona", few, cold_env, str(work)), base_start, "ipykernel"))
+        cold = start_to_first_result("daytona", few, cold_env, str(work))
+        add(Figure("start to first result, daytona (emulator), cold: new sandbox", "s", cold, base_start, "ipykernel"))
+        add(Figure("start to first result, daytona (emulator), cold, IPython shipped to a sandbox without it", "s",
+                   shipped_ipython_start(few, Path(data_dir)), cold, "cold start with IPython in the sandbox"))
         warm = start_to_first_result("daytona", few, emu_env, str(work))
         add(Figure("start to first result, daytona (emulator), warm: reused sandbox", "s", warm, base_start, "ipykernel"))
         emu.pausable_classes = {emu.sandbox_class}
