@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -136,3 +137,23 @@ def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyt
 
     monkeypatch.setattr(pexpect, "spawn", refuse)
     monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse)  # a local worker process
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A bare git repository: branch `main` (version.txt "2"), tag `v1` (not a branch) on its first
+    commit (version.txt "1"), whose id is ``first``."""
+    root = tmp_path_factory.mktemp("git")
+    work = root / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(work)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    (work / "version.txt").write_text("1")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (work / "version.txt").write_text("2")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    bare = root / "project.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    return {"url": str(bare), "first": first}

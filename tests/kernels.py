@@ -45,6 +45,12 @@ class Run:
             m["content"]["text"] for m in self.outputs if m["msg_type"] == "stream" and m["content"]["name"] == name
         )
 
+    @property
+    def status_lines(self) -> list[str]:
+        """The kernel's in-place status line (provisioning, waiting, retrying), every version of it."""
+        kinds = ("display_data", "update_display_data")
+        return [m["content"]["data"]["text/plain"] for m in self.outputs if m["msg_type"] in kinds]
+
     def of_type(self, msg_type: str) -> list[dict[str, Any]]:
         return [m["content"] for m in self.outputs if m["msg_type"] == msg_type]
 

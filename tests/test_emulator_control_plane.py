@@ -8,7 +8,6 @@ lifecycle tests run against the platform's traps, not against an instant, forgiv
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from pathlib import Path
 from datetime import datetime
@@ -157,25 +156,6 @@ def test_a_context_in_a_missing_folder_is_a_500(emu: DaytonaEmulator) -> None:
     run(emu, body)
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A repository with a branch `main`, a tag `v1` (not a branch) and a later commit."""
-    root = tmp_path_factory.mktemp("git")
-    work = root / "work"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(work)]
-    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
-    (work / "version.txt").write_text("1\n")
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    subprocess.run([*git, "tag", "v1"], check=True)
-    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    (work / "version.txt").write_text("2\n")
-    subprocess.run([*git, "commit", "-qam", "two"], check=True)
-    bare = root / "repo.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
-    return {"url": str(bare), "first": first}
-
-
 def clone_into(emu: DaytonaEmulator, dest: str, **kw: Any) -> Path:
     async def body(client: AsyncDaytona) -> Path:
         sandbox = await client.create(params())
@@ -186,13 +166,13 @@ def clone_into(emu: DaytonaEmulator, dest: str, **kw: Any) -> Path:
 
 
 def test_git_clone_reads_a_branch_as_refs_heads(emu: DaytonaEmulator, repo: dict[str, str]) -> None:
-    assert (clone_into(emu, "on-main", url=repo["url"], branch="main") / "version.txt").read_text() == "2\n"
+    assert (clone_into(emu, "on-main", url=repo["url"], branch="main") / "version.txt").read_text() == "2"
     with pytest.raises(DaytonaError, match="reference not found"):
         clone_into(emu, "on-tag", url=repo["url"], branch="v1")  # go-git: refs/heads/v1 does not exist
 
 
 def test_git_clone_checks_out_a_full_commit_id_only(emu: DaytonaEmulator, repo: dict[str, str]) -> None:
-    assert (clone_into(emu, "at-first", url=repo["url"], commit_id=repo["first"]) / "version.txt").read_text() == "1\n"
+    assert (clone_into(emu, "at-first", url=repo["url"], commit_id=repo["first"]) / "version.txt").read_text() == "1"
     with pytest.raises(DaytonaError, match="object not found"):
         clone_into(emu, "at-short", url=repo["url"], commit_id=repo["first"][:8])
 

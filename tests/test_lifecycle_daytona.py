@@ -5,7 +5,6 @@ control plane (FACTS.md "Control plane", "Git clone") shows here the way a user 
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -97,7 +96,7 @@ def test_a_sandbox_found_stopping_is_waited_for_then_started(emu: Any, tmp_path:
         emu.stop_sandbox(sandbox.id)
         run = k.execute("print('back')", timeout=30)
         assert run.text() == "back\n" and "variables were reset" in run.text("stderr")
-        status = [m["content"]["data"]["text/plain"] for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        status = run.status_lines
         assert any("stopping" in line for line in status), status  # the status line said what it waited for
 
 
@@ -168,25 +167,6 @@ def test_a_create_that_fails_after_it_succeeded_leaves_one_sandbox(emu: Any, tmp
         assert emu.counts[CREATE] == 1  # found by its labels, not created again
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A repository whose tag `v1` is older than its default branch `main`."""
-    root = tmp_path_factory.mktemp("git")
-    work = root / "work"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(work)]
-    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
-    (work / "version.txt").write_text("1")
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    subprocess.run([*git, "tag", "v1"], check=True)
-    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    (work / "version.txt").write_text("2")
-    subprocess.run([*git, "commit", "-qam", "two"], check=True)
-    bare = root / "project.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
-    return {"url": str(bare), "first": first}
-
-
 @pytest.mark.parametrize("ref, version", [("v1", "1"), ("main", "2"), ("first", "1")])
 def test_repo_ref_may_be_a_branch_a_tag_or_a_commit(emu: Any, tmp_path: Path, repo: dict[str, str], ref: str, version: str) -> None:
     env = {"DAYTONA_KERNEL_REPO_URL": repo["url"], "DAYTONA_KERNEL_REPO_REF": repo.get(ref, ref)}
@@ -232,7 +212,7 @@ def test_transient_errors_retry_with_progress_in_the_status_line(emu: Any, tmp_p
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         run = k.execute("'through'", timeout=60)
         assert result_text(run) == "'through'"
-        status = [m["content"]["data"]["text/plain"] for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        status = run.status_lines
         assert any("Daytona answered 503, retrying" in line and "/30 s" in line for line in status), status
 
 

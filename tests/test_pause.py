@@ -176,7 +176,7 @@ def test_a_cell_arriving_while_pausing_waits_for_paused_then_resumes(
         run = k.execute("x * 7", timeout=30)
         assert result_text(run) == "42", run.errors
         assert RESUMED in run.text("stderr")
-        status = [m["content"]["data"]["text/plain"] for m in run.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+        status = run.status_lines
         assert any("pausing" in line for line in status), status  # the status line said what it waited for
 
 
