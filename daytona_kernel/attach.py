@@ -13,30 +13,46 @@ Every journal operation from here is one ``process.exec`` of the journal module'
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import math
 import os
 import posixpath
+import re
 import secrets
 import shlex
 import socket
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 from .backends.base import Sandbox
 from .cell import Frontend, stderr
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, UsageError
+from .errors import BackendError, DaytonaKernelError, Interrupted, UsageError
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import InputRequest
 from .request import Request
 from .runtime import journal_script
+from .runtime.journal import PID_MAX, SESSION_NAME, SKIPPED
+from .runtime.journal import loads as journal_loads
 
 JOURNAL_EXEC_TIMEOUT_S = 30.0
 FOLLOW_POLL_S = 0.3  # how often a followed cell's journal is read while it prints nothing new
+FOLLOW_LIVE_CHECK_S = 10.0  # how often a followed cell's context is looked up in the daemon's live contexts
 KERNEL_PROCESS_MARK = b"daytona_kernel"  # in the command line of every kernel process
+# Every value below comes from a file a cell can write: typed and bounded before use.
+_TOKEN = re.compile(r"^[0-9a-f]{8,64}$")
+_HEX = re.compile(r"^[0-9a-f]{1,64}$")
+_UNSHOWN = re.compile(r"[^\w .,:+@()/\[\]-]")
+MAX_COUNT = 10**9
+MAX_OFFSET = 2**40
+LATEST_TIME = 1e11  # seconds since 1970: the year 5138
+T = TypeVar("T")
 
 
 def journal_root(workdir: str) -> str:
@@ -53,28 +69,89 @@ def _ago(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min ago"
 
 
+def _count(value: Any, top: int = MAX_COUNT) -> int | None:
+    """A non-negative int no bigger than ``top`` (not a bool, a float or a string), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top else None
+
+
+def _time(value: Any) -> float | None:
+    """A finite time in seconds since 1970, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value <= LATEST_TIME else None
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A string a cell wrote, safe to put in a message: plain characters only, bounded."""
+    return _UNSHOWN.sub("", value)[:limit] if isinstance(value, str) else ""
+
+
+def _tag(key: str, what: str) -> str:
+    return hmac.new(key.encode(), what.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _pad(key: str, instance: str) -> int:
+    """A one-time pad for one kernel process's pid: only a holder of the key can unseal it."""
+    return int(_tag(key, "pid:" + instance)[:8], 16)
+
+
 @dataclass(frozen=True)
 class KernelIdentity:
     """This kernel process, as a session's owner. ``instance`` is new in every process, so a
-    restarted kernel (same Jupyter id) is a different owner."""
+    restarted kernel (same Jupyter id) is a different owner.
+
+    What it writes into the sandbox's journal says nothing a cell could use about this machine:
+    the host name and the notebook's path only as keyed hashes, the pid sealed with the key
+    (``identity.journal_key``, which stays here)."""
 
     kernel: str
-    notebook: str
+    notebook: str  # the notebook's path here (JPY_SESSION_NAME); never written to the sandbox as it is
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
-    host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
 
+    @cached_property
+    def key(self) -> str:
+        from .errors import ConfigError
+        from .identity import journal_key
+
+        try:
+            return journal_key()
+        except ConfigError as exc:  # no writable Jupyter data folder: sessions of this process only
+            logging.getLogger(__name__).warning("%s; detached sessions will not be recognised after a restart", exc)
+            return secrets.token_hex(16)
+
+    @property
+    def notebook_tag(self) -> str:
+        return _tag(self.key, "notebook:" + self.notebook) if self.notebook else ""
+
+    @property
+    def notebook_name(self) -> str:
+        """What the journal shows of the notebook: its file name (the sandbox has the file anyway)."""
+        return posixpath.basename(self.notebook.replace("\\", "/"))
+
     def owner(self) -> dict[str, Any]:
-        return {"instance": self.instance, "kernel": self.kernel, "host": self.host, "pid": self.pid, "claimed_at": time.time()}
+        return {
+            "instance": self.instance,
+            "kernel": self.kernel,
+            "host": _tag(self.key, "host:" + socket.gethostname()),
+            "pid": self.pid ^ _pad(self.key, self.instance),
+            "claimed_at": time.time(),
+        }
+
+    def owner_alive(self, owner: dict[str, Any]) -> bool | None:
+        """Whether a session's owning kernel process still runs: True, False, or None when it runs on
+        another machine (then nobody here can tell)."""
+        instance, sealed = owner.get("instance"), _count(owner.get("pid"), 2**32)
+        if owner.get("host") != _tag(self.key, "host:" + socket.gethostname()):
+            return None
+        if not isinstance(instance, str) or not _HEX.match(instance) or sealed is None:
+            return False
+        return pid_is_kernel(sealed ^ _pad(self.key, instance))
 
 
-def owner_alive(owner: dict[str, Any]) -> bool | None:
-    """Whether a session's owning kernel process still runs: True, False, or None when it runs on
-    another machine (then nobody here can tell)."""
-    if owner.get("host") != socket.gethostname():
-        return None
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
+def pid_is_kernel(pid: int) -> bool:
+    """Whether ``pid`` is a kernel process on this machine."""
+    if not 0 < pid <= PID_MAX:
         return False
     cmdline = Path(f"/proc/{pid}/cmdline")
     if Path("/proc/self").exists():  # a zombie or another program with that pid is not our kernel
@@ -96,7 +173,8 @@ class Detached:
     """A session in the sandbox that this kernel process does not own."""
 
     session: str  # its interpreter context's id
-    notebook: str
+    notebook: str  # the keyed hash of its notebook's path (``KernelIdentity.notebook_tag``)
+    name: str  # its notebook's file name, for messages
     token: str
     pid: int
     python: str
@@ -109,26 +187,44 @@ class Detached:
     owner_alive: bool | None
 
     @classmethod
-    def parse(cls, entry: dict[str, Any], now: float) -> Detached | None:
-        meta = entry.get("meta") or {}
-        try:
-            last = float(meta.get("last_cell_at") or meta.get("started_at") or now)
-            return cls(
-                session=str(meta["session"]),
-                notebook=str(meta.get("notebook") or ""),
-                token=str(meta["token"]),
-                pid=int(meta["pid"]),
-                python=str(meta.get("python") or ""),
-                count=int(meta.get("count") or 0),
-                variables=int(meta.get("variables") or 0),
-                running=meta.get("state") == "running" and bool(entry.get("alive")),
-                cell_count=int(meta.get("cell_count") or 0),
-                idle_s=max(0.0, now - last),
-                owner=dict(entry.get("owner") or {}),
-                owner_alive=owner_alive(dict(entry.get("owner") or {})),
-            )
-        except (KeyError, TypeError, ValueError):
+    def parse(cls, entry: Any, now: float, identity: KernelIdentity) -> Detached | None:
+        """One session as the journal's scan reports it, or None when any value is not what the runtime
+        writes (a cell can write the journal: nothing in it is trusted)."""
+        meta = entry.get("meta") if isinstance(entry, dict) else None
+        owner = entry.get("owner") if isinstance(entry, dict) else None
+        if not isinstance(meta, dict) or not isinstance(owner, dict):
             return None
+        session, token, pid = meta.get("session"), meta.get("token"), _count(meta.get("pid"), PID_MAX)
+        if not isinstance(session, str) or not SESSION_NAME.match(session) or not isinstance(token, str):
+            return None
+        if not _TOKEN.match(token) or not pid:
+            return None
+        counts = [_count(meta.get(name, 0)) for name in ("count", "variables", "cell_count")]
+        times = [_time(meta.get(name, 0)) for name in ("last_cell_at", "started_at")]
+        if None in counts or None in times:
+            return None
+        count, variables, cell_count = (int(c or 0) for c in counts)
+        last = times[0] or times[1] or now
+        notebook = meta.get("notebook")
+        return cls(
+            session=session,
+            notebook=notebook if isinstance(notebook, str) and _HEX.match(notebook) else "",
+            name=shown(meta.get("name")),
+            token=token,
+            pid=pid,
+            python=shown(meta.get("python"), 20),
+            count=count,
+            variables=variables,
+            running=meta.get("state") == "running" and entry.get("alive") is True,
+            cell_count=cell_count,
+            idle_s=max(0.0, now - last),
+            owner=owner,
+            owner_alive=identity.owner_alive(owner),
+        )
+
+    @property
+    def owner_kernel(self) -> str:
+        return shown(self.owner.get("kernel"), 40) or "?"
 
     def describe(self) -> str:
         what = f"{self.variables} variable{'s' if self.variables != 1 else ''}"
@@ -137,6 +233,41 @@ class Detached:
         if self.count:
             return f"{what}, last cell [{self.count}] ran {_ago(self.idle_s)}"
         return f"{what}, no cell run yet"
+
+
+def scan_time(scanned: dict[str, Any]) -> float:
+    """The sandbox's clock as its scan reported it, when it is a sane time; else this machine's."""
+    return _time(scanned.get("now")) or time.time()
+
+
+def _where(session: Detached) -> str:
+    return "on this machine" if session.owner_alive is not None else "on another machine"
+
+
+def _last_json(output: str) -> dict[str, Any] | None:
+    """The JSON object on the last line of a journal command's output (which a cell can forge), or None."""
+    lines = output.strip().splitlines()
+    try:
+        value = journal_loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _unless(stop: asyncio.Event, awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s result, or Interrupted as soon as ``stop`` is set (the awaitable is cancelled)."""
+    task = asyncio.ensure_future(awaitable)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise Interrupted("Interrupted by user")
+    return task.result()
 
 
 @dataclass
@@ -174,7 +305,8 @@ class SessionJournal:
         return {
             "root": posixpath.relpath(self.root, self._sandbox.workdir),
             "session": context_id,
-            "notebook": self.identity.notebook,
+            "notebook": self.identity.notebook_tag,
+            "name": self.identity.notebook_name,
             "instance": self.identity.instance,
             "owner": self.identity.owner(),
         }
@@ -182,13 +314,9 @@ class SessionJournal:
     async def _exec(self, verb: str, *args: str | int) -> dict[str, Any]:
         command = " ".join(["python3", "-c", shlex.quote(journal_script()), verb, *(shlex.quote(str(a)) for a in args)])
         result = await self._sandbox.exec(command, timeout=JOURNAL_EXEC_TIMEOUT_S)
-        text = result.output.strip().splitlines()[-1] if result.output.strip() else ""
-        try:
-            value = json.loads(text) if result.exit_code == 0 else None
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            raise BackendError(f"The session journal in the sandbox could not be read ({verb}): {result.output.strip()[:300]}")
+        value = _last_json(result.output) if result.exit_code == 0 else None
+        if value is None:
+            raise BackendError(f"The session journal in the sandbox could not be read ({verb}): {shown(result.output.strip(), 300)}")
         return value
 
     # -- finding sessions ----------------------------------------------------------
@@ -198,11 +326,9 @@ class SessionJournal:
         that are gone are removed; detached sessions idle past ``detached_idle_minutes`` are ended."""
         scanned = await self._exec("scan", self.root)
         live = await self._sandbox.live_contexts()
-        now = float(scanned.get("now") or time.time())
         found: list[Detached] = []
-        for entry in scanned.get("sessions") or []:
-            session = Detached.parse(entry, now)
-            if session is None or session.session == mine or session.owner.get("instance") == self.identity.instance:
+        for session in self._parsed(scanned):
+            if session.session == mine or session.owner.get("instance") == self.identity.instance:
                 continue
             if session.session not in live:
                 await self._exec("remove", self.folder(session.session))  # its context was deleted
@@ -224,9 +350,22 @@ class SessionJournal:
         await self._sandbox.end_context(session.session)
         await self._exec("remove", self.folder(session.session))
 
+    def _parsed(self, scanned: dict[str, Any]) -> list[Detached]:
+        """The sessions of a scan, each checked; a malformed one is logged and left out, never raised."""
+        entries = scanned.get("sessions")
+        now = scan_time(scanned)
+        found = []
+        for entry in entries if isinstance(entries, list) else []:
+            session = Detached.parse(entry, now, self.identity)
+            if session is None:
+                self._log.warning("a session journal in the sandbox is malformed; it is ignored")
+            else:
+                found.append(session)
+        return found
+
     def attachable(self, sessions: list[Detached]) -> list[Detached]:
         """This notebook's sessions whose kernel is known to be gone."""
-        return [s for s in sessions if s.notebook == self.identity.notebook and s.owner_alive is False]
+        return [s for s in sessions if s.notebook == self.identity.notebook_tag and s.owner_alive is False]
 
     async def look(self, mine: str, scanned: dict[str, Any]) -> str:
         """Once per kernel process, after its context started: a one-line notice when this
@@ -235,19 +374,18 @@ class SessionJournal:
         if self._looked or self._settings.attach == "never":
             return ""
         self._looked = True
-        now = float(scanned.get("now") or time.time()) if isinstance(scanned.get("now"), (int, float)) else time.time()
-        found = []
-        for entry in scanned.get("sessions") or []:
-            session = Detached.parse(entry, now) if isinstance(entry, dict) else None
-            if session is not None and session.session != mine and session.owner.get("instance") != self.identity.instance:
-                found.append(session)
+        found = [s for s in self._parsed(scanned) if s.session != mine and s.owner.get("instance") != self.identity.instance]
         try:
             for session in [s for s in found if self.expired(s)]:
                 found.remove(session)
                 await self.end(session, f"idle for {session.idle_s / 60:.0f} min")
+            candidates = self.attachable(found)
+            if candidates:  # the journal survives a stop of the sandbox, its contexts do not: ask the daemon
+                live = await self._sandbox.live_contexts()
+                candidates = [s for s in candidates if s.session in live]
         except DaytonaKernelError as exc:
-            self._log.warning("could not end a detached session: %s", exc)
-        candidates = self.attachable(found)
+            self._log.warning("could not look at the detached sessions: %s", exc)
+            return ""
         if not candidates:
             return ""
         self.candidate = max(candidates, key=lambda s: -s.idle_s)
@@ -274,8 +412,8 @@ class SessionJournal:
         limit = self._settings.detached_idle_minutes
         parts = []
         for s in sessions:
-            who = "detached" if s.owner_alive is False else f"owned by kernel {s.owner.get('kernel')} on {s.owner.get('host')}"
-            parts.append(f"{s.session[:8]} ({s.notebook or 'notebook unknown'}: {s.describe()}; {who})")
+            who = "detached" if s.owner_alive is False else f"owned by kernel {s.owner_kernel} {_where(s)}"
+            parts.append(f"{s.session[:8]} ({s.name or 'notebook unknown'}: {s.describe()}; {who})")
         return f"{len(sessions)}: " + "; ".join(parts) + f"; detached ones end after {limit:g} min idle"
 
     # -- attaching -------------------------------------------------------------------
@@ -287,14 +425,13 @@ class SessionJournal:
         if wanted:
             chosen = [s for s in sessions if s.session.startswith(wanted[0])]
         else:
-            chosen = [s for s in sessions if s.notebook == self.identity.notebook]
+            chosen = [s for s in sessions if s.notebook == self.identity.notebook_tag]
         if not force:
             busy = [s for s in chosen if s.owner_alive is not False]
             chosen = [s for s in chosen if s.owner_alive is False]
             if not chosen and busy:
-                owner = busy[0].owner
                 raise UsageError(
-                    f"The session {busy[0].session[:8]} belongs to kernel {owner.get('kernel')} on {owner.get('host')}, "
+                    f"The session {busy[0].session[:8]} belongs to kernel {busy[0].owner_kernel} {_where(busy[0])}, "
                     "which may still run. `%daytona attach --force` takes it over (that kernel's next cell is then refused)."
                 )
         if not chosen:
@@ -308,16 +445,24 @@ class SessionJournal:
         """Become the session's owner; fails if another kernel claimed it first."""
         owner = json.dumps(self.identity.owner())
         result = await self._exec("claim", self.folder(session.session), str(session.owner.get("instance") or ""), owner)
-        if not result.get("ok"):
-            other = result.get("owner") or {}
+        if result.get("ok") is not True:
+            other = result.get("owner")
+            kernel = shown(other.get("kernel"), 40) if isinstance(other, dict) else ""
             raise UsageError(
-                f"Another kernel ({other.get('kernel')} on {other.get('host')}) attached to this session first; "
-                "this kernel keeps its fresh namespace."
+                f"Another kernel ({kernel or '?'}) attached to this session first; this kernel keeps its fresh namespace."
             )
 
-    async def follow(self, session: Detached, frontend: Frontend) -> bool:
+    async def release(self, session: Detached) -> None:
+        """Give a claimed session back to its previous owner (the user stopped following it)."""
+        previous = json.dumps(session.owner)
+        try:
+            await self._exec("claim", self.folder(session.session), self.identity.instance, previous)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not give the session %s back: %s", session.session, exc)
+
+    async def follow(self, session: Detached, frontend: Frontend, stop: asyncio.Event) -> bool:
         """Replay the session's last cell into ``frontend``, then follow it live until it ends.
-        False if its interpreter died meanwhile."""
+        False if its interpreter died meanwhile; Interrupted when ``stop`` is set (an interrupt)."""
 
         def no_input(event: InputRequest) -> None:
             frontend.emit(
@@ -330,27 +475,44 @@ class SessionJournal:
         )
         folder = self.folder(session.session)
         n = offset = 0
+        loop = asyncio.get_running_loop()
+        checked = loop.time()
         try:
             while True:
-                read = await self._exec("read", folder, n, offset)
-                if read.get("lost"):
+                read = await _unless(stop, self._exec("read", folder, n, offset))
+                if read.get("lost") is True:
                     frontend.emit(
                         "stream", stderr("daytona-kernel: the start of this cell's output was rotated out of the journal.\n")
                     )
-                records = read.get("records") or []
+                records = read.get("records")
+                records = records if isinstance(records, list) else []
                 for record in records:
+                    kind = record.get("type") if isinstance(record, dict) else None
                     text = record.get("text") if isinstance(record, dict) else None
-                    if isinstance(text, str):
-                        (request.on_stderr if record.get("type") == "stderr" else request.on_stdout)(text)
-                n, offset = int(read.get("n") or 0), int(read.get("offset") or 0)
-                running = (read.get("meta") or {}).get("state") == "running"
-                if records:
+                    if not isinstance(text, str):
+                        continue
+                    if kind == SKIPPED:
+                        frontend.emit("stream", stderr(f"daytona-kernel: a line of {shown(text, 20)} bytes in the journal was too long to replay; it was passed over.\n"))
+                    else:
+                        (request.on_stderr if kind == "stderr" else request.on_stdout)(text)
+                new_n, new_offset = _count(read.get("n"), MAX_OFFSET), _count(read.get("offset"), MAX_OFFSET)
+                if new_n is None or new_offset is None or (new_n, new_offset) < (n, offset):
+                    raise BackendError("The session journal in the sandbox went backwards or is malformed; stopped following it.")
+                moved = (new_n, new_offset) != (n, offset)
+                n, offset = new_n, new_offset
+                meta = read.get("meta")
+                running = isinstance(meta, dict) and meta.get("state") == "running"
+                if records and moved:
                     continue
                 if not running:
                     return True
-                if not read.get("alive"):
+                if read.get("alive") is not True:
                     return False
-                await asyncio.sleep(FOLLOW_POLL_S)
+                if loop.time() - checked > FOLLOW_LIVE_CHECK_S:  # the daemon has the last word on a context
+                    checked = loop.time()
+                    if session.session not in await _unless(stop, self._sandbox.live_contexts()):
+                        return False
+                await _unless(stop, asyncio.sleep(FOLLOW_POLL_S))
         finally:
             request.finish()
             if request.error is not None and not request.error_shown:
@@ -358,13 +520,13 @@ class SessionJournal:
 
     @staticmethod
     def adopted(reply: dict[str, Any]) -> Adopted:
-        count = reply.get("count")
+        items = reply.get("inputs")
         inputs = [
-            (int(item[0]), item[1])
-            for item in reply.get("inputs") or []
-            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], str)
+            (item[0], item[1])
+            for item in (items if isinstance(items, list) else [])
+            if isinstance(item, list) and len(item) == 2 and _count(item[0]) is not None and isinstance(item[1], str)
         ]
-        return Adopted(count if isinstance(count, int) and count >= 0 else 0, inputs)
+        return Adopted(_count(reply.get("count")) or 0, inputs)
 
     async def forget(self, session: str) -> None:
         """Remove the journal of a context this kernel closed."""
@@ -376,23 +538,28 @@ class SessionJournal:
 
 async def reclaim_detached(sandbox: Any, workdir: str, idle_minutes: float, dry_run: bool, out: Callable[[str], None]) -> int:
     """``daytona-kernel gc``: end the detached sessions of a started sandbox (an SDK object) idle past
-    ``idle_minutes``; returns how many detached sessions it keeps (younger, or with a cell running)."""
+    ``idle_minutes``; returns how many detached sessions it keeps (younger, or with a cell running).
+    A journal a cell forged is named and left alone: it never stops the cleanup."""
     root = journal_root(workdir)
     command = " ".join(["python3", "-c", shlex.quote(journal_script()), "scan", shlex.quote(root)])
     result = await sandbox.process.exec(command, timeout=int(JOURNAL_EXEC_TIMEOUT_S))
-    try:
-        scanned = json.loads((result.result or "").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        out(f"error: could not read the session journal of {sandbox.id}: {(result.result or '').strip()[:200]}")
+    scanned = _last_json(result.result or "")
+    if scanned is None:
+        out(f"error: could not read the session journal of {sandbox.id}: {shown((result.result or '').strip(), 200)}")
         return 0
     contexts = {c.id: c for c in await sandbox.code_interpreter.list_contexts() if c.active}
-    now = float(scanned.get("now") or time.time())
+    identity = KernelIdentity("", "")
+    now = scan_time(scanned)
+    entries = scanned.get("sessions")
     kept = 0
-    for entry in scanned.get("sessions") or []:
-        session = Detached.parse(entry, now)
-        if session is None or session.session not in contexts or session.owner_alive is True:
+    for entry in entries if isinstance(entries, list) else []:
+        session = Detached.parse(entry, now, identity)
+        if session is None:
+            out(f"skipped a malformed session journal in {sandbox.id}")
             continue
-        what = f"detached session {session.session[:8]} in {sandbox.id} ({session.notebook or 'notebook unknown'}: {session.describe()})"
+        if session.session not in contexts or session.owner_alive is True:
+            continue
+        what = f"detached session {session.session[:8]} in {sandbox.id} ({session.name or 'notebook unknown'}: {session.describe()})"
         if session.running or session.idle_s <= idle_minutes * 60:
             kept += 1
             out(f"kept {what}: `%daytona attach` continues it; it is ended after {idle_minutes:g} min idle")

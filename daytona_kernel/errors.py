@@ -96,6 +96,12 @@ class RuntimeCallError(BackendError):
     ename = "SandboxRuntimeError"
 
 
+class Interrupted(DaytonaKernelError):
+    """The user interrupted something the kernel itself waited for (following an attached cell)."""
+
+    ename = "KeyboardInterrupt"
+
+
 class MirrorError(DaytonaKernelError):
     """The workdir mirror refused or could not move one file (a path outside the folder, a symlink in the way ...)."""
 

@@ -28,6 +28,26 @@ def owner_id_path() -> Path:
     return Path(jupyter_data_dir()) / "daytona-kernel" / "owner-id"
 
 
+def journal_key_path() -> Path:
+    return Path(jupyter_data_dir()) / "daytona-kernel" / "journal-key"
+
+
+def journal_key() -> str:
+    """A private key (mode 0600, beside the owner id) for what the session journal keeps in the sandbox
+    about this machine: keyed hashes of the host name and the notebook's path, and the kernel's pid sealed
+    with it, so a cell can match them but not read them. Unlike the owner id, it is never sent anywhere."""
+    path = journal_key_path()
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        text = _create(path)
+    except OSError as exc:
+        raise ConfigError(f"Could not read {path}: {exc}. Check the file's permissions.") from exc
+    if not _VALID.match(text):
+        raise ConfigError(f"The key in {path} is not valid. Delete the file to get a new one.")
+    return text
+
+
 def owner_id() -> str:
     """This installation's owner id, created on first use (safe when two kernels race)."""
     path = owner_id_path()
@@ -49,7 +69,7 @@ def _create(path: Path) -> str:
     """Write a new id with a private mode; if another process won the race, use its id."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".owner-id.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(OWNER_ID_BYTES) + "\n")
@@ -61,6 +81,4 @@ def _create(path: Path) -> str:
             tmp.unlink()
         return path.read_text().strip()
     except OSError as exc:
-        raise ConfigError(
-            f"Could not create the owner id {path}: {exc}. Set JUPYTER_DATA_DIR to a writable folder."
-        ) from exc
+        raise ConfigError(f"Could not create {path}: {exc}. Set JUPYTER_DATA_DIR to a writable folder.") from exc

@@ -19,7 +19,7 @@ from .attach import Adopted, KernelIdentity, SessionJournal
 from .backends.base import LOCAL_ATTACH, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
+from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
 from .outputs import OutputBudget, OutputPolicy
@@ -67,6 +67,7 @@ class RuntimeSession:
         self._current: Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
+        self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
         self._shut_down = False
         self._last_cell_end = time.monotonic()  # when this kernel last kept the sandbox busy
 
@@ -279,9 +280,20 @@ class RuntimeSession:
         await journal.claim(session)
         frontend.emit(
             "stream",
-            stderr(f"daytona-kernel: attaching to {session.notebook or 'this folder'}'s session ({session.describe()}); its last cell's output follows.\n"),
+            stderr(f"daytona-kernel: attaching to {session.name or 'this folder'}'s session ({session.describe()}); its last cell's output follows.\n"),
         )
-        if not await journal.follow(session, frontend):
+        self._stop_following = asyncio.Event()
+        try:
+            followed = await journal.follow(session, frontend, self._stop_following)
+        except Interrupted:
+            await journal.release(session)
+            raise Interrupted(
+                "Interrupted by user: stopped following the session's cell, which goes on in the sandbox. "
+                "`%daytona attach` follows it again; this kernel keeps its fresh namespace."
+            ) from None
+        finally:
+            self._stop_following = None
+        if not followed:
             await journal.end(session, "its interpreter died")
             raise BackendError(
                 "The session's interpreter ended while it ran detached (out of memory, or killed); its variables are gone. "
@@ -353,6 +365,9 @@ class RuntimeSession:
         """
         if self._stop_waiting is not None:  # the cell still waits for the sandbox: stop waiting
             self._stop_waiting.set()
+            return
+        if self._stop_following is not None:  # %daytona attach follows a cell: stop following it
+            self._stop_following.set()
             return
         request, live = self._current, self.supervisor.live
         if request is None or live is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from daytona_kernel.runtime import journal
 from daytona_kernel.runtime.framing import Kind, encode_frame
 
-TOKEN = "t0k"
+TOKEN = "0123abcd"
 ME = {"instance": "me", "kernel": "k1", "host": "h", "pid": 1}
 
 
@@ -121,7 +122,7 @@ def test_a_kernel_that_lost_its_session_gets_its_cell_refused(tmp_path: Path) ->
     assert not j.arm(3)
     j.refuse()
     [(kind, payload)] = rt.sent
-    assert kind == "error" and payload["ename"] == "DaytonaKernelDetached" and "k2 on laptop" in payload["evalue"]
+    assert kind == "error" and payload["ename"] == "DaytonaKernelDetached" and "(k2)" in payload["evalue"]
     j.adopt("new")  # the new owner takes over: its cells run again
     assert j.arm(4)
     assert rt.sent[-1][0] == "reply" and rt.sent[-1][1]["count"] == 0
@@ -136,3 +137,154 @@ def test_the_hello_scan_reports_live_sessions_and_prunes_ended_ones(tmp_path: Pa
     assert [s["meta"]["session"] for s in scanned["sessions"]] == ["ctx-1"]  # this process: alive
     assert not ended.exists()
     assert journal.hello_sessions(None) == {}
+
+
+# -- the journal is hostile input: a cell can write any of it (issue 20, item 4; issue 23, item 3) --------------
+
+FORGED = {
+    "infinite pid": '{"session": "ctx-f1", "token": "0123456789abcdef", "pid": Infinity, "count": 1}',
+    "huge count": '{"session": "ctx-f2", "token": "0123456789abcdef", "pid": 1, "count": 1e400}',
+    "nan time": '{"session": "ctx-f3", "token": "0123456789abcdef", "pid": 1, "last_cell_at": NaN}',
+    "bool pid": '{"session": "ctx-f4", "token": "0123456789abcdef", "pid": true}',
+    "huge int": '{"session": "ctx-f5", "token": "0123456789abcdef", "pid": 1, "variables": ' + "9" * 400 + "}",
+    "not a dict": "[1, 2, 3]",
+    "deep": "[" * 100_000 + "]" * 100_000,
+    "string count": '{"session": "ctx-f7", "token": "0123456789abcdef", "pid": 1, "count": "7"}',
+    "bad token": '{"session": "ctx-f8", "token": "<script>", "pid": 1}',
+}
+
+
+def forge(root: Path, name: str, meta_text: str, owner_text: str = "{}") -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(meta_text)
+    (folder / "owner.json").write_text(owner_text)
+    return folder
+
+
+def test_a_forged_journal_never_stops_the_scan_and_every_bad_value_is_refused(tmp_path: Path) -> None:
+    from daytona_kernel.attach import Detached, KernelIdentity
+
+    rt, j = opened(tmp_path)
+    root = Path(j.folder).parent
+    for i, text in enumerate(FORGED.values()):
+        forge(root, f"ctx-f{i}", text, owner_text='{"host": Infinity, "pid": 1e400}')
+    forge(root, "ctx-big", '{"session": "ctx-big", "pad": "' + "x" * 100_000 + '"}')
+    scanned = journal.scan(str(root))  # the runtime's side: never raises
+    identity = KernelIdentity("k", "nb.ipynb")
+    parsed = {e["meta"].get("session"): Detached.parse(e, scanned["now"], identity) for e in scanned["sessions"]}
+    assert parsed.pop("ctx-1") is not None  # the real one
+    assert set(parsed.values()) == {None}, parsed  # every forged one is refused, none raises
+    assert "ctx-big" not in parsed  # too big to be ours: not even read
+    assert Detached.parse({"meta": {"session": "ctx-1"}, "owner": []}, float("inf"), identity) is None
+
+
+def test_values_a_forged_journal_sends_are_bounded_before_they_are_shown(tmp_path: Path) -> None:
+    from daytona_kernel.attach import Detached, KernelIdentity
+
+    meta = {"session": "ctx-2", "token": "0123456789abcdef", "pid": 5, "count": 3, "name": "\x1b[2Jnb\u202e.ipynb" * 50}
+    session = Detached.parse({"meta": meta, "owner": {"kernel": "k\x00" * 100}, "alive": True}, 1e300, KernelIdentity("k", ""))
+    assert session is not None
+    assert session.name.startswith("[2Jnb.ipynb") and len(session.name) <= 80 and "\x1b" not in session.name
+    assert session.owner_kernel == "k" * 40
+    assert session.idle_s == 0.0 and "ran just now" in session.describe()  # a sandbox clock of 1e300 is not believed
+
+
+def test_a_journal_line_longer_than_a_read_is_passed_over_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal, "READ_BYTES", 200)
+    rt, j = opened(tmp_path)
+    j.arm(1)
+    j.begin()
+    rt.out.target.write("before\n")
+    rt.out.target.write("x" * 5000)  # one record: one line of about 5 KB
+    rt.out.target.write("after\n")
+    records, _, _ = read_all(j.folder)
+    assert [r["type"] for r in records] == ["stdout", journal.SKIPPED, "stdout"]
+    assert records[0]["text"] == "before\n" and records[2]["text"] == "after\n" and int(records[1]["text"]) > 5000
+
+
+def test_a_forged_record_is_dropped_from_the_replay(tmp_path: Path) -> None:
+    rt, j = opened(tmp_path)
+    (Path(j.folder) / "out.0.jsonl").write_text(
+        '{"type": "stdout", "text": "ok\\n"}\n{"type": "stdout", "text": 1e400}\n[1]\n{"type": "evil", "text": "x"}\n'
+    )
+    assert [r["text"] for r in read_all(j.folder)[0]] == ["ok\n"]
+
+
+def test_a_pid_reused_after_the_sandbox_restarted_is_not_the_session(tmp_path: Path) -> None:
+    """A stop or restart of the sandbox starts pids from 1 again: the same pid is another process."""
+    rt, j = opened(tmp_path)
+    root = Path(j.folder).parent
+    meta = json.loads((Path(j.folder) / "meta.json").read_text())
+    assert meta["pid"] == os.getpid() and meta["stamp"]  # this process, with its boot id and start time
+    forge(root, "ctx-old", json.dumps(dict(meta, session="ctx-old", stamp="another-boot:" + meta["stamp"].split(":")[1])))
+    forge(root, "ctx-older", json.dumps(dict(meta, session="ctx-older", stamp=meta["stamp"].split(":")[0] + ":1")))
+    forge(root, "ctx-unstamped", json.dumps({k: v for k, v in dict(meta, session="ctx-unstamped").items() if k != "stamp"}))
+    alive = {s["meta"]["session"]: s["alive"] for s in journal.scan(str(root))["sessions"]}
+    assert alive == {"ctx-1": True, "ctx-old": False, "ctx-older": False, "ctx-unstamped": False}
+    assert journal.read(str(root / "ctx-old"), 0, 0)["alive"] is False
+    journal.hello_sessions(j)  # the runtime's hello prunes them
+    assert sorted(p.name for p in root.iterdir()) == ["ctx-1"]
+
+
+def test_the_journal_keeps_no_host_name_pid_or_local_path_readable_in_the_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from daytona_kernel import attach
+    from daytona_kernel.attach import KernelIdentity
+
+    notebook = "/home/alice/clients/acme-merger/model.ipynb"
+    identity = KernelIdentity("kid", notebook)
+    owner = identity.owner()
+    written = json.dumps(owner) + json.dumps({k: v for k, v in attach.SessionJournal.options.__get__(_Journal(identity))("c").items()})
+    assert socket.gethostname() not in written and "alice" not in written and "acme" not in written
+    assert owner["pid"] != os.getpid()
+    seen: list[int] = []
+    monkeypatch.setattr(attach, "pid_is_kernel", lambda pid: seen.append(pid) or True)
+    assert identity.owner_alive(owner) is True and seen == [os.getpid()]  # this machine can still tell
+    assert identity.owner_alive(dict(owner, host="0" * 32)) is None  # another machine's
+    assert KernelIdentity("kid", notebook).notebook_tag == identity.notebook_tag != KernelIdentity("kid", "x").notebook_tag
+
+
+class _Journal:
+    """Just enough of a SessionJournal for its ``options``."""
+
+    def __init__(self, identity: Any) -> None:
+        self.identity = identity
+        self.root = "/home/daytona/.daytona-kernel/journal"
+        self._sandbox = type("S", (), {"workdir": "/home/daytona/workspace"})()
+
+
+def test_a_session_the_daemon_no_longer_runs_is_not_announced(tmp_path: Path) -> None:
+    """After a stop or restart of the sandbox, the journal is still on its disk but the daemon's contexts are
+    gone: the kernel asks the daemon before it says that the previous session "is still running"."""
+    import asyncio
+    import logging
+
+    from daytona_kernel.attach import KernelIdentity, SessionJournal, _pad
+    from daytona_kernel.config import SessionSettings
+    from daytona_kernel.outputs import OutputPolicy
+
+    identity = KernelIdentity("k", "nb.ipynb")
+    dead_owner = dict(identity.owner(), instance="0" * 16, pid=journal.PID_MAX ^ _pad(identity.key, "0" * 16))  # no such process
+    meta = {"session": "ctx-old", "token": "0123456789abcdef", "pid": 7, "state": "running", "cell_count": 7,
+            "notebook": identity.notebook_tag, "count": 6}  # fmt: skip
+    scanned = {"now": 1e9, "sessions": [{"meta": dict(meta, last_cell_at=1e9), "owner": dead_owner, "alive": True}]}
+
+    class Box:
+        workdir = "/home/daytona/workspace"
+
+        def __init__(self, live: set[str]) -> None:
+            self.live = live
+
+        async def live_contexts(self) -> set[str]:
+            return self.live
+
+    def look(live: set[str]) -> str:
+        j = SessionJournal(Box(live), SessionSettings(), identity, OutputPolicy(trusted=True), logging.getLogger("t"))  # type: ignore[arg-type]
+        return asyncio.run(j.look("ctx-new", scanned))
+
+    assert "cell [7] still running" in look({"ctx-old", "ctx-new"})
+    assert look({"ctx-new"}) == ""

@@ -233,3 +233,68 @@ def test_attach_on_the_local_backend_says_what_to_do(tmp_path: Path) -> None:
         run = k.execute("%daytona attach")
         assert run.errors[0]["ename"] == "UsageError"
         assert "daytona backend" in run.errors[0]["evalue"] and "end with it" in run.errors[0]["evalue"]
+
+
+# -- the journal is hostile input (issue 20, item 4) ----------------------------------------------------------
+
+FORGE_JOURNALS = (
+    "import json, os\n"
+    "root = os.path.join('..', '.daytona-kernel', 'journal')\n"
+    "for name in os.listdir(root):\n"
+    "    meta = os.path.join(root, name, 'meta.json')\n"
+    "    if json.load(open(meta))['count'] == 1:  # the detached session's\n"
+    "        alive = dict(json.load(open(meta)), session='ctx-str', count='7')  # a live pid, a bad count\n"
+    "        text = open(meta).read().replace('\"count\": ', '\"count\": 1e400, \"was\": ')\n"
+    "        open(meta, 'w').write(text.replace('\"pid\": ', '\"pid\": Infinity, \"was_pid\": '))\n"
+    "for name, text in (('ctx-inf', '{\"session\": \"ctx-inf\", \"token\": \"0123456789abcdef\", \"pid\": Infinity}'),\n"
+    "                   ('ctx-str', json.dumps(alive)),\n"
+    "                   ('ctx-deep', '[' * 100000), ('ctx-huge', '{\"pad\": \"' + 'x' * 10**6 + '\"}')):\n"
+    "    os.makedirs(os.path.join(root, name), exist_ok=True)\n"
+    "    open(os.path.join(root, name, 'meta.json'), 'w').write(text)\n"
+    "    open(os.path.join(root, name, 'owner.json'), 'w').write('{\"pid\": 1e400, \"host\": NaN}')\n"
+)
+
+
+def test_a_forged_journal_never_stops_a_reply_or_gc(daytona_env: Any, tmp_path: Path) -> None:
+    first = Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path))
+    first.execute("x = 41")
+    kill(first)
+    second = Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path))
+    assert second.execute(FORGE_JOURNALS).status == "ok"  # a cell forges the journal of the detached session
+    kill(second)
+    with Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path)) as third:
+        for _ in range(2):
+            run = third.execute("1 + 1", timeout=60)
+            assert result_text(run) == "2", (run.errors, run.text("stderr"))
+        lines: list[str] = []
+        assert admin.run(admin.gc(3600.0, True, lines.append)) == 0
+        assert any("skipped a malformed session journal" in line for line in lines), lines
+
+
+def test_attach_to_a_forged_running_session_can_be_interrupted(daytona_env: Any, tmp_path: Path) -> None:
+    """A cell marks the detached session as running forever: following it must stop at an interrupt."""
+    first = Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path))
+    first.execute("x = 41")
+    kill(first)
+    with Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path)) as second:
+        forged = second.execute(
+            "import json, os\n"
+            "root = os.path.join('..', '.daytona-kernel', 'journal')\n"
+            "for name in os.listdir(root):\n"
+            "    path = os.path.join(root, name, 'meta.json')\n"
+            "    meta = json.load(open(path))\n"
+            "    if meta['count'] == 1:\n"
+            "        meta['state'] = 'running'\n"
+            "        json.dump(meta, open(path, 'w'))\n"
+        )
+        assert forged.status == "ok"
+        attaching = start_cell(second, "%daytona attach")
+        wait_for_text(second, attaching, "its last cell's output follows")
+        time.sleep(1)
+        second.interrupt()
+        _, _, errors, reply = collect(second, attaching, timeout=30)
+        assert reply["status"] == "error" and errors[0]["ename"] == "KeyboardInterrupt", errors
+        assert "goes on in the sandbox" in errors[0]["evalue"]
+        assert result_text(second.execute("'x' in globals()")) == "False"  # not attached
+        again = second.execute("%daytona status")
+        assert "detached" in again.text(), again.text()  # given back: still attachable

@@ -30,13 +30,16 @@ import sys
 import time
 import types
 
-VERSION = 1
+VERSION = 2  # 2: the worker's process stamp (boot id and start time) beside its pid
 FILE_BYTES = 4 * 1024 * 1024  # one journal file; two are kept, so a replay shows up to the last 8 MiB
 READ_BYTES = 2 * 1024 * 1024  # the most one ``read`` returns (the next read goes on from there)
 SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 OUT_FILE = re.compile(r"^out\.(\d+)\.jsonl$")
 INPUTS_KEPT = 1000  # how many past inputs an attaching kernel gets for its history
 PIECE_MARK = " + "  # after "<MARK><token>": a frame piece that more pieces follow
+JSON_BYTES = 64 * 1024  # meta.json and owner.json are a few hundred bytes; anything bigger is not ours
+PID_MAX = 4194304  # Linux's PID_MAX_LIMIT: no pid is bigger
+SKIPPED = "skipped"  # a record that stands for a line too long to read (its size is its "text")
 
 
 def _write_json(path, value):
@@ -46,12 +49,40 @@ def _write_json(path, value):
     os.replace(tmp, path)
 
 
-def _read_json(path):
+def _finite(text):
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("not a finite number: %s" % text[:20])
+    return value
+
+
+def _no_constant(name):
+    raise ValueError("%s is not a number" % name)
+
+
+def loads(text):
+    """JSON that a cell may have written: finite numbers only (no NaN, Infinity or 1e400); ValueError otherwise."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _read_json(path):
+    """A small JSON object a cell may have forged: None when it is missing, too big or not an object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(JSON_BYTES + 1)
+        if len(data) > JSON_BYTES:
+            return None
+        value = loads(data.decode("utf-8"))
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def _out_files(folder):
@@ -76,11 +107,46 @@ def _frame_mark():
     return framing.MARK
 
 
-def _alive(pid):
+def _pid(value):
+    """A pid as a cell may have written it: a positive int no bigger than any pid, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= PID_MAX:
+        return value
+    return None
+
+
+def process_stamp(pid):
+    """What tells this process apart from a later one with the same pid: the boot's id and the process's
+    start time (clock ticks since boot). A stop or restart of the sandbox starts pids from 1 again, and
+    both parts change. "" where /proc does not say (then only the pid is checked)."""
     try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError, TypeError):
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read(64).strip()
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read(4096)
+        start = stat[stat.rindex(b")") + 2 :].split()[19].decode("ascii")  # field 22; the name may hold spaces
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return ""
+    return "%s:%s" % (boot, start)
+
+
+def _alive(meta):
+    """Whether the interpreter a session's meta names still runs: the same pid *and* the same process
+    (its stamp), so a pid reused after a restart of the sandbox is not taken for it."""
+    if not isinstance(meta, dict):
         return False
+    pid = _pid(meta.get("pid"))
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # another user's process: it runs, but it is not ours unless its stamp says so
+    except OSError:
+        return False
+    stamp = meta.get("stamp")
+    now = process_stamp(pid)
+    if now or stamp:
+        return isinstance(stamp, str) and stamp == now
     return True
 
 
@@ -115,9 +181,11 @@ class Journal(object):
         self.meta = {
             "version": VERSION,
             "session": options["session"],
-            "notebook": options.get("notebook") or "",
+            "notebook": options.get("notebook") or "",  # a keyed hash of the notebook's path
+            "name": options.get("name") or "",  # the notebook's file name, for messages
             "token": runtime.token,
             "pid": os.getpid(),
+            "stamp": process_stamp(os.getpid()),
             "python": "%d.%d.%d" % sys.version_info[:3],
             "count": 0,
             "variables": 0,
@@ -155,13 +223,15 @@ class Journal(object):
     def refuse(self):
         """A cell from a kernel that lost the session: one error, nothing run."""
         owner = _read_json(os.path.join(self.folder, "owner.json")) or {}
+        kernel = owner.get("kernel")
+        kernel = re.sub(r"[^A-Za-z0-9_.-]", "", kernel)[:40] if isinstance(kernel, str) else ""
         with self._rt.session():
             self._rt.send(
                 "error",
                 {
                     "ename": "DaytonaKernelDetached",
-                    "evalue": "this session was attached by another kernel (%s on %s); restart this kernel to "
-                    "get a fresh one" % (owner.get("kernel") or "?", owner.get("host") or "?"),
+                    "evalue": "this session was attached by another kernel (%s); restart this kernel to "
+                    "get a fresh one" % (kernel or "?"),
                     "traceback": [],
                 },
             )
@@ -313,13 +383,38 @@ def scan(root, prune=False):
         meta = _read_json(os.path.join(folder, "meta.json"))
         if not SESSION_NAME.match(name) or not isinstance(meta, dict):
             continue
-        if prune and not _alive(meta.get("pid")):
+        alive = _alive(meta)
+        if prune and not alive:
             remove(folder)
             continue
-        sessions.append(
-            {"meta": meta, "owner": _read_json(os.path.join(folder, "owner.json")) or {}, "alive": _alive(meta.get("pid"))}
-        )
+        sessions.append({"meta": meta, "owner": _read_json(os.path.join(folder, "owner.json")) or {}, "alive": alive})
     return {"now": time.time(), "sessions": sessions}
+
+
+def _skip_line(f, start):
+    """The offset just past the line that starts at ``start`` (a line longer than READ_BYTES), or None
+    while it is still being written (no newline yet)."""
+    f.seek(start)
+    pos = start
+    while True:
+        block = f.read(1024 * 1024)
+        if not block:
+            return None
+        cut = block.find(b"\n")
+        if cut >= 0:
+            return pos + cut + 1
+        pos += len(block)
+
+
+def _record(line):
+    """One journal line as {"type", "text"} (stdout or stderr), or None when it is not one."""
+    try:
+        record = loads(line.decode("utf-8", "replace"))
+    except ValueError:
+        return None  # a torn line after a crash, or a forged one: nothing to show
+    if not isinstance(record, dict) or record.get("type") not in ("stdout", "stderr") or not isinstance(record.get("text"), str):
+        return None
+    return {"type": record["type"], "text": record["text"]}
 
 
 def read(folder, n, offset):
@@ -327,6 +422,8 @@ def read(folder, n, offset):
 
     Returns the meta read *before* the files (so a meta that says idle means every record
     is in), the records, where to go on from, and whether older output was rotated away.
+    A line longer than READ_BYTES (a cell can write one into the journal) is passed over,
+    as one record of type SKIPPED whose text is its size, so the reader can say so.
     """
     meta = _read_json(os.path.join(folder, "meta.json")) or {}
     records, lost, size = [], False, 0
@@ -340,19 +437,25 @@ def read(folder, n, offset):
             with open(os.path.join(folder, name), "rb") as f:
                 f.seek(offset)
                 data = f.read(READ_BYTES - size)
+                end = data.rfind(b"\n") + 1  # only whole lines; a line being written is read next time
+                if not end and not records and len(data) == READ_BYTES:
+                    past = _skip_line(f, offset)
+                    if past is None:
+                        break
+                    records.append({"type": SKIPPED, "text": str(past - offset)})
+                    offset = past
+                    break
         except OSError:
             break
-        end = data.rfind(b"\n") + 1  # only whole lines; a line being written is read next time
         for line in data[:end].splitlines():
-            try:
-                records.append(json.loads(line.decode("utf-8", "replace")))
-            except ValueError:
-                continue  # a torn line after a crash: nothing to show
+            record = _record(line)
+            if record is not None:
+                records.append(record)
         offset += end
         size += end
         if size >= READ_BYTES or end < len(data):
             break
-    return {"meta": meta, "records": records, "n": n, "offset": offset, "lost": lost, "alive": _alive(meta.get("pid"))}
+    return {"meta": meta, "records": records, "n": n, "offset": offset, "lost": lost, "alive": _alive(meta)}
 
 
 def claim(folder, expected, owner):
@@ -377,13 +480,13 @@ def remove(folder):
 
 
 def main(argv):
-    verb = argv[0]
+    verb = argv[0] if argv else ""
     if verb == "scan":
         result = scan(argv[1])
     elif verb == "read":
         result = read(argv[1], int(argv[2]), int(argv[3]))
     elif verb == "claim":
-        result = claim(argv[1], argv[2], json.loads(argv[3]))
+        result = claim(argv[1], argv[2], loads(argv[3]))
     elif verb == "remove":
         result = remove(argv[1])
     else:
