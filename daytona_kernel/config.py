@@ -169,8 +169,9 @@ class DaytonaKernelConfig(Configurable):
         default_value=[],
         help="Files the mirror sends even though they look like secrets or are ignored, as .gitignore-style "
         "patterns (for example ['.env']). By default .env, .envrc, .npmrc, .pypirc, .git-credentials, "
-        "credentials.json, id_rsa*, id_ed25519*, kubeconfig, secrets.toml, *.pem, *.key, .ssh/ ... never "
-        "leave this machine; a notice names each one skipped. %upload PATH sends one file once.",
+        "credentials.json, kaggle.json, id_rsa*, id_ed25519*, kubeconfig, secrets.toml, *.pem, *.key, .ssh/ ... "
+        "(in any case; docs/security.md lists them all) never leave this machine; a notice names each one skipped. "
+        "%upload PATH sends one file once.",
     ).tag(config=True)
 
     sync_deletes = Bool(False, help="Propagate deletions in both directions (off: a deleted file stays on the other side).").tag(

@@ -246,6 +246,22 @@ SECRET_FILES = (
     "tls/server.key",
     "sub/.env",
     ".ssh/config",
+    # issue 20, item 8: whatever the case, and the common credential files
+    ".ENV",
+    "ID_RSA",
+    "cert.PEM",
+    ".NETRC",
+    "CREDENTIALS.JSON",
+    "kaggle.json",
+    "service-account.json",
+    "gcp/my-project-service_account-key.json",
+    "application_default_credentials.json",
+    ".vault-token",
+    "infra/terraform.tfstate",
+    ".boto",
+    ".s3cfg",
+    ".huggingface/token",
+    "KEYS/Id_Ed25519.pub",
 )
 
 
@@ -259,8 +275,9 @@ def test_secret_files_are_not_uploaded_and_one_notice_says_how_to_include_one(fo
     assert sent == [".env.example", "analysis.py"]
     notice = first.notices()
     assert notice.count("look like secrets") == 1
-    for rel in SECRET_FILES:
-        assert rel.split("/")[0] in notice
+    for rel in (".ENV", ".NETRC", ".huggingface/", "CREDENTIALS.JSON", "ID_RSA", "cert.PEM"):
+        assert rel in notice
+    assert f"and {len(SECRET_FILES) - 20} more" in notice  # the list is bounded; %sync status has it too
     assert "sync_include" in notice and "%upload" in notice
     (folder / "more.txt").write_text("x")
     assert "secrets" not in asyncio.run(mirror.push()).notices()  # said once
@@ -648,13 +665,14 @@ def test_a_forged_change_report_cannot_write_outside_the_folder(kernel_name: str
 
 
 def test_secret_files_stay_on_this_machine(kernel_name: str, tmp_path: Path) -> None:
-    for rel in (".env", "id_rsa", "certs/server.pem", "notes.txt"):
+    secret = (".env", "id_rsa", "certs/server.pem", ".ENV.local", "kaggle.json", ".huggingface/token", "CERT.PEM")
+    for rel in (*secret, "notes.txt"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("SECRET=1\n")
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
-        run = k.execute("import os\nsorted(os.path.exists(p) for p in ('.env', 'id_rsa', 'certs/server.pem')), os.path.exists('notes.txt')")
-        assert run.of_type("execute_result")[0]["data"]["text/plain"] == "([False, False, False], True)"
-        assert "look like secrets: .env, certs/server.pem, id_rsa" in run.text("stderr")
+        run = k.execute(f"import os\nsorted(os.path.exists(p) for p in {secret!r}), os.path.exists('notes.txt')")
+        assert run.of_type("execute_result")[0]["data"]["text/plain"] == f"({[False] * len(secret)}, True)"
+        assert "look like secrets: .ENV.local, .env, .huggingface/, CERT.PEM, certs/server.pem, id_rsa, kaggle.json" in run.text("stderr")
         assert "look like secrets" not in k.execute("pass").text("stderr")
 
 

@@ -14,8 +14,8 @@ file beats a shallower one, and nothing inside an excluded folder comes back.
 ``MirrorRules`` adds three lists on top of the .gitignore files:
 - ``NEVER``: version-control and kernel metadata (``.git`` ...). Never mirrored,
   in either direction, whatever any setting says.
-- ``SECRET_PATTERNS``: files that usually hold credentials. Skipped unless the
-  user lists them in ``sync_include``.
+- ``SECRET_PATTERNS``: files that usually hold credentials, matched whatever their
+  case. Skipped unless the user lists them in ``sync_include``.
 - ``DEFAULT_EXCLUDES``: caches and virtualenvs, below every .gitignore (a
   ``!pattern`` there brings one back). ``sync_exclude`` patterns are above them.
 Folders holding a ``pyvenv.cfg`` (virtualenvs) are always skipped.
@@ -33,7 +33,8 @@ import time
 
 NEVER = (".git", ".hg", ".svn", ".bzr", "_darcs", ".daytona-kernel")
 
-SECRET_PATTERNS = (
+SECRET_PATTERNS = (  # matched case-insensitively: .ENV and ID_RSA too
+    # environment files
     ".env",
     ".env.*",
     "!.env.example",
@@ -41,34 +42,70 @@ SECRET_PATTERNS = (
     "!.env.template",
     "!.env.dist",
     ".envrc",
+    # tool credentials (git, http, databases, package registries)
     ".git-credentials",
     ".netrc",
     "_netrc",
     ".pgpass",
+    ".my.cnf",
     ".npmrc",
     ".pypirc",
     ".htpasswd",
+    ".dockercfg",
+    ".vault-token",
+    ".databrickscfg",
+    ".terraformrc",
+    "terraform.rc",
+    "credentials.tfrc.json",
+    "*.tfstate",
+    "*.tfstate.backup",
+    "terraform.tfvars",
+    "*.auto.tfvars",
+    # cloud credentials (AWS/boto, S3 tools, Google, Kaggle, Hugging Face)
+    ".boto",
+    ".s3cfg",
+    ".passwd-s3fs",
     "credentials.json",
+    "credentials.csv",
     "client_secret*.json",
+    "*service[-_]account*.json",
+    "application_default_credentials.json",
+    "adc.json",
+    "kaggle.json",
+    ".huggingface/",
+    # keys and certificates
     "id_rsa*",
     "id_dsa*",
     "id_ecdsa*",
     "id_ed25519*",
-    "kubeconfig",
-    "*.kubeconfig",
-    "secrets.toml",
     "*.pem",
     "*.key",
     "*.p12",
     "*.pfx",
+    "*.pkcs12",
     "*.keystore",
     "*.jks",
+    "*.ppk",
+    "*.ovpn",
+    "*.kdbx",
+    # cluster and app secrets
+    "kubeconfig",
+    "*.kubeconfig",
+    "secrets.toml",
+    "secrets.yml",
+    "secrets.yaml",
+    # shell histories hold what was typed, tokens included
+    ".*_history",
+    # folders of credentials
     ".ssh/",
     ".aws/",
     ".azure/",
     ".gnupg/",
     ".kube/",
     ".docker/",
+    ".kaggle/",
+    ".oci/",
+    ".terraform.d/",
     # home-folder settings that often hold tokens (gh, gcloud, keyrings, Jupyter)
     ".config/",
     ".local/",
@@ -247,7 +284,8 @@ class PathRules:
     costs one or two regex calls whatever the number of patterns.
     """
 
-    def __init__(self, patterns):
+    def __init__(self, patterns, ignorecase=False):
+        flags = re.DOTALL | (re.IGNORECASE if ignorecase else 0)
         self._rules = []
         for raw in patterns:
             line = _trim_trailing_spaces(raw.removesuffix("\r"))
@@ -265,13 +303,13 @@ class PathRules:
             source = translate(line) if line else None
             if source is None:
                 continue
-            self._rules.append((re.compile(source, re.DOTALL), negate, dir_only, anchored))
+            self._rules.append((re.compile(source, flags), negate, dir_only, anchored))
         self.has_negation = any(negate for _, negate, _, _ in self._rules)
         self._any = {}
         for is_dir in (False, True):
             for anchored in (False, True):
                 parts = [f"(?:{r.pattern})" for r, _, d, a in self._rules if a == anchored and (is_dir or not d)]
-                self._any[(is_dir, anchored)] = re.compile("|".join(parts), re.DOTALL) if parts else None
+                self._any[(is_dir, anchored)] = re.compile("|".join(parts), flags) if parts else None
 
     def __bool__(self):
         return bool(self._rules)
@@ -328,7 +366,7 @@ class MirrorRules:
         self.root = root
         self._never = frozenset(NEVER)
         self._include = PathRules(include)
-        self._secrets = PathRules(secrets)
+        self._secrets = PathRules(secrets, ignorecase=True)  # case-insensitive file systems are common
         self._extra = PathRules(extra)
         self._defaults = PathRules(defaults)
         self._read_gitignore = gitignore
