@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from .attach import KernelIdentity
-from .backends import open_sandbox
-from .config import DaytonaKernelConfig, SessionSettings, settings_from
+from .backends import Sandbox, open_sandbox, open_worker_sandbox
+from .config import DaytonaKernelConfig, MirrorSettings, SessionSettings, settings_from
+from .fanout import Spawn, WorkerPool
+from .outputs import OutputPolicy
 from .session import RuntimeSession
-from .sync import mirror_root, open_mirror
+from .sync import WorkdirMirror, mirror_root, open_mirror
 
 KERNEL_FILE_PREFIX = "kernel-"
 NOTEBOOK_ENV = "JPY_SESSION_NAME"  # jupyter_server gives a kernel its notebook's path here
@@ -33,7 +38,27 @@ def build_session(
     sandbox = open_sandbox(config, root, kernel_id)
     workdir_mirror = open_mirror(config, sandbox, root, log, start_in) if mirror else None
     identity = KernelIdentity(kernel_id, os.environ.get(NOTEBOOK_ENV, ""))
-    return RuntimeSession(sandbox, settings_from(SessionSettings, config), log, workdir_mirror, start_in, identity)
+    settings = settings_from(SessionSettings, config)
+    scratch = Path(tempfile.gettempdir()) / f"daytona-kernel-fanout-{os.getpid()}-{secrets.token_hex(4)}"
+    spawn = worker_spawner(config, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up)
+    pool = WorkerPool(spawn, settings, log, OutputPolicy(settings.output_trusted), start_in, scratch)
+    return RuntimeSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool)
+
+
+def worker_spawner(
+    config: DaytonaKernelConfig, root: str, kernel_id: str, start_in: str, scratch: Path, log: logging.Logger, files: bool
+) -> Spawn:
+    """How ``%%daytona map`` makes worker number ``serial``: a sandbox like the main one and, when the main
+    sandbox gets the project's files, a one-way mirror that copies them into the worker (its record of what
+    was sent is kept in ``scratch``, which the pool deletes)."""
+    mirror_settings = replace(settings_from(MirrorSettings, config), sync="up")
+
+    def spawn(serial: int) -> tuple[Sandbox, WorkdirMirror | None]:
+        sandbox = open_worker_sandbox(config, root, kernel_id, serial)
+        mirror = WorkdirMirror(root, sandbox, mirror_settings, scratch / f"worker-{serial}.json", log, start_in) if files else None
+        return sandbox, mirror
+
+    return spawn
 
 
 def kernel_id_of(connection_file: str | os.PathLike[str]) -> str:

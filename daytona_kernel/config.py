@@ -255,6 +255,13 @@ class DaytonaKernelConfig(Configurable):
         "ended this way.",
     ).tag(config=True)
 
+    fan_out_max = Int(
+        8,
+        min=1,
+        help="Most workers one `%%daytona map N` cell may start (each is a sandbox of the main sandbox's "
+        "size, billed while it runs; on the local backend, a worker process). See docs/fanout.md.",
+    ).tag(config=True)
+
     local_python = Unicode(
         sys.executable,
         help="Python interpreter that runs cells on the local backend.",
@@ -399,6 +406,7 @@ class SessionSettings:
     repo_ref: str = ""
     attach: str = "ask"
     detached_idle_minutes: float = 1440.0
+    fan_out_max: int = 8
 
     @property
     def output_trusted(self) -> bool:

@@ -38,6 +38,12 @@ class AuthError(BackendError):
     ename = "DaytonaAuthError"
 
 
+class QuotaExceeded(BackendError):
+    """Daytona refused a new sandbox: the organisation's CPU, memory, disk or GPU quota is used up."""
+
+    ename = "DaytonaQuotaExceeded"
+
+
 class SandboxNotRunning(BackendError):
     """The sandbox could not run the request (stopped, archived, unreachable); no code ran."""
 

@@ -38,3 +38,16 @@ def kernel_magic_lines(code: str) -> list[tuple[str, str]] | None:
             return None
         found.append((name, args.strip()))
     return found or None
+
+
+CELL_MAGIC = "%%daytona"
+
+
+def daytona_cell(code: str) -> tuple[str, str] | None:
+    """``(arguments, body)`` when the cell begins with the kernel's cell magic (``%%daytona map 4 ...``),
+    else None. Like any cell magic, it must be the cell's first line."""
+    first, _, body = code.lstrip("\n").partition("\n")
+    name, _, args = first.strip().partition(" ")
+    if name != CELL_MAGIC:
+        return None
+    return args.strip(), body

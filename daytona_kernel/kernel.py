@@ -25,7 +25,7 @@ from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
-from .interactive import check_complete, kernel_magic_lines
+from .interactive import check_complete, daytona_cell, kernel_magic_lines
 from .session import RuntimeSession
 
 # Session event kind -> iopub message type.
@@ -217,6 +217,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             self._adopt()
         count = self._next_count
         magics = kernel_magic_lines(code)
+        mapped = daytona_cell(code)
         if self._problems:
             content = error_content(ConfigError.ename, "\n".join(self._problems))
             self._emit("error", content)
@@ -224,6 +225,10 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         elif magics:
             assert self._runtime is not None
             outcome = CellOutcome(error=await self._runtime.kernel_magics(magics, frontend))
+        elif mapped is not None:
+            assert self._runtime is not None
+            cell = Cell(mapped[1], count, silent, store_history, False, {})
+            outcome = await self._runtime.fan_out(mapped[0], mapped[1], cell, frontend)
         else:
             assert self._runtime is not None
             cell = Cell(code, count, silent, store_history, allow_stdin, dict(user_expressions or {}))

@@ -23,6 +23,7 @@ from .cell import Frontend, error_content, stderr, stdout
 from .config import SessionSettings
 from .protocol import file_changes
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageError
+from .fanout import MAP_USAGE, WorkerPool
 from .runtime.framing import KERNEL_MAGICS
 from .supervisor import ContextSupervisor, Live
 from .sync import SyncReport, WorkdirMirror
@@ -111,8 +112,10 @@ class KernelMagics:
         settings: SessionSettings,
         log: logging.Logger,
         attach: Callable[[Frontend, list[str]], Awaitable[str]] | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
         self._supervisor = supervisor
+        self._pool = pool  # %%daytona map's workers
         self._attach = attach  # the session's %daytona attach
         self._sandbox = supervisor.sandbox
         self._mirror = mirror
@@ -197,8 +200,13 @@ class KernelMagics:
             return await self._recreate()
         if command == "attach" and self._attach is not None and self._frontend is not None:
             return await self._attach(self._frontend, args.split()[1:])
+        if command == "map" and self._pool is not None:
+            if args.split()[1:] != ["--close"]:
+                raise UsageError(f"%daytona map: as a line magic it only closes the workers. {MAP_USAGE}")
+            return await self._pool.close()
         raise UsageError(
             "Usage: %daytona status | %daytona checkpoint | %daytona restore | %daytona recreate | %daytona attach [--force] [SESSION]"
+            " | %daytona map --close"
         )
 
     async def _recreate(self) -> str:
@@ -248,6 +256,8 @@ class KernelMagics:
         info["interpreter"] = f"Python {live.python}, pid {live.pid}" if live is not None else "not started"
         if self._mirror is not None:
             info["mirror"] = f"{self._mirror.mode}: {self._mirror.local_root} <-> {self._sandbox.workdir}"
+        if self._pool is not None:
+            info["workers"] = self._pool.describe()
         if self._supervisor.journal is not None:
             try:
                 info["other sessions"] = await self._supervisor.journal.status(live.context.id if live else None)

@@ -20,6 +20,7 @@ from .backends.base import LOCAL_ATTACH, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
+from .fanout import WorkerPool, parse_map
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
 from .outputs import OutputBudget, OutputPolicy
@@ -45,8 +46,10 @@ class RuntimeSession:
         mirror: WorkdirMirror | None = None,
         start_in: str = "",
         identity: KernelIdentity | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
         self.sandbox = sandbox
+        self.pool = pool  # %%daytona map's workers
         self.mirror = mirror
         self._settings = settings
         self._log = log
@@ -62,7 +65,7 @@ class RuntimeSession:
             self.journal = SessionJournal(sandbox, settings, identity or KernelIdentity("", ""), self.outputs, log)
         self.supervisor.journal = self.journal
         self.adopted: Adopted | None = None  # set by an attach, taken by the kernel (execution count, history)
-        self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach)
+        self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach, pool)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self._current: Request | None = None
         self._watchdog: asyncio.Future[None] | None = None
@@ -88,6 +91,8 @@ class RuntimeSession:
         """Stop the timers, then release the sandbox (kept for the next process on a restart). Safe to call twice."""
         self._shut_down = True
         self._idle_checkpoint.disarm()
+        if self.pool is not None:
+            await self.pool.close()  # workers never outlive their kernel, a restart included
         if self.sandbox.volume_dir and self.supervisor.live is not None and self._current is None:
             # finish the volume's copy of the working directory before the sandbox goes
             reply = await self.supervisor.query("sync_volume")
@@ -110,6 +115,25 @@ class RuntimeSession:
     async def kernel_magics(self, lines: list[tuple[str, str]], frontend: Frontend) -> dict[str, Any] | None:
         """Run %sync / %upload / %download / %daytona here in the kernel. Returns the error, if any."""
         return await self.magics.run(lines, frontend)
+
+    async def fan_out(self, args: str, body: str, cell: Cell, frontend: Frontend) -> CellOutcome:
+        """A ``%%daytona map`` cell: ``body`` on the workers (docs/fanout.md). The main namespace is
+        touched only by ``--gather``."""
+        self._idle_checkpoint.disarm()
+        try:
+            spec = parse_map(args)
+            if self.pool is None:
+                raise UsageError("%%daytona map is not available in this session.")
+        except UsageError as exc:
+            content = error_content(exc.ename, str(exc))
+            frontend.emit("error", content)
+            return CellOutcome(error=content)
+        try:
+            return await self.pool.run(spec, body, cell, frontend, self.supervisor)
+        finally:
+            self._last_cell_end = time.monotonic()
+            if not self._shut_down:
+                self._idle_checkpoint.arm()
 
     async def query(self, method: str, *args: object) -> dict[str, Any] | None:
         """A quiet runtime call (complete, inspect): its reply, cleaned by the output policy, or None."""
@@ -363,6 +387,9 @@ class RuntimeSession:
 
         Returns once the signal is sent; the watchdog waits in the background.
         """
+        if self.pool is not None and self.pool.running:  # a %%daytona map cell: every worker
+            await self.pool.interrupt()
+            return
         if self._stop_waiting is not None:  # the cell still waits for the sandbox: stop waiting
             self._stop_waiting.set()
             return

@@ -76,6 +76,11 @@ class ContextSupervisor:
     def python_version(self) -> str | None:
         return self.live.python if self.live else None
 
+    @property
+    def sandbox_started(self) -> bool:
+        """Whether the sandbox was started (so ``shutdown`` releases it)."""
+        return self._sandbox_started
+
     def start(self) -> None:
         """Begin provisioning in the background, so the first cell rarely waits."""
         if self._starting is None:

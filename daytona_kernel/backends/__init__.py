@@ -5,11 +5,22 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import replace
 
 from ..config import DaytonaKernelConfig, DaytonaSettings, LocalSettings, settings_from
 from .base import Context, ExecResult, RunError, Sandbox, SandboxPolicy
 
-__all__ = ["Context", "ExecResult", "RunError", "Sandbox", "SandboxPolicy", "open_sandbox", "workspace_key", "workspace_key_for"]
+__all__ = [
+    "Context",
+    "ExecResult",
+    "RunError",
+    "Sandbox",
+    "SandboxPolicy",
+    "open_sandbox",
+    "open_worker_sandbox",
+    "workspace_key",
+    "workspace_key_for",
+]
 
 
 def workspace_key_for(folder: str) -> str:
@@ -34,3 +45,16 @@ def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sa
     from .daytona import DaytonaSandbox
 
     return DaytonaSandbox(settings_from(DaytonaSettings, config), key, kernel_id)
+
+
+def open_worker_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str, serial: int) -> Sandbox:
+    """A ``%%daytona map`` worker for the notebook in ``folder``: a sandbox made like the main one,
+    ephemeral, without the volume (its working directory is a copy, never kept)."""
+    if config.backend == "local":
+        from .local import LocalSandbox
+
+        settings = replace(settings_from(LocalSettings, config), sandbox_policy=SandboxPolicy.EPHEMERAL.value)
+        return LocalSandbox(settings, workspace_key(config, folder), volume=False)
+    from ..errors import UsageError
+
+    raise UsageError("%%daytona map runs on the local backend for now; the daytona backend's workers come next.")

@@ -149,6 +149,11 @@ class Sandbox(abc.ABC):
         raise UsageError("%daytona recreate needs the daytona backend: this sandbox is a local folder.")
 
     @property
+    def size_text(self) -> str:
+        """What one sandbox like this one is, for the line before ``%%daytona map`` starts workers."""
+        return "a worker process on this machine with its own copy of the project's files"
+
+    @property
     @abc.abstractmethod
     def description(self) -> str:
         """One line for banners and status: what and where this sandbox is."""

@@ -321,7 +321,8 @@ class LocalContext(Context):
 class LocalSandbox(Sandbox):
     """A local stand-in for a Daytona sandbox. See the module docstring."""
 
-    def __init__(self, config: LocalSettings, workspace_key: str) -> None:
+    def __init__(self, config: LocalSettings, workspace_key: str, volume: bool = True) -> None:
+        """``volume=False``: no durable copy of the working directory (a ``%%daytona map`` worker)."""
         self._config = config
         self._policy = SandboxPolicy(config.sandbox_policy)
         root = local_root()
@@ -330,7 +331,7 @@ class LocalSandbox(Sandbox):
         self.path = root / "sandboxes" / self.id
         self._tmp = self.path / "tmp"
         self.workdir = str(self.path / "workspace")
-        self.volume_dir = str(root / "volumes" / config.volume_name / workspace_key)
+        self.volume_dir = str(root / "volumes" / config.volume_name / workspace_key) if volume else ""
         self._contexts: list[LocalContext] = []
 
     @property
@@ -354,7 +355,8 @@ class LocalSandbox(Sandbox):
                 folder.chmod(PRIVATE_DIR_MODE)
             self.path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             Path(self.workdir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
-            Path(self.volume_dir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            if self.volume_dir:
+                Path(self.volume_dir).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             self._tmp.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
         except OSError as exc:
             raise BackendError(
@@ -363,7 +365,7 @@ class LocalSandbox(Sandbox):
             ) from exc
 
     def storage_options(self) -> dict[str, str]:
-        return {"volume_dir": os.path.relpath(self.volume_dir, self.workdir)}
+        return {"volume_dir": os.path.relpath(self.volume_dir, self.workdir)} if self.volume_dir else {}
 
     def _worker_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_VARS and not k.startswith("JPY_")}

@@ -11,11 +11,12 @@ import json
 from importlib import resources
 
 MODULE_PREFIX = "_daytona_kernel_"
-MODULES = ("framing", "pathrules", "durable", "journal", "files", "streams", "display", "basic", "ipyshell", "runtime")
+MODULES = ("framing", "pathrules", "durable", "journal", "files", "streams", "display", "basic", "ipyshell", "runtime", "fanout")
 """The runtime's modules, in import order; each is installed as ``_daytona_kernel_<name>``."""
 IPYSHELL_MODULE = MODULE_PREFIX + "ipyshell"
 RUNTIME_MODULE = MODULE_PREFIX + "runtime"
 JOURNAL_MODULE = MODULE_PREFIX + "journal"
+FANOUT_MODULE = MODULE_PREFIX + "fanout"
 HANDLE = "__dk__"
 RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
 """The error a call raises in a worker without the runtime: the daemon replaced a dead
@@ -110,6 +111,17 @@ def journal_call_source(method: str, *args: object) -> str:
     return (
         f"if {JOURNAL_MODULE!r} in __import__('sys').modules and {journal} is not None: "
         f"{journal}.{method}({', '.join(repr(a) for a in args)})\n"
+        f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
+    )
+
+
+def fanout_call_source(function: str, *args: object) -> str:
+    """Code that calls one function of the runtime's ``fanout`` module with the context's runtime
+    (``%%daytona map``: scatter, prelude, dump, gather), like ``call_source``."""
+    runtime = f"__import__('sys').modules[{RUNTIME_MODULE!r}].current"
+    fanout = f"__import__('sys').modules[{FANOUT_MODULE!r}]"
+    return (
+        f"if {FANOUT_MODULE!r} in __import__('sys').modules: {fanout}.{function}({', '.join([runtime, *map(repr, args)])})\n"
         f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
     )
 

@@ -1,0 +1,543 @@
+"""``%%daytona map N``: one cell run on N workers, each a sandbox of its own (see docs/fanout.md).
+
+A worker is a sandbox made like the main one (a Daytona sandbox, or on the local
+backend a folder with its own worker process), with the project's files and the
+same runtime, driven by its own ``ContextSupervisor``. Workers keep their
+variables between map cells, like ipyparallel's engines; a map cell with another
+N grows or shrinks the pool, and ``%daytona map --close`` (or the kernel's
+shutdown) deletes them.
+
+Output is shown the way ipyparallel's ``%%px`` shows it: every stream line
+prefixed ``[stdout:R] `` or ``[stderr:R] ``, rich outputs with ``worker: R`` in
+their metadata after a one-line header, one status line while the cell runs,
+and one error naming each worker that failed. ``--scatter`` and ``--gather`` move
+values as pickles through the files API; the kernel never unpickles them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import keyword
+import logging
+import posixpath
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .backends.base import RunError, Sandbox
+from .cell import Cell, CellOutcome, Frontend, error_content, stderr, stdout
+from .config import SessionSettings
+from .errors import BackendError, DaytonaKernelError, QuotaExceeded, SandboxNotRunning, UsageError
+from .ladder import RunEnd, settle
+from .outputs import OutputBudget, OutputPolicy
+from .request import Request
+from .runtime import call_source, fanout_call_source
+from .supervisor import ContextSupervisor, Live, runtime_missing
+from .sync import SyncReport, WorkdirMirror
+
+INTERRUPT_EXEC_TIMEOUT_S = 10.0
+TRANSFER_FOLDER = ".daytona-kernel-fanout"  # beside the working directory: never mirrored, never on the volume
+MAP_USAGE = "Usage: %%daytona map N [--scatter NAME[,NAME...]] [--gather NAME[,NAME...]] (first line of a cell), or %daytona map --close"
+
+Spawn = Callable[[int], "tuple[Sandbox, WorkdirMirror | None]"]
+"""Makes worker number ``serial``'s sandbox (not started yet) and the mirror that gives it the project's files."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would print and exit
+        raise UsageError(f"%%daytona map: {message}. {MAP_USAGE}")
+
+
+def _names(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad) or repr(value)} is not a variable name")
+    return names
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """The arguments of one ``%%daytona map`` line."""
+
+    workers: int
+    scatter: tuple[str, ...] = ()
+    gather: tuple[str, ...] = ()
+
+
+def parse_map(args: str) -> MapSpec:
+    """``map 4 --scatter xs --gather total`` (the words after ``%%daytona``). Raises UsageError."""
+    parser = _Parser(prog="%%daytona map", add_help=False)
+    parser.add_argument("command", choices=["map"])
+    parser.add_argument("workers", type=int)
+    parser.add_argument("--scatter", type=_names, action="append", default=[])
+    parser.add_argument("--gather", type=_names, action="append", default=[])
+    ns = parser.parse_args(args.split())
+    if ns.workers < 1:
+        raise UsageError(f"%%daytona map: N must be 1 or more, not {ns.workers}. {MAP_USAGE}")
+    scatter = tuple(dict.fromkeys(n for group in ns.scatter for n in group))
+    gather = tuple(dict.fromkeys(n for group in ns.gather for n in group))
+    return MapSpec(ns.workers, scatter, gather)
+
+
+class WorkerOutput:
+    """One worker's outputs as the cell shows them: whole stream lines prefixed ``[stdout:R] ``,
+    rich outputs after a header line with ``worker: R`` in their metadata, results shown as
+    displays (one cell has one result), the worker's error kept for the cell's combined error."""
+
+    def __init__(self, rank: int, emit: Callable[[str, dict[str, Any]], None]) -> None:
+        self.rank = rank
+        self._emit = emit
+        self._partial: dict[str, str] = {"stdout": "", "stderr": ""}
+
+    def emit(self, kind: str, content: dict[str, Any]) -> None:
+        if kind == "stream":
+            self._stream(content["name"], content["text"])
+        elif kind in ("display", "result"):
+            self.flush()
+            header = f"Out[{self.rank}:{content.get('execution_count')}]:" if kind == "result" else f"[output:{self.rank}]"
+            self._emit("stream", stdout(header + "\n"))
+            shown = {"data": content.get("data", {}), "metadata": self._tagged(content), "transient": content.get("transient", {})}
+            self._emit("display", shown)
+        elif kind == "update":
+            self._emit("update", dict(content, metadata=self._tagged(content)))
+        # "error" is the worker's error: the cell shows one combined error instead. "clear" would
+        # clear every worker's output, so a worker may not clear the cell.
+
+    def _tagged(self, content: dict[str, Any]) -> dict[str, Any]:
+        return {**content.get("metadata", {}), "worker": self.rank}
+
+    def _stream(self, name: str, text: str) -> None:
+        name = name if name in self._partial else "stdout"
+        lines = (self._partial[name] + text).split("\n")
+        self._partial[name] = lines.pop()
+        if lines:
+            self._emit("stream", {"name": name, "text": "".join(f"[{name}:{self.rank}] {line}\n" for line in lines)})
+
+    def flush(self) -> None:
+        """Show a last line that has no newline yet."""
+        for name, rest in self._partial.items():
+            if rest:
+                self._partial[name] = ""
+                self._emit("stream", {"name": name, "text": f"[{name}:{self.rank}] {rest}\n"})
+
+    def notice(self, text: str) -> None:
+        self._stream("stderr", text if text.endswith("\n") else text + "\n")
+
+
+@dataclass
+class Worker:
+    """One worker: its sandbox, the supervisor of its context, and the mirror that gives it the project's files."""
+
+    serial: int
+    sandbox: Sandbox
+    supervisor: ContextSupervisor
+    mirror: WorkdirMirror | None
+    state: str = "starting"
+    request: Request | None = None  # the run in flight
+    live: Live | None = None
+    interrupted: bool = False
+    restarted_by_watchdog: bool = False
+    watchdog: asyncio.Future[None] | None = None
+
+
+@dataclass
+class WorkerRun:
+    """How one worker's part of a map cell ended."""
+
+    rank: int
+    error: dict[str, Any] | None = None
+    dump: str = ""  # the file holding its gathered values, in its sandbox
+    interrupted: bool = False
+
+
+@dataclass
+class _Cell:
+    """What every worker's run of one map cell shares."""
+
+    spec: MapSpec
+    body: str
+    cell: Cell
+    world: int
+    token: str
+    budget: OutputBudget
+    show: Callable[[str, dict[str, Any]], None]
+    status: Callable[[], None]
+    scattered: dict[int, bytes] = field(default_factory=dict)
+
+
+def transfer_path(sandbox: Sandbox, name: str) -> str:
+    """Where a pickle in transit lives in a sandbox: beside its working directory, so neither the mirror
+    nor the volume's copy sees it."""
+    return posixpath.join(posixpath.dirname(sandbox.workdir.rstrip("/")), TRANSFER_FOLDER, name)
+
+
+class WorkerPool:
+    """The workers of one kernel. See the module docstring."""
+
+    def __init__(
+        self,
+        spawn: Spawn,
+        settings: SessionSettings,
+        log: logging.Logger,
+        outputs: OutputPolicy,
+        start_in: str = "",
+        scratch: Path | None = None,
+    ) -> None:
+        self._spawn = spawn
+        self._scratch = scratch  # this machine's folder of the workers' mirror records, deleted at close
+        self._settings = settings
+        self._log = log
+        self._outputs = outputs
+        self._options: dict[str, Any] = {"sync_down": False}
+        if start_in:
+            self._options["start_in"] = start_in
+        self.workers: list[Worker] = []
+        self._serials = 0
+        self._running = False
+        self._interrupted = False
+        self._announced = False
+
+    # -- the pool ----------------------------------------------------------
+
+    def describe(self) -> str:
+        """One line for ``%daytona status``."""
+        if not self.workers:
+            return "none (`%%daytona map N` starts them)"
+        listed = ", ".join(f"{rank}: {w.sandbox.id} ({w.state})" for rank, w in enumerate(self.workers))
+        return f"{len(self.workers)} ({listed}); `%daytona map --close` ends them"
+
+    async def resize(self, n: int, size: str, frontend: Frontend) -> None:
+        """Grow or shrink the pool to ``n`` workers (each ``size``, as the line before they start says).
+        Workers that cannot start (the organisation's quota, or any other failure) are left out, with
+        one line saying so; raises if none is left."""
+        if n > self._settings.fan_out_max:
+            raise UsageError(
+                f"%%daytona map {n}: at most fan_out_max={self._settings.fan_out_max} workers. Raise "
+                "DaytonaKernel.fan_out_max (each worker is a sandbox of its own, billed while it runs)."
+            )
+        while len(self.workers) > n:
+            await self._end(self.workers.pop())
+        missing = n - len(self.workers)
+        if missing <= 0:
+            return
+        new = [self._new_worker() for _ in range(missing)]
+        more = "" if not self.workers else f" more (the pool had {len(self.workers)})"
+        plural = "s" if missing > 1 else ""
+        frontend.emit(
+            "stream", stderr(f"daytona-kernel: starting {missing} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n")
+        )
+        self.workers.extend(new)
+        self._show_states(frontend)
+        results = await asyncio.gather(*(self._start(w, frontend) for w in new), return_exceptions=True)
+        failed = [(w, r) for w, r in zip(new, results) if isinstance(r, BaseException)]
+        reports = [r for r in results if isinstance(r, SyncReport)]
+        if reports and reports[0].notices():  # every worker gets the same files: said once
+            frontend.emit("stream", stderr(reports[0].notices()))
+        for worker, _ in failed:
+            self.workers.remove(worker)
+        if failed:
+            await asyncio.gather(*(self._end(w) for w, _ in failed))
+            self._say_short(n, [r for _, r in failed], frontend)
+        for exc in (r for _, r in failed):
+            if not isinstance(exc, Exception):
+                raise exc  # a cancellation goes on, once the half-started workers are gone
+
+    def _new_worker(self) -> Worker:
+        sandbox, mirror = self._spawn(self._serials)
+        self._serials += 1
+        supervisor = ContextSupervisor(sandbox, self._settings, self._log, {**self._options, **(mirror.runtime_options() if mirror else {}), "sync_down": False})
+        return Worker(self._serials - 1, sandbox, supervisor, mirror)
+
+    async def _start(self, worker: Worker, frontend: Frontend) -> SyncReport:
+        """Start a worker's sandbox and runtime, and give it the project's files."""
+        await worker.supervisor.ready()
+        report = await worker.mirror.push() if worker.mirror is not None else SyncReport()
+        worker.state = "ready"
+        self._show_states(frontend)
+        return report
+
+    def _say_short(self, wanted: int, failures: list[BaseException], frontend: Frontend) -> None:
+        """One line: how many workers run, and why the others did not start."""
+        reasons = list(dict.fromkeys(str(exc).strip().splitlines()[0] for exc in failures if isinstance(exc, Exception)))
+        quota = any(isinstance(exc, QuotaExceeded) for exc in failures)
+        why = "the organisation's quota is used up" if quota else "they could not start"
+        frontend.emit(
+            "stream",
+            stderr(
+                f"daytona-kernel: {len(self.workers)} of {wanted} workers started; {why}: {'; '.join(reasons)}. "
+                f"The cell runs on {len(self.workers)} (world = {len(self.workers)}).\n"
+            ),
+        )
+        if not self.workers:
+            raise (failures[0] if isinstance(failures[0], DaytonaKernelError) else BackendError(reasons[0] if reasons else "no worker started"))
+
+    async def _end(self, worker: Worker) -> None:
+        """Delete a worker's sandbox (stop its process), whatever state its start reached."""
+        try:
+            started = worker.supervisor.sandbox_started
+            await worker.supervisor.shutdown()
+            if not started:  # a start that failed half-way may have created the sandbox all the same
+                await worker.sandbox.shutdown()
+        except DaytonaKernelError as exc:
+            self._log.warning("could not delete worker %s: %s", worker.sandbox.id, exc)
+
+    async def close(self) -> str:
+        """``%daytona map --close`` and the kernel's shutdown: delete every worker."""
+        workers, self.workers = self.workers, []
+        await asyncio.gather(*(self._end(w) for w in workers))
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        return f"closed {len(workers)} worker{'s' if len(workers) != 1 else ''}\n" if workers else "no workers to close\n"
+
+    def _show_states(self, frontend: Frontend) -> None:
+        frontend.progress("workers: " + "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.workers)))
+
+    # -- a map cell -----------------------------------------------------------
+
+    async def run(self, spec: MapSpec, body: str, cell: Cell, frontend: Frontend, main: ContextSupervisor) -> CellOutcome:
+        """Run ``body`` on ``spec.workers`` workers. Every failure becomes the cell's one error."""
+        self._interrupted = False
+        self._running = True
+        try:
+            return await self._run(spec, body, cell, frontend, main)
+        except DaytonaKernelError as exc:
+            content = error_content(exc.ename, str(exc))
+            frontend.emit("error", content)
+            return CellOutcome(error=content)
+        finally:
+            self._running = False
+            frontend.progress("")
+
+    async def _run(self, spec: MapSpec, body: str, cell: Cell, frontend: Frontend, main: ContextSupervisor) -> CellOutcome:
+        await self.resize(spec.workers, main.sandbox.size_text, frontend)
+        if self._interrupted:
+            return self._interrupted_before_start(frontend)
+        workers = list(self.workers)
+        shared = _Cell(
+            spec=spec,
+            body=body,
+            cell=cell,
+            world=len(workers),
+            token=secrets.token_hex(6),
+            budget=OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024)),
+            show=frontend.emit,
+            status=lambda: self._show_states(frontend),
+        )
+        if spec.scatter:
+            shared.scattered = await self._scatter(spec.scatter, main, shared)
+        for worker in workers:
+            worker.state = "running"
+        shared.status()
+        runs = await asyncio.gather(*(self._run_on(w, rank, shared) for rank, w in enumerate(workers)))
+        failed = [r for r in runs if r.error is not None]
+        if failed:
+            content = combined_error(failed, len(workers), any(r.interrupted for r in runs))
+            frontend.emit("error", content)
+            return CellOutcome(error=content)
+        if spec.gather:
+            await self._gather(spec.gather, workers, runs, main, shared)
+        return CellOutcome()
+
+    def _interrupted_before_start(self, frontend: Frontend) -> CellOutcome:
+        frontend.emit("stream", stderr("daytona-kernel: interrupted while the workers started; they are kept for the next map cell.\n"))
+        content = error_content("KeyboardInterrupt", "Interrupted by user")
+        frontend.emit("error", content)
+        return CellOutcome(error=content)
+
+    async def _scatter(self, names: tuple[str, ...], main: ContextSupervisor, shared: _Cell) -> dict[int, bytes]:
+        """Pickle each rank's chunks in the main sandbox and bring them here (as bytes, never unpickled)."""
+        await main.ready()
+        paths = [transfer_path(main.sandbox, f"{shared.token}-scatter-{rank}.pkl") for rank in range(shared.world)]
+        reply = await main.call_code("scatter", fanout_call_source("scatter", list(names), paths))
+        if reply.get("error"):
+            raise UsageError(str(reply["error"]))
+        got = await main.sandbox.download(paths)
+        await self._remove_quietly(main.sandbox, paths)
+        blobs = {}
+        for rank, path in enumerate(paths):
+            value = got.get(path)
+            if not isinstance(value, bytes):
+                raise BackendError(f"--scatter: could not read the pickled chunks back from the sandbox ({getattr(value, 'message', 'missing')}).")
+            blobs[rank] = value
+        return blobs
+
+    async def _gather(self, names: tuple[str, ...], workers: list[Worker], runs: list[WorkerRun], main: ContextSupervisor, shared: _Cell) -> None:
+        """Bring each worker's pickled values into the main sandbox, where they become lists in rank order."""
+        got = await asyncio.gather(*(w.sandbox.download([r.dump]) for w, r in zip(workers, runs)))
+        paths, files = [], []
+        for run, contents in zip(runs, got):
+            blob = contents.get(run.dump)
+            if not isinstance(blob, bytes):
+                raise BackendError(f"--gather: could not read worker {run.rank}'s values ({getattr(blob, 'message', 'missing')}).")
+            path = transfer_path(main.sandbox, f"{shared.token}-gather-{run.rank}.pkl")
+            paths.append(path)
+            files.append((blob, path))
+        await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(workers, runs)))
+        await main.ready()
+        await main.sandbox.upload(files)
+        reply = await main.call_code("gather", fanout_call_source("gather", list(names), paths))
+        if reply.get("error"):
+            raise BackendError(str(reply["error"]))
+
+    async def _remove_quietly(self, sandbox: Sandbox, paths: list[str]) -> None:
+        try:
+            await sandbox.remove(paths)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not remove %s from %s: %s", paths, sandbox.id, exc)
+
+    async def _run_on(self, worker: Worker, rank: int, shared: _Cell) -> WorkerRun:
+        """One worker's part: its scattered chunks up, the cell, its values to gather written down."""
+        out = WorkerOutput(rank, shared.show)
+        result = WorkerRun(rank)
+        worker.interrupted = worker.restarted_by_watchdog = False
+        try:
+            live = await worker.supervisor.ready()
+            synced = await self._push(worker, out)
+            chunk = ""
+            if rank in shared.scattered:
+                chunk = transfer_path(worker.sandbox, f"{shared.token}-scatter-{rank}.pkl")
+                await worker.sandbox.upload([(shared.scattered[rank], chunk)])
+            if shared.spec.gather:
+                result.dump = transfer_path(worker.sandbox, f"{shared.token}-gather-{rank}.pkl")
+            c = shared.cell
+            code = (
+                fanout_call_source("prelude", rank, shared.world, chunk)
+                + call_source("run_cell", shared.body, c.count, c.store_history, c.silent, False, {}, synced)
+                + (fanout_call_source("dump", list(shared.spec.gather), result.dump) if shared.spec.gather else "")
+            )
+            request = await self._execute(worker, live, code, out, shared.budget)
+            result.error = request.error
+            if result.error is None and shared.spec.gather:
+                result.error = _dump_error(request.reply)
+        except DaytonaKernelError as exc:
+            result.error = error_content(exc.ename, str(exc))
+        finally:
+            out.flush()
+            worker.request = None
+        result.interrupted = worker.interrupted
+        worker.state = ("interrupted" if worker.interrupted else "failed") if result.error else "done"
+        shared.status()
+        return result
+
+    async def _push(self, worker: Worker, out: WorkerOutput) -> dict[str, Any]:
+        if worker.mirror is None:
+            return {}
+        try:
+            notify_report(await worker.mirror.push(), out)
+        except (DaytonaKernelError, OSError) as exc:
+            out.notice(f"could not copy the project's files to this worker: {exc}")
+        return worker.mirror.handover()
+
+    async def _execute(self, worker: Worker, live: Live, code: str, out: WorkerOutput, budget: OutputBudget) -> Request:
+        """Run ``code`` in the worker, read as the session reads a cell (the error ladder, a worker the
+        daemon replaced, a sandbox that stopped)."""
+        timeout = self._settings.cell_timeout or None
+        started = time.monotonic()
+        exception: BackendError | None = None
+        run_error: RunError | None = None
+        request = worker.request = Request(live.token, out.emit, None, self._outputs, budget)
+        worker.live = live
+        try:
+            try:
+                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+            except SandboxNotRunning as exc:  # nothing ran: a stopped or deleted worker is started again, fresh
+                live = await worker.supervisor.recover(exc, None)
+                out.notice(f"{exc} It was started again; its variables were reset.")
+                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+            if runtime_missing(run_error):  # the daemon replaced a dead worker process: install the runtime again
+                request.finish()
+                live = await worker.supervisor.rebootstrap(live)
+                request = worker.request = Request(live.token, out.emit, None, self._outputs, budget)
+                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+        except BackendError as exc:
+            exception = exc
+        request.finish()
+        while worker.supervisor.notices:
+            out.notice(worker.supervisor.notices.pop(0))
+        end = RunEnd(
+            exception, run_error, worker.interrupted, worker.restarted_by_watchdog,
+            cell_error=(request.error or {}).get("ename"), elapsed_s=time.monotonic() - started,
+        )
+        verdict = settle(end, timeout or 0.0, self._settings.interrupt_grace)
+        if verdict.restart_context:
+            worker.supervisor.restart_context()
+        if verdict.notice:
+            out.notice(verdict.notice)
+        if verdict.error is not None:
+            request.fail(verdict.error, overrides=verdict.overrides)
+        return request
+
+    # -- interrupt -------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def interrupt(self) -> None:
+        """SIGINT to every worker that runs the cell (their variables are kept); a worker that ignores it
+        for ``interrupt_grace`` seconds has its context restarted, as the main sandbox's would."""
+        self._interrupted = True
+        await asyncio.gather(*(self._interrupt(w) for w in self.workers if w.request is not None))
+
+    async def _interrupt(self, worker: Worker) -> None:
+        request, live = worker.request, worker.live
+        if request is None or live is None:
+            return
+        worker.interrupted = True
+        try:
+            result = await worker.sandbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+            sent = result.exit_code == 0
+        except DaytonaKernelError as exc:
+            self._log.warning("could not interrupt worker %s: %s", worker.sandbox.id, exc)
+            sent = False
+        if worker.watchdog is None or worker.watchdog.done():
+            worker.watchdog = asyncio.ensure_future(self._watchdog(worker, request, live, self._settings.interrupt_grace if sent else 0.0))
+
+    async def _watchdog(self, worker: Worker, request: Request, live: Live, grace: float) -> None:
+        try:
+            await asyncio.wait_for(request.done.wait(), grace)
+            return
+        except asyncio.TimeoutError:
+            self._log.warning("worker %s ignored the interrupt for %ss; restarting its context", worker.sandbox.id, grace)
+        worker.restarted_by_watchdog = True
+        await worker.supervisor.close_quietly(live.context)
+
+
+def _dump_error(reply: dict[str, Any] | None) -> dict[str, Any] | None:
+    if reply is None:
+        return error_content("RuntimeCallError", "--gather: the worker did not write its values.")
+    if reply.get("error"):
+        return error_content("GatherError", str(reply["error"]))
+    return None
+
+
+def combined_error(failed: list[WorkerRun], world: int, interrupted: bool) -> dict[str, Any]:
+    """The cell's one error: each failed worker and its exception, then each one's traceback (ipyparallel's
+    CompositeError); an interrupt is a KeyboardInterrupt, as in any other cell."""
+    listed = "; ".join(f"[{r.rank}] {r.error['ename']}: {_first_line(r.error)}" for r in failed if r.error)
+    if interrupted:
+        ename, evalue = "KeyboardInterrupt", f"Interrupted by user; the workers keep their variables ({listed})"
+    else:
+        ename, evalue = "CompositeError", f"{len(failed)} of {world} workers failed: {listed}"
+    traceback = [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]
+    for run in failed:
+        assert run.error is not None
+        traceback.append(f"[{run.rank}:execute] {run.error['ename']}: {_first_line(run.error)}")
+        traceback.extend(run.error.get("traceback") or [])
+    return {"ename": ename, "evalue": evalue, "traceback": traceback}
+
+
+def _first_line(error: dict[str, Any]) -> str:
+    lines = str(error.get("evalue", "")).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def notify_report(report: SyncReport, out: WorkerOutput) -> None:
+    notices = report.notices()
+    if notices:
+        out.notice(notices)

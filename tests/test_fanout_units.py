@@ -1,0 +1,190 @@
+"""``%%daytona map`` in-process: the magic's arguments, how workers' output is shown, the combined
+error, and the sandbox side of scatter and gather (run here on a stand-in runtime)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daytona_kernel.errors import UsageError
+from daytona_kernel.fanout import MapSpec, WorkerOutput, WorkerRun, combined_error, parse_map
+from daytona_kernel.interactive import daytona_cell, kernel_magic_lines
+from daytona_kernel.runtime import MODULES, fanout_call_source
+from daytona_kernel.runtime import fanout as sandbox_side
+
+
+def test_map_arguments() -> None:
+    assert parse_map("map 4") == MapSpec(4)
+    assert parse_map("map 3 --scatter xs,ys --gather total --gather best") == MapSpec(3, ("xs", "ys"), ("total", "best"))
+    assert parse_map("map 2 --gather=a,a") == MapSpec(2, (), ("a",))
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ("map", "the following arguments are required: workers"),
+        ("map four", "invalid int value"),
+        ("map 0", "N must be 1 or more"),
+        ("map 2 --gather 1x", "1x is not a variable name"),
+        ("map 2 --scatter class", "class is not a variable name"),
+        ("map 2 --frobnicate", "unrecognized arguments"),
+        ("reduce 2", "invalid choice"),
+    ],
+)
+def test_bad_map_arguments_are_a_usage_error_with_the_usage(args: str, says: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_map(args)
+    assert says in str(caught.value) and "Usage: %%daytona map N" in str(caught.value)
+
+
+def test_the_cell_magic_must_be_the_first_line_and_is_not_a_line_magic_cell() -> None:
+    assert daytona_cell("%%daytona map 4\nprint(rank)\n") == ("map 4", "print(rank)\n")
+    assert daytona_cell("\n%%daytona map 2 --gather x\nx = 1") == ("map 2 --gather x", "x = 1")
+    assert daytona_cell("x = 1\n%%daytona map 2") is None
+    assert daytona_cell("%%time\nx") is None
+    assert kernel_magic_lines("%%daytona map 2\nx") is None
+    assert kernel_magic_lines("%daytona map --close") == [("daytona", "map --close")]
+
+
+def test_the_sandbox_side_is_shipped_with_the_runtime() -> None:
+    assert "fanout" in MODULES
+    code = fanout_call_source("prelude", 1, 4, "")
+    assert "_daytona_kernel_fanout" in code and "prelude(" in code and "1, 4, ''" in code
+
+
+def recorder() -> tuple[list[tuple[str, dict[str, Any]]], WorkerOutput]:
+    shown: list[tuple[str, dict[str, Any]]] = []
+    return shown, WorkerOutput(2, lambda kind, content: shown.append((kind, content)))
+
+
+def test_each_stream_line_is_prefixed_with_its_stream_and_rank() -> None:
+    shown, out = recorder()
+    out.emit("stream", {"name": "stdout", "text": "one\ntwo\nthr"})
+    out.emit("stream", {"name": "stderr", "text": "oops\n"})
+    out.emit("stream", {"name": "stdout", "text": "ee\n"})
+    out.emit("stream", {"name": "stdout", "text": "no newline"})
+    out.flush()
+    assert shown == [
+        ("stream", {"name": "stdout", "text": "[stdout:2] one\n[stdout:2] two\n"}),
+        ("stream", {"name": "stderr", "text": "[stderr:2] oops\n"}),
+        ("stream", {"name": "stdout", "text": "[stdout:2] three\n"}),
+        ("stream", {"name": "stdout", "text": "[stdout:2] no newline\n"}),
+    ]
+
+
+def test_rich_outputs_come_after_a_header_with_the_worker_in_their_metadata() -> None:
+    shown, out = recorder()
+    out.emit("stream", {"name": "stdout", "text": "before"})
+    out.emit("display", {"data": {"image/png": "iVBO"}, "metadata": {"image/png": {"width": 3}}, "transient": {}})
+    out.emit("result", {"data": {"text/plain": "42"}, "metadata": {}, "execution_count": 7})
+    assert shown[0] == ("stream", {"name": "stdout", "text": "[stdout:2] before\n"})  # a partial line goes first
+    assert shown[1] == ("stream", {"name": "stdout", "text": "[output:2]\n"})
+    assert shown[2][0] == "display" and shown[2][1]["metadata"] == {"image/png": {"width": 3}, "worker": 2}
+    assert shown[3] == ("stream", {"name": "stdout", "text": "Out[2:7]:\n"})
+    assert shown[4][0] == "display" and shown[4][1]["data"] == {"text/plain": "42"} and shown[4][1]["metadata"]["worker"] == 2
+
+
+def test_a_worker_may_not_clear_the_cell_and_its_error_is_kept_for_the_combined_one() -> None:
+    shown, out = recorder()
+    out.emit("clear", {"wait": False})
+    out.emit("error", {"ename": "ValueError", "evalue": "x", "traceback": []})
+    assert shown == []
+
+
+def test_the_combined_error_names_each_failed_worker_and_its_exception() -> None:
+    failed = [
+        WorkerRun(1, {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb1"]}),
+        WorkerRun(3, {"ename": "KeyError", "evalue": "'k'\nmore", "traceback": ["tb3"]}),
+    ]
+    error = combined_error(failed, 4, interrupted=False)
+    assert error["ename"] == "CompositeError"
+    assert error["evalue"] == "2 of 4 workers failed: [1] ZeroDivisionError: division by zero; [3] KeyError: 'k'"
+    assert error["traceback"][1:] == ["[1:execute] ZeroDivisionError: division by zero", "tb1", "[3:execute] KeyError: 'k'", "tb3"]
+    interrupted = combined_error([WorkerRun(0, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []})], 2, interrupted=True)
+    assert interrupted["ename"] == "KeyboardInterrupt" and "keep their variables" in interrupted["evalue"]
+
+
+@pytest.mark.parametrize(
+    "length, world, sizes",
+    [(10, 3, [4, 3, 3]), (2, 4, [1, 1, 0, 0]), (8, 4, [2, 2, 2, 2]), (0, 2, [0, 0])],
+)
+def test_scatter_chunks_are_contiguous_as_even_as_possible_in_rank_order(length: int, world: int, sizes: list[int]) -> None:
+    spans = sandbox_side.bounds(length, world)
+    assert [stop - start for start, stop in spans] == sizes
+    assert [start for start, _ in spans] == [0] + [stop for _, stop in spans[:-1]]
+
+
+class StandInRuntime:
+    """What the sandbox side uses of the runtime: the namespace, a session and reply frames."""
+
+    def __init__(self, **user_ns: Any) -> None:
+        self.user_ns = dict(user_ns)
+        self.replies: list[Any] = []
+
+    def session(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def send(self, kind: str, payload: Any) -> None:
+        self.replies.append(payload)
+
+
+def test_scatter_then_prelude_gives_each_worker_its_chunk_rank_and_world(tmp_path: Path) -> None:
+    main = StandInRuntime(xs=list(range(5)), word="abcde")
+    paths = [str(tmp_path / "t" / f"{rank}.pkl") for rank in range(2)]
+    sandbox_side.scatter(main, ["xs", "word"], paths)
+    assert "error" not in main.replies[0]
+    workers = [StandInRuntime(), StandInRuntime()]
+    for rank, worker in enumerate(workers):
+        sandbox_side.prelude(worker, rank, 2, paths[rank])
+        assert not os.path.exists(paths[rank])  # read once, then removed
+    assert [(w.user_ns["rank"], w.user_ns["world"], w.user_ns["xs"], w.user_ns["word"]) for w in workers] == [
+        (0, 2, [0, 1, 2], "abc"),
+        (1, 2, [3, 4], "de"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [(None, "there is no variable 'xs'"), ({"a": 1}, "'xs' cannot be split into chunks"), ([threading.Lock()], "could not pickle 'xs'")],
+)
+def test_a_scatter_that_cannot_be_done_says_which_variable_and_why(tmp_path: Path, value: Any, says: str) -> None:
+    main = StandInRuntime() if value is None else StandInRuntime(xs=value)
+    sandbox_side.scatter(main, ["xs"], [str(tmp_path / "0.pkl")])
+    assert says in main.replies[0]["error"]
+
+
+def test_gather_makes_lists_in_rank_order_and_removes_the_files(tmp_path: Path) -> None:
+    paths = []
+    for rank in range(3):
+        worker = StandInRuntime(total=rank * 10, name=f"w{rank}")
+        path = str(tmp_path / f"g{rank}.pkl")
+        sandbox_side.dump(worker, ["total", "name"], path)
+        assert "error" not in worker.replies[0]
+        paths.append(path)
+    main = StandInRuntime(other=1)
+    sandbox_side.gather(main, ["total", "name"], paths)
+    assert main.replies == [{"gathered": ["total", "name"]}]
+    assert main.user_ns == {"other": 1, "total": [0, 10, 20], "name": ["w0", "w1", "w2"]}
+    assert not any(os.path.exists(p) for p in paths)
+
+
+def test_a_value_that_cannot_be_gathered_is_named(tmp_path: Path) -> None:
+    worker = StandInRuntime(lock=threading.Lock())
+    sandbox_side.dump(worker, ["lock"], str(tmp_path / "g.pkl"))
+    assert worker.replies[0]["error"].startswith("--gather could not pickle 'lock': TypeError")
+    sandbox_side.dump(worker, ["missing"], str(tmp_path / "g.pkl"))
+    assert "the worker has no variable 'missing'" in worker.replies[1]["error"]
+
+
+def test_the_envelope_is_plain_pickle_around_each_values_own_pickle(tmp_path: Path) -> None:
+    worker = StandInRuntime(total=3)
+    path = tmp_path / "g.pkl"
+    sandbox_side.dump(worker, ["total"], str(path))
+    assert pickle.loads(pickle.loads(path.read_bytes())["total"]) == 3
