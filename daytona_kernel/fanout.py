@@ -24,7 +24,7 @@ import posixpath
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,7 +41,9 @@ from .sync import SyncReport, WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
 TRANSFER_FOLDER = ".daytona-kernel-fanout"  # beside the working directory: never mirrored, never on the volume
-MAP_USAGE = "Usage: %%daytona map N [--scatter NAME[,NAME...]] [--gather NAME[,NAME...]] (first line of a cell), or %daytona map --close"
+MAP_USAGE = (
+    "Usage: %%daytona map N [--scatter NAME[,NAME...]] [--gather NAME[,NAME...]] (first line of a cell), or %daytona map --close"
+)
 
 Spawn = Callable[[int], "tuple[Sandbox, WorkdirMirror | None]"]
 """Makes worker number ``serial``'s sandbox (not started yet) and the mirror that gives it the project's files."""
@@ -101,7 +103,11 @@ class WorkerOutput:
             self.flush()
             header = f"Out[{self.rank}:{content.get('execution_count')}]:" if kind == "result" else f"[output:{self.rank}]"
             self._emit("stream", stdout(header + "\n"))
-            shown = {"data": content.get("data", {}), "metadata": self._tagged(content), "transient": content.get("transient", {})}
+            shown = {
+                "data": content.get("data", {}),
+                "metadata": self._tagged(content),
+                "transient": content.get("transient", {}),
+            }
             self._emit("display", shown)
         elif kind == "update":
             self._emit("update", dict(content, metadata=self._tagged(content)))
@@ -153,21 +159,6 @@ class WorkerRun:
     error: dict[str, Any] | None = None
     dump: str = ""  # the file holding its gathered values, in its sandbox
     interrupted: bool = False
-
-
-@dataclass
-class _Cell:
-    """What every worker's run of one map cell shares."""
-
-    spec: MapSpec
-    body: str
-    cell: Cell
-    world: int
-    token: str
-    budget: OutputBudget
-    show: Callable[[str, dict[str, Any]], None]
-    status: Callable[[], None]
-    scattered: dict[int, bytes] = field(default_factory=dict)
 
 
 def transfer_path(sandbox: Sandbox, name: str) -> str:
@@ -229,7 +220,10 @@ class WorkerPool:
         more = "" if not self.workers else f" more (the pool had {len(self.workers)})"
         plural = "s" if missing > 1 else ""
         frontend.emit(
-            "stream", stderr(f"daytona-kernel: starting {missing} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n")
+            "stream",
+            stderr(
+                f"daytona-kernel: starting {missing} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
+            ),
         )
         self.workers.extend(new)
         self._show_states(frontend)
@@ -250,7 +244,12 @@ class WorkerPool:
     def _new_worker(self) -> Worker:
         sandbox, mirror = self._spawn(self._serials)
         self._serials += 1
-        supervisor = ContextSupervisor(sandbox, self._settings, self._log, {**self._options, **(mirror.runtime_options() if mirror else {}), "sync_down": False})
+        supervisor = ContextSupervisor(
+            sandbox,
+            self._settings,
+            self._log,
+            {**self._options, **(mirror.runtime_options() if mirror else {}), "sync_down": False},
+        )
         return Worker(self._serials - 1, sandbox, supervisor, mirror)
 
     async def _start(self, worker: Worker, frontend: Frontend) -> SyncReport:
@@ -274,7 +273,11 @@ class WorkerPool:
             ),
         )
         if not self.workers:
-            raise (failures[0] if isinstance(failures[0], DaytonaKernelError) else BackendError(reasons[0] if reasons else "no worker started"))
+            raise (
+                failures[0]
+                if isinstance(failures[0], DaytonaKernelError)
+                else BackendError(reasons[0] if reasons else "no worker started")
+            )
 
     async def _end(self, worker: Worker) -> None:
         """Delete a worker's sandbox (stop its process), whatever state its start reached."""
@@ -304,7 +307,11 @@ class WorkerPool:
         self._interrupted = False
         self._running = True
         try:
-            return await self._run(spec, body, cell, frontend, main)
+            await self.resize(spec.workers, main.sandbox.size_text, frontend)
+            if self._interrupted:
+                return _interrupted_before_start(frontend)
+            mapped = MapCell(spec, body, cell, list(self.workers), frontend, self._settings, self._outputs, self._log)
+            return await mapped.run(main)
         except DaytonaKernelError as exc:
             content = error_content(exc.ename, str(exc))
             frontend.emit("error", content)
@@ -312,165 +319,6 @@ class WorkerPool:
         finally:
             self._running = False
             frontend.progress("")
-
-    async def _run(self, spec: MapSpec, body: str, cell: Cell, frontend: Frontend, main: ContextSupervisor) -> CellOutcome:
-        await self.resize(spec.workers, main.sandbox.size_text, frontend)
-        if self._interrupted:
-            return self._interrupted_before_start(frontend)
-        workers = list(self.workers)
-        shared = _Cell(
-            spec=spec,
-            body=body,
-            cell=cell,
-            world=len(workers),
-            token=secrets.token_hex(6),
-            budget=OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024)),
-            show=frontend.emit,
-            status=lambda: self._show_states(frontend),
-        )
-        if spec.scatter:
-            shared.scattered = await self._scatter(spec.scatter, main, shared)
-        for worker in workers:
-            worker.state = "running"
-        shared.status()
-        runs = await asyncio.gather(*(self._run_on(w, rank, shared) for rank, w in enumerate(workers)))
-        failed = [r for r in runs if r.error is not None]
-        if failed:
-            content = combined_error(failed, len(workers), any(r.interrupted for r in runs))
-            frontend.emit("error", content)
-            return CellOutcome(error=content)
-        if spec.gather:
-            await self._gather(spec.gather, workers, runs, main, shared)
-        return CellOutcome()
-
-    def _interrupted_before_start(self, frontend: Frontend) -> CellOutcome:
-        frontend.emit("stream", stderr("daytona-kernel: interrupted while the workers started; they are kept for the next map cell.\n"))
-        content = error_content("KeyboardInterrupt", "Interrupted by user")
-        frontend.emit("error", content)
-        return CellOutcome(error=content)
-
-    async def _scatter(self, names: tuple[str, ...], main: ContextSupervisor, shared: _Cell) -> dict[int, bytes]:
-        """Pickle each rank's chunks in the main sandbox and bring them here (as bytes, never unpickled)."""
-        await main.ready()
-        paths = [transfer_path(main.sandbox, f"{shared.token}-scatter-{rank}.pkl") for rank in range(shared.world)]
-        reply = await main.call_code("scatter", fanout_call_source("scatter", list(names), paths))
-        if reply.get("error"):
-            raise UsageError(str(reply["error"]))
-        got = await main.sandbox.download(paths)
-        await self._remove_quietly(main.sandbox, paths)
-        blobs = {}
-        for rank, path in enumerate(paths):
-            value = got.get(path)
-            if not isinstance(value, bytes):
-                raise BackendError(f"--scatter: could not read the pickled chunks back from the sandbox ({getattr(value, 'message', 'missing')}).")
-            blobs[rank] = value
-        return blobs
-
-    async def _gather(self, names: tuple[str, ...], workers: list[Worker], runs: list[WorkerRun], main: ContextSupervisor, shared: _Cell) -> None:
-        """Bring each worker's pickled values into the main sandbox, where they become lists in rank order."""
-        got = await asyncio.gather(*(w.sandbox.download([r.dump]) for w, r in zip(workers, runs)))
-        paths, files = [], []
-        for run, contents in zip(runs, got):
-            blob = contents.get(run.dump)
-            if not isinstance(blob, bytes):
-                raise BackendError(f"--gather: could not read worker {run.rank}'s values ({getattr(blob, 'message', 'missing')}).")
-            path = transfer_path(main.sandbox, f"{shared.token}-gather-{run.rank}.pkl")
-            paths.append(path)
-            files.append((blob, path))
-        await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(workers, runs)))
-        await main.ready()
-        await main.sandbox.upload(files)
-        reply = await main.call_code("gather", fanout_call_source("gather", list(names), paths))
-        if reply.get("error"):
-            raise BackendError(str(reply["error"]))
-
-    async def _remove_quietly(self, sandbox: Sandbox, paths: list[str]) -> None:
-        try:
-            await sandbox.remove(paths)
-        except DaytonaKernelError as exc:
-            self._log.warning("could not remove %s from %s: %s", paths, sandbox.id, exc)
-
-    async def _run_on(self, worker: Worker, rank: int, shared: _Cell) -> WorkerRun:
-        """One worker's part: its scattered chunks up, the cell, its values to gather written down."""
-        out = WorkerOutput(rank, shared.show)
-        result = WorkerRun(rank)
-        worker.interrupted = worker.restarted_by_watchdog = False
-        try:
-            live = await worker.supervisor.ready()
-            synced = await self._push(worker, out)
-            chunk = ""
-            if rank in shared.scattered:
-                chunk = transfer_path(worker.sandbox, f"{shared.token}-scatter-{rank}.pkl")
-                await worker.sandbox.upload([(shared.scattered[rank], chunk)])
-            if shared.spec.gather:
-                result.dump = transfer_path(worker.sandbox, f"{shared.token}-gather-{rank}.pkl")
-            c = shared.cell
-            code = (
-                fanout_call_source("prelude", rank, shared.world, chunk)
-                + call_source("run_cell", shared.body, c.count, c.store_history, c.silent, False, {}, synced)
-                + (fanout_call_source("dump", list(shared.spec.gather), result.dump) if shared.spec.gather else "")
-            )
-            request = await self._execute(worker, live, code, out, shared.budget)
-            result.error = request.error
-            if result.error is None and shared.spec.gather:
-                result.error = _dump_error(request.reply)
-        except DaytonaKernelError as exc:
-            result.error = error_content(exc.ename, str(exc))
-        finally:
-            out.flush()
-            worker.request = None
-        result.interrupted = worker.interrupted
-        worker.state = ("interrupted" if worker.interrupted else "failed") if result.error else "done"
-        shared.status()
-        return result
-
-    async def _push(self, worker: Worker, out: WorkerOutput) -> dict[str, Any]:
-        if worker.mirror is None:
-            return {}
-        try:
-            notify_report(await worker.mirror.push(), out)
-        except (DaytonaKernelError, OSError) as exc:
-            out.notice(f"could not copy the project's files to this worker: {exc}")
-        return worker.mirror.handover()
-
-    async def _execute(self, worker: Worker, live: Live, code: str, out: WorkerOutput, budget: OutputBudget) -> Request:
-        """Run ``code`` in the worker, read as the session reads a cell (the error ladder, a worker the
-        daemon replaced, a sandbox that stopped)."""
-        timeout = self._settings.cell_timeout or None
-        started = time.monotonic()
-        exception: BackendError | None = None
-        run_error: RunError | None = None
-        request = worker.request = Request(live.token, out.emit, None, self._outputs, budget)
-        worker.live = live
-        try:
-            try:
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
-            except SandboxNotRunning as exc:  # nothing ran: a stopped or deleted worker is started again, fresh
-                live = await worker.supervisor.recover(exc, None)
-                out.notice(f"{exc} It was started again; its variables were reset.")
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
-            if runtime_missing(run_error):  # the daemon replaced a dead worker process: install the runtime again
-                request.finish()
-                live = await worker.supervisor.rebootstrap(live)
-                request = worker.request = Request(live.token, out.emit, None, self._outputs, budget)
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
-        except BackendError as exc:
-            exception = exc
-        request.finish()
-        while worker.supervisor.notices:
-            out.notice(worker.supervisor.notices.pop(0))
-        end = RunEnd(
-            exception, run_error, worker.interrupted, worker.restarted_by_watchdog,
-            cell_error=(request.error or {}).get("ename"), elapsed_s=time.monotonic() - started,
-        )
-        verdict = settle(end, timeout or 0.0, self._settings.interrupt_grace)
-        if verdict.restart_context:
-            worker.supervisor.restart_context()
-        if verdict.notice:
-            out.notice(verdict.notice)
-        if verdict.error is not None:
-            request.fail(verdict.error, overrides=verdict.overrides)
-        return request
 
     # -- interrupt -------------------------------------------------------------
 
@@ -496,7 +344,9 @@ class WorkerPool:
             self._log.warning("could not interrupt worker %s: %s", worker.sandbox.id, exc)
             sent = False
         if worker.watchdog is None or worker.watchdog.done():
-            worker.watchdog = asyncio.ensure_future(self._watchdog(worker, request, live, self._settings.interrupt_grace if sent else 0.0))
+            worker.watchdog = asyncio.ensure_future(
+                self._watchdog(worker, request, live, self._settings.interrupt_grace if sent else 0.0)
+            )
 
     async def _watchdog(self, worker: Worker, request: Request, live: Live, grace: float) -> None:
         try:
@@ -506,6 +356,198 @@ class WorkerPool:
             self._log.warning("worker %s ignored the interrupt for %ss; restarting its context", worker.sandbox.id, grace)
         worker.restarted_by_watchdog = True
         await worker.supervisor.close_quietly(live.context)
+
+
+class MapCell:
+    """One map cell on the pool's workers: scatter, every worker's run, gather, the combined error."""
+
+    def __init__(
+        self,
+        spec: MapSpec,
+        body: str,
+        cell: Cell,
+        workers: list[Worker],
+        frontend: Frontend,
+        settings: SessionSettings,
+        outputs: OutputPolicy,
+        log: logging.Logger,
+    ) -> None:
+        self.spec = spec
+        self.body = body
+        self.cell = cell
+        self.workers = workers
+        self.world = len(workers)
+        self.token = secrets.token_hex(6)  # names this cell's files in transit
+        self._frontend = frontend
+        self._settings = settings
+        self._outputs = outputs
+        self._log = log
+        self._budget = OutputBudget(int(settings.output_limit_mb * 1024 * 1024))  # the whole cell's, as for any cell
+        self._scattered: dict[int, bytes] = {}
+
+    def _status(self) -> None:
+        self._frontend.progress("workers: " + "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.workers)))
+
+    async def run(self, main: ContextSupervisor) -> CellOutcome:
+        if self.spec.scatter:
+            self._scattered = await self._scatter(main)
+        for worker in self.workers:
+            worker.state = "running"
+        self._status()
+        runs = await asyncio.gather(*(self._run_on(w, rank) for rank, w in enumerate(self.workers)))
+        failed = [r for r in runs if r.error is not None]
+        if failed:
+            content = combined_error(failed, self.world, any(r.interrupted for r in runs))
+            self._frontend.emit("error", content)
+            return CellOutcome(error=content)
+        if self.spec.gather:
+            await self._gather(runs, main)
+        return CellOutcome()
+
+    async def _scatter(self, main: ContextSupervisor) -> dict[int, bytes]:
+        """Pickle each rank's chunks in the main sandbox and bring them here (as bytes, never unpickled)."""
+        await main.ready()
+        paths = [transfer_path(main.sandbox, f"{self.token}-scatter-{rank}.pkl") for rank in range(self.world)]
+        reply = await main.call_code("scatter", fanout_call_source("scatter", list(self.spec.scatter), paths))
+        if reply.get("error"):
+            raise UsageError(str(reply["error"]))
+        got = await main.sandbox.download(paths)
+        await self._remove_quietly(main.sandbox, paths)
+        blobs = {}
+        for rank, path in enumerate(paths):
+            value = got.get(path)
+            if not isinstance(value, bytes):
+                raise BackendError(
+                    f"--scatter: could not read the pickled chunks back from the sandbox ({getattr(value, 'message', 'missing')})."
+                )
+            blobs[rank] = value
+        return blobs
+
+    async def _gather(self, runs: list[WorkerRun], main: ContextSupervisor) -> None:
+        """Bring each worker's pickled values into the main sandbox, where they become lists in rank order."""
+        got = await asyncio.gather(*(w.sandbox.download([r.dump]) for w, r in zip(self.workers, runs)))
+        paths, files = [], []
+        for run, contents in zip(runs, got):
+            blob = contents.get(run.dump)
+            if not isinstance(blob, bytes):
+                raise BackendError(
+                    f"--gather: could not read worker {run.rank}'s values ({getattr(blob, 'message', 'missing')})."
+                )
+            path = transfer_path(main.sandbox, f"{self.token}-gather-{run.rank}.pkl")
+            paths.append(path)
+            files.append((blob, path))
+        await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(self.workers, runs)))
+        await main.ready()
+        await main.sandbox.upload(files)
+        reply = await main.call_code("gather", fanout_call_source("gather", list(self.spec.gather), paths))
+        if reply.get("error"):
+            raise BackendError(str(reply["error"]))
+
+    async def _remove_quietly(self, sandbox: Sandbox, paths: list[str]) -> None:
+        try:
+            await sandbox.remove(paths)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not remove %s from %s: %s", paths, sandbox.id, exc)
+
+    def _code(self, rank: int, chunk: str, dump: str, synced: dict[str, Any]) -> str:
+        """One worker's request: the prelude (rank, world, its chunks), the cell, the dump of its gathered values."""
+        c = self.cell
+        code = fanout_call_source("prelude", rank, self.world, chunk)
+        code += call_source("run_cell", self.body, c.count, c.store_history, c.silent, False, {}, synced)
+        if self.spec.gather:
+            code += fanout_call_source("dump", list(self.spec.gather), dump)
+        return code
+
+    async def _run_on(self, worker: Worker, rank: int) -> WorkerRun:
+        """One worker's part: its scattered chunks up, the cell, its values to gather written down."""
+        out = WorkerOutput(rank, self._frontend.emit)
+        result = WorkerRun(rank)
+        worker.interrupted = worker.restarted_by_watchdog = False
+        try:
+            live = await worker.supervisor.ready()
+            synced = await self._push(worker, out)
+            chunk = ""
+            if rank in self._scattered:
+                chunk = transfer_path(worker.sandbox, f"{self.token}-scatter-{rank}.pkl")
+                await worker.sandbox.upload([(self._scattered[rank], chunk)])
+            if self.spec.gather:
+                result.dump = transfer_path(worker.sandbox, f"{self.token}-gather-{rank}.pkl")
+            request = await self._execute(worker, live, self._code(rank, chunk, result.dump, synced), out)
+            result.error = request.error
+            if result.error is None and self.spec.gather:
+                result.error = _dump_error(request.reply)
+        except DaytonaKernelError as exc:
+            result.error = error_content(exc.ename, str(exc))
+        finally:
+            out.flush()
+            worker.request = None
+        result.interrupted = worker.interrupted
+        worker.state = ("interrupted" if worker.interrupted else "failed") if result.error else "done"
+        self._status()
+        return result
+
+    async def _push(self, worker: Worker, out: WorkerOutput) -> dict[str, Any]:
+        if worker.mirror is None:
+            return {}
+        try:
+            notices = (await worker.mirror.push()).notices()
+            if notices:
+                out.notice(notices)
+        except (DaytonaKernelError, OSError) as exc:
+            out.notice(f"could not copy the project's files to this worker: {exc}")
+        return worker.mirror.handover()
+
+    async def _execute(self, worker: Worker, live: Live, code: str, out: WorkerOutput) -> Request:
+        """Run ``code`` in the worker, read as the session reads a cell (the error ladder, a worker the
+        daemon replaced, a sandbox that stopped)."""
+        timeout = self._settings.cell_timeout or None
+        started = time.monotonic()
+        exception: BackendError | None = None
+        run_error: RunError | None = None
+        request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget)
+        worker.live = live
+        try:
+            try:
+                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+            except SandboxNotRunning as exc:  # nothing ran: a stopped or deleted worker is started again, fresh
+                live = await worker.supervisor.recover(exc, None)
+                out.notice(f"{exc} It was started again; its variables were reset.")
+                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+            if runtime_missing(run_error):  # the daemon replaced a dead worker process: install the runtime again
+                request.finish()
+                live = await worker.supervisor.rebootstrap(live)
+                request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget)
+                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+        except BackendError as exc:
+            exception = exc
+        request.finish()
+        while worker.supervisor.notices:
+            out.notice(worker.supervisor.notices.pop(0))
+        end = RunEnd(
+            exception,
+            run_error,
+            worker.interrupted,
+            worker.restarted_by_watchdog,
+            cell_error=(request.error or {}).get("ename"),
+            elapsed_s=time.monotonic() - started,
+        )
+        verdict = settle(end, timeout or 0.0, self._settings.interrupt_grace)
+        if verdict.restart_context:
+            worker.supervisor.restart_context()
+        if verdict.notice:
+            out.notice(verdict.notice)
+        if verdict.error is not None:
+            request.fail(verdict.error, overrides=verdict.overrides)
+        return request
+
+
+def _interrupted_before_start(frontend: Frontend) -> CellOutcome:
+    frontend.emit(
+        "stream", stderr("daytona-kernel: interrupted while the workers started; they are kept for the next map cell.\n")
+    )
+    content = error_content("KeyboardInterrupt", "Interrupted by user")
+    frontend.emit("error", content)
+    return CellOutcome(error=content)
 
 
 def _dump_error(reply: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -535,9 +577,3 @@ def combined_error(failed: list[WorkerRun], world: int, interrupted: bool) -> di
 def _first_line(error: dict[str, Any]) -> str:
     lines = str(error.get("evalue", "")).strip().splitlines()
     return lines[0] if lines else ""
-
-
-def notify_report(report: SyncReport, out: WorkerOutput) -> None:
-    notices = report.notices()
-    if notices:
-        out.notice(notices)

@@ -96,7 +96,9 @@ def wait_until(check: Any, timeout: float = 20.0) -> bool:
 def test_each_worker_is_a_sandbox_of_its_own_with_rank_world_and_the_projects_files(kernel: Kernel) -> None:
     ok(kernel.execute("%daytona map --close"))
     main_pid = int(result_text(kernel.execute("os.getpid()")))
-    run = ok(kernel.execute("%%daytona map 3\nimport os\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip())"))
+    run = ok(
+        kernel.execute("%%daytona map 3\nimport os\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip())")
+    )
     assert "starting 3 workers; each is " in run.text("stderr")  # said once, before they start
     seen = {rank: out[0].split() for rank, out in lines(run).items()}
     assert sorted(seen) == [0, 1, 2]
@@ -194,7 +196,9 @@ def test_interrupt_stops_every_worker_and_keeps_their_state(kernel: Kernel) -> N
 
     helper = threading.Thread(target=interrupt_when_both_run)
     helper.start()
-    run = kernel.execute("%%daytona map 2\nimport time\nprint('started', flush=True)\ntime.sleep(120)", on_message=watch, timeout=60)
+    run = kernel.execute(
+        "%%daytona map 2\nimport time\nprint('started', flush=True)\ntime.sleep(120)", on_message=watch, timeout=60
+    )
     helper.join()
     assert run.status == "error" and run.errors[0]["ename"] == "KeyboardInterrupt"
     assert "[0] KeyboardInterrupt" in run.errors[0]["evalue"] and "[1] KeyboardInterrupt" in run.errors[0]["evalue"]
@@ -249,7 +253,11 @@ def test_the_workers_of_a_sigkilled_kernel_die_with_it_and_gc_removes_their_fold
     env = {key: v for key, v in os.environ.items() if not key.startswith("DAYTONA_")}
     env.update(DAYTONA_KERNEL_BACKEND="local", JUPYTER_DATA_DIR=str(data_dir))
     gc = subprocess.run(
-        [sys.executable, "-m", "daytona_kernel.cli", "gc", "--older-than", "0"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "daytona_kernel.cli", "gc", "--older-than", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert local_workers(data_dir) == set()

@@ -104,8 +104,15 @@ def test_the_combined_error_names_each_failed_worker_and_its_exception() -> None
     error = combined_error(failed, 4, interrupted=False)
     assert error["ename"] == "CompositeError"
     assert error["evalue"] == "2 of 4 workers failed: [1] ZeroDivisionError: division by zero; [3] KeyError: 'k'"
-    assert error["traceback"][1:] == ["[1:execute] ZeroDivisionError: division by zero", "tb1", "[3:execute] KeyError: 'k'", "tb3"]
-    interrupted = combined_error([WorkerRun(0, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []})], 2, interrupted=True)
+    assert error["traceback"][1:] == [
+        "[1:execute] ZeroDivisionError: division by zero",
+        "tb1",
+        "[3:execute] KeyError: 'k'",
+        "tb3",
+    ]
+    interrupted = combined_error(
+        [WorkerRun(0, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []})], 2, interrupted=True
+    )
     assert interrupted["ename"] == "KeyboardInterrupt" and "keep their variables" in interrupted["evalue"]
 
 
@@ -152,7 +159,11 @@ def test_scatter_then_prelude_gives_each_worker_its_chunk_rank_and_world(tmp_pat
 
 @pytest.mark.parametrize(
     "value, says",
-    [(None, "there is no variable 'xs'"), ({"a": 1}, "'xs' cannot be split into chunks"), ([threading.Lock()], "could not pickle 'xs'")],
+    [
+        (None, "there is no variable 'xs'"),
+        ({"a": 1}, "'xs' cannot be split into chunks"),
+        ([threading.Lock()], "could not pickle 'xs'"),
+    ],
 )
 def test_a_scatter_that_cannot_be_done_says_which_variable_and_why(tmp_path: Path, value: Any, says: str) -> None:
     main = StandInRuntime() if value is None else StandInRuntime(xs=value)
