@@ -43,6 +43,15 @@ autoStopInterval and autoPauseInterval may be non-zero; auto-pause is refused
 for ephemeral sandboxes; a pausable class given neither interval auto-pauses
 after 60 minutes with auto-stop off.
 
+Creates run concurrently, within the organisation's limits (``apps/api/src/sandbox/services/
+sandbox.service.ts`` about lines 250-305, and the ``sandbox-create`` throttler on ``POST /sandbox``
+in ``sandbox.controller.ts`` about line 233): ``create_rate = (limit, seconds)`` answers a create over
+the limit with 429 and the seconds to wait in ``Retry-After-sandbox-create`` (@nestjs/throttler names
+the header after the throttler), and ``quota`` (``{"cpu": 4, "memory": 8, "disk": 30, "gpu": 0}``, any
+of them) refuses a create that would pass a total with 400 "Total CPU limit exceeded. Maximum
+allowed: N." (CPU and memory count for sandboxes that are not stopped, archived or paused; disk counts
+for every sandbox that is not destroyed).
+
 Paths inside a sandbox: a path under a volume's mount path is on that volume;
 a path under /home/daytona (the sandbox user's home) or a relative path is in
 the sandbox's own folder (its disk); any other absolute path is used as it is on
@@ -61,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -110,6 +120,11 @@ TRANSITION_S = 0.1  # how long each transitional state lasts unless a test sets 
 STARTABLE = ("stopped", "archived", "archiving", "paused")
 DEFAULT_AUTO_PAUSE_MIN = 60  # CreateSandbox.autoPauseInterval: a pausable class given neither interval
 DEFAULT_AUTO_STOP_MIN = 15
+RETRY_AFTER_CREATE = "Retry-After-sandbox-create"  # @nestjs/throttler: Retry-After-<throttler name>
+UPGRADE_TIER = "To increase concurrency limits, upgrade your organization's Tier by visiting https://app.daytona.io/dashboard/limits."
+QUOTA_NAMES = {"cpu": "CPU", "memory": "memory", "disk": "disk", "gpu": "GPU"}
+QUOTA_UNITS = {"cpu": "", "memory": "GiB", "disk": "GiB", "gpu": ""}
+NOT_RUNNING = ("stopped", "archived", "archiving", "paused", "destroying", "destroyed", "error", "build_failed")
 
 
 def _under(path: str, folder: str) -> bool:
@@ -229,6 +244,11 @@ class DaytonaEmulator:
         self.sandbox_class = "container"  # the class new sandboxes get
         self.pausable_classes: set[str] = set()  # the sandbox classes that support pausing
         self._fail_after_create: list[int] = []  # statuses for the next creates, answered after creating
+        self.create_rate: tuple[int, float] | None = None  # (creates, seconds): Daytona's sandbox-create throttler
+        self._create_hits: list[float] = []  # when the creates within the current window came
+        self.throttled = 0  # creates answered 429
+        self.quota: dict[str, int] = {}  # the organisation's totals: cpu, memory (GiB), disk (GiB), gpu
+        self._pending: list[dict[str, int]] = []  # creates under way, counted as Daytona counts pending usage
         self.git_credentials: dict[str, tuple[str, str]] = {}  # url -> (username, password) a private repo wants
         self.git_auth_seen: list[tuple[str | None, str | None]] = []  # (username, password) of each clone
         self._faults: list[list[Any]] = []  # [route substring, status, remaining]
@@ -646,6 +666,9 @@ class DaytonaEmulator:
     # -- sandboxes -----------------------------------------------------------
 
     async def create_sandbox(self, request: web.Request) -> web.Response:
+        throttled = self._throttle_create()
+        if throttled is not None:
+            return throttled
         body = await request.json()
         spec = parse(CreateSandbox, body)
         buckets = []
@@ -667,6 +690,7 @@ class DaytonaEmulator:
             raise BadRequest("GPU sandboxes must be ephemeral; set autoDeleteInterval to 0")
         pausable = self.sandbox_class in self.pausable_classes
         self._idle_intervals(body, spec, pausable)
+        pending = self._check_quota(body)  # counted until the sandbox itself counts
         sid = str(uuid.uuid4())
         home = self.root / "sandboxes" / sid
         home.mkdir(parents=True)
@@ -675,12 +699,56 @@ class DaytonaEmulator:
             bucket.mkdir(parents=True, exist_ok=True)  # the runner creates a missing subpath
             sandbox.mounts.append((mount_path, await self._mount(sandbox, index, mount_path, bucket)))
         self.sandboxes[sid] = sandbox
+        if pending is not None:
+            self._pending.remove(pending)
         self._transition(sandbox, "creating", "started")  # the SDK's create() waits for started
         with self._lock:
             fail_status = self._fail_after_create.pop(0) if self._fail_after_create else None
         if fail_status is not None:  # FACTS.md: create is not idempotent; the sandbox exists all the same
             return self._error(fail_status, f"injected fault {fail_status} after creating {sid}")
         return web.json_response(self._dto(sandbox))
+
+    def _throttle_create(self) -> web.Response | None:
+        """The sandbox-create throttler: over ``create_rate``'s limit within its window, a 429 that says
+        when to come back (whole seconds, rounded up, as @nestjs/throttler does)."""
+        if self.create_rate is None:
+            return None
+        limit, window_s = self.create_rate
+        now = time.monotonic()
+        with self._lock:
+            self._create_hits = [t for t in self._create_hits if now - t < window_s]
+            if len(self._create_hits) < limit:
+                self._create_hits.append(now)
+                return None
+            self.throttled += 1
+            wait_s = max(1, math.ceil(self._create_hits[0] + window_s - now))
+        response = self._error(429, "ThrottlerException: Too Many Requests")
+        response.headers[RETRY_AFTER_CREATE] = str(wait_s)
+        return response
+
+    @staticmethod
+    def _size(spec: dict[str, Any]) -> dict[str, int]:
+        return {"cpu": spec.get("cpu") or 1, "memory": spec.get("memory") or 1, "disk": spec.get("disk") or 3, "gpu": spec.get("gpu") or 0}
+
+    def _check_quota(self, body: dict[str, Any]) -> dict[str, int] | None:
+        """sandbox.service.ts validateOrganizationQuotas: the organisation's totals with this sandbox and
+        the creates under way added (no await here: concurrent creates are counted one after the other).
+        Returns this create's pending usage, to drop once the sandbox counts."""
+        if not self.quota:
+            return None
+        wanted = self._size(body)
+        for key, total in self.quota.items():
+            used = sum(
+                self._size(s.spec)[key]
+                for s in self.sandboxes.values()
+                if s.state != "destroyed" and (key == "disk" or s.state not in NOT_RUNNING)
+            )
+            used += sum(p[key] for p in self._pending)
+            if used + wanted[key] > total:
+                extra = "\nConsider archiving your unused Sandboxes to free up available storage." if key == "disk" else ""
+                raise BadRequest(f"Total {QUOTA_NAMES[key]} limit exceeded. Maximum allowed: {total}{QUOTA_UNITS[key]}.{extra}\n{UPGRADE_TIER}")
+        self._pending.append(wanted)
+        return wanted
 
     def _idle_intervals(self, body: dict[str, Any], spec: Any, pausable: bool) -> None:
         """CreateSandbox's idle rules (its field docs): refuse what the API refuses, fill in its defaults."""
