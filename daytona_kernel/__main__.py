@@ -1,4 +1,5 @@
-"""Launch the kernel: ``python -m daytona_kernel -f CONNECTION_FILE``.
+"""Launch the kernel (``python -I -m daytona_kernel -f CONNECTION_FILE`` by hand; ``-I`` keeps the current
+folder off ``sys.path``).
 
 Kernelspecs start it through ``launch()`` from a ``-c`` one-liner that first drops the working
 directory from ``sys.path`` (see ``kernelspec.LAUNCH_CODE``): the notebook's folder holds files the

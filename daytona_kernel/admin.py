@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from jupyter_core.paths import jupyter_config_dir, jupyter_config_path, jupyter_runtime_dir
 
-from .config import SECTION, DaytonaKernelConfig, config_outside_kernel, has_credentials
+from .config import MASK, SECTION, DaytonaKernelConfig, config_outside_kernel, has_credentials, masked
 from .config import load_config as load_config_files
 from .errors import DaytonaKernelError
 
@@ -56,13 +56,15 @@ def show_config(out: Out) -> int:
     out(f"# daytona-kernel configuration (config files: {', '.join(jupyter_config_path())})")
     for name in sorted(DaytonaKernelConfig.class_trait_names(config=True)):
         value = getattr(config, name)
+        if name == "env":  # the sandbox's environment: its values are often tokens
+            value = dict.fromkeys(value, MASK)
         origin = sources.get(name, "default")
-        out(f"{name} = {value!r}  # {origin}")
+        out(f"{name} = {masked(value)!r}  # {origin}")
     out("# Daytona credentials (the SDK's own variables; never stored by this kernel)")
     out(f"DAYTONA_API_KEY: {'set' if os.environ.get('DAYTONA_API_KEY') else 'not set'}")
     api_url = config.api_url or os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL
     url_origin = "api_url" if config.api_url else "DAYTONA_API_URL" if os.environ.get("DAYTONA_API_URL") else "default"
-    out(f"API URL: {api_url}  # {url_origin}")
+    out(f"API URL: {masked(api_url)}  # {url_origin}")
     target = config.target or os.environ.get("DAYTONA_TARGET") or "(your organization's default)"
     out(f"target: {target}")
     from .identity import owner_id_path

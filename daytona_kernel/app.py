@@ -35,7 +35,8 @@ class DaytonaKernelApp(IPKernelApp):
         "The Daytona Jupyter kernel: a Python kernel whose cells run in a Daytona sandbox "
         "(backend 'daytona') or in a worker process on this machine (backend 'local'). Jupyter "
         "starts it from a kernelspec; `daytona-kernel --help` manages kernelspecs, sandboxes and "
-        "configuration. Every setting is a DaytonaKernel option (see --help-all), also settable as "
+        "configuration. Every setting is a DaytonaKernel option (`daytona-kernel config --help-all` lists "
+        "them), also settable as "
         "DAYTONA_KERNEL_<NAME> or in daytona_kernel_config.py."
     )
     subcommands: dict[str, Any] = {}  # IPKernelApp's `install` would install ipykernel's spec

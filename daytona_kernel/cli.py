@@ -20,6 +20,7 @@ EPILOG = """\
 examples:
   daytona-kernel doctor                 check configuration, credentials and a test cell
   daytona-kernel config                 show the settings in effect and where each comes from
+  daytona-kernel config --help-all      every setting with its help
   daytona-kernel install --user         make the kernels available outside this environment
   daytona-kernel gc --dry-run           list sandboxes whose kernel is gone
   daytona-kernel example                copy the example notebook here"""
@@ -45,9 +46,10 @@ examples:
       --env DAYTONA_KERNEL_SNAPSHOT=my-gpu-snapshot --env DAYTONA_KERNEL_SANDBOX_POLICY=ephemeral
   daytona-kernel install --sys-prefix --name daytona-eu --env DAYTONA_KERNEL_TARGET=eu
 
-Secrets are refused (names with KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, and URLs with
-user:token@): kernel.json is readable by anyone who can read your Jupyter folders. Set them in
-the environment Jupyter starts from instead."""
+Secrets are refused (names with KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL, AUTH or PAT, URLs with
+user:token@, and values that look like a token, inside JSON values too): kernel.json is readable
+by anyone who can read your Jupyter folders. Set them in the environment Jupyter starts from
+instead."""
 
 
 def _version() -> str:
@@ -163,6 +165,14 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.generate:
         return admin.generate_config(print, args.yes, _confirm)
+    if args.help_all:  # the kernel's own options, from this installed package (never from the current folder)
+        from .app import DaytonaKernelApp
+
+        try:
+            DaytonaKernelApp.launch_instance(argv=["--help-all"])
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        return 0
     return admin.show_config(print)
 
 
@@ -242,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="show the effective configuration and where each value came from")
     p.add_argument("--generate", action="store_true", help="write a commented daytona_kernel_config.py instead")
+    p.add_argument("--help-all", action="store_true", help="list every setting of the kernel with its help")
     p.add_argument("-y", "--yes", action="store_true", help="overwrite an existing config file without asking")
     p.set_defaults(func=cmd_config)
 

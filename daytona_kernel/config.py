@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from copy import deepcopy
 from dataclasses import dataclass, field, fields
@@ -33,6 +34,40 @@ CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
 SECRET_ENV_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "GIT_TOKEN")
 SANDBOX_WORKDIR = "/home/daytona/workspace"  # the cell's working directory in a Daytona sandbox, on its own disk
 DEFAULT_MOUNT_PATH = "/home/daytona/.daytona-kernel-volume"  # where the volume (mount-s3) is mounted
+# Upper bounds: every number has one, so a typo (1e308) is a named config problem, never a crash or a hang.
+MAX_CPU = 1024
+MAX_GPU = 64
+MAX_GIB = 1024 * 1024
+MAX_MINUTES = 10 * 366 * 24 * 60  # ten years
+MAX_SECONDS = 366 * 24 * 3600.0  # a year
+MAX_OUTPUT_MB = 10 * 1024.0
+MAX_FILE_MB = 100 * 1024.0
+MAX_TOTAL_MB = 1024 * 1024.0
+
+
+# Credentials as they appear in values: user:password@ in a URL, and the token formats of common
+# services (GitHub, GitLab, Daytona, Hugging Face, Slack, OpenAI, Stripe, npm, PyPI, AWS, Google,
+# Databricks, JWTs, PEM private keys). Used to refuse them in kernel.json and to mask them in output.
+URL_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)([^/\s@]+)@", re.IGNORECASE)
+TOKEN_VALUE = re.compile(
+    r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9_]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|dtn_[A-Za-z0-9_]{10,}|hf_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9_-]{10,}|sk-[A-Za-z0-9_-]{20,}"
+    r"|[sr]k_live_[A-Za-z0-9_]{10,}|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{50,}|(?:AKIA|ASIA)[A-Z0-9]{16}"
+    r"|AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|dapi[0-9a-f]{32}|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\."
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----)"
+)
+MASK = "***"
+
+
+def masked(value: Any) -> Any:
+    """``value`` fit to print: URL credentials and tokens replaced by ***, inside lists and dicts too."""
+    if isinstance(value, str):
+        return TOKEN_VALUE.sub(MASK, URL_USERINFO.sub(r"\1" + MASK + "@", value))
+    if isinstance(value, dict):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
 
 
 class FiniteFloat(Float):
@@ -95,10 +130,10 @@ class DaytonaKernelConfig(Configurable):
         "snapshot, not both. cpu/memory/disk/gpu apply to image-based sandboxes.",
     ).tag(config=True)
 
-    cpu = Int(0, min=0, help="CPU cores for an image-based sandbox (0 = Daytona's default).").tag(config=True)
-    memory = Int(0, min=0, help="Memory in GiB for an image-based sandbox (0 = default).").tag(config=True)
-    disk = Int(0, min=0, help="Disk in GiB for an image-based sandbox (0 = default).").tag(config=True)
-    gpu = Int(0, min=0, help="GPUs for an image-based sandbox (0 = none).").tag(config=True)
+    cpu = Int(0, min=0, max=MAX_CPU, help="CPU cores for an image-based sandbox (0 = Daytona's default).").tag(config=True)
+    memory = Int(0, min=0, max=MAX_GIB, help="Memory in GiB for an image-based sandbox (0 = default).").tag(config=True)
+    disk = Int(0, min=0, max=MAX_GIB, help="Disk in GiB for an image-based sandbox (0 = default).").tag(config=True)
+    gpu = Int(0, min=0, max=MAX_GPU, help="GPUs for an image-based sandbox (0 = none).").tag(config=True)
 
     labels = Dict(
         value_trait=Unicode(),
@@ -120,6 +155,7 @@ class DaytonaKernelConfig(Configurable):
     auto_pause_interval = Int(
         15,
         min=0,
+        max=MAX_MINUTES,
         help="Minutes of inactivity after which Daytona pauses the sandbox, when idle_action is 'pause' and "
         "the sandbox can pause (0 = never pause: the sandbox stops after auto_stop_interval instead).",
     ).tag(config=True)
@@ -127,16 +163,17 @@ class DaytonaKernelConfig(Configurable):
     auto_stop_interval = Int(
         15,
         min=0,
+        max=MAX_MINUTES,
         help="Minutes of inactivity after which Daytona stops the sandbox (0 = never), when it does not "
         "pause (see idle_action). This bounds the cost of a sandbox whose kernel was killed.",
     ).tag(config=True)
 
     auto_archive_interval = Int(
-        0, min=0, help="Minutes a stopped sandbox waits before it is archived (0 = Daytona's maximum)."
+        0, min=0, max=MAX_MINUTES, help="Minutes a stopped sandbox waits before it is archived (0 = Daytona's maximum)."
     ).tag(config=True)
 
     auto_delete_interval = Int(
-        -1, min=-1, help="Minutes a stopped sandbox waits before it is deleted (-1 = never, 0 = at stop)."
+        -1, min=-1, max=MAX_MINUTES, help="Minutes a stopped sandbox waits before it is deleted (-1 = never, 0 = at stop)."
     ).tag(config=True)
 
     network_block_all = Bool(False, help="Block all network access from the sandbox.").tag(config=True)
@@ -178,12 +215,12 @@ class DaytonaKernelConfig(Configurable):
         config=True
     )
 
-    sync_max_file_mb = FiniteFloat(100.0, min=0.0, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
+    sync_max_file_mb = FiniteFloat(100.0, min=0.0, max=MAX_FILE_MB, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
         config=True
     )
 
     sync_max_total_mb = FiniteFloat(
-        1024.0, min=0.0, help="At most this much (MB) is uploaded in one sync; the rest waits, with a notice."
+        1024.0, min=0.0, max=MAX_TOTAL_MB, help="At most this much (MB) is uploaded in one sync; the rest waits, with a notice."
     ).tag(config=True)
 
     repo_url = Unicode(
@@ -204,12 +241,14 @@ class DaytonaKernelConfig(Configurable):
     cell_timeout = FiniteFloat(
         0.0,
         min=0.0,
+        max=MAX_SECONDS,
         help="Seconds a cell may run before the sandbox stops it (0 = no limit).",
     ).tag(config=True)
 
     interrupt_grace = FiniteFloat(
         3.0,
         min=0.1,
+        max=3600.0,
         help="Seconds to wait for a cell to yield to an interrupt before the context is "
         "restarted (which loses its variables).",
     ).tag(config=True)
@@ -217,6 +256,7 @@ class DaytonaKernelConfig(Configurable):
     output_limit_mb = FiniteFloat(
         20.0,
         min=0.0,
+        max=MAX_OUTPUT_MB,
         help="Most stream output (MB) one cell may send; the rest is dropped with a notice, so a "
         "runaway print loop cannot swamp the browser (0 = no limit).",
     ).tag(config=True)
@@ -250,6 +290,7 @@ class DaytonaKernelConfig(Configurable):
     detached_idle_minutes = FiniteFloat(
         1440.0,
         min=0.0,
+        max=MAX_MINUTES,
         help="A detached session (no kernel owns it) whose last cell ended this many minutes ago is ended by "
         "the next kernel that starts in the sandbox and by `daytona-kernel gc`. A cell still running is never "
         "ended this way.",
@@ -357,7 +398,7 @@ def checked(config: Config) -> tuple[Config, dict[str, str]]:
 
 
 def _shown(value: object) -> object:
-    return str(value) if isinstance(value, DeferredConfigString) else value
+    return masked(str(value) if isinstance(value, DeferredConfigString) else value)
 
 
 def env_config(environ: Mapping[str, str] | None = None) -> Config:

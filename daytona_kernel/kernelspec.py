@@ -18,7 +18,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 
-from .config import ENV_PREFIX, DaytonaKernelConfig
+from .config import ENV_PREFIX, TOKEN_VALUE, URL_USERINFO, DaytonaKernelConfig
 
 # The launcher drops the working directory (the notebook's folder, which holds files the
 # sandbox wrote) from sys.path before anything is imported; ``python -m`` would import this
@@ -34,10 +34,9 @@ DEFAULT_SPECS = {
 }
 RESOURCES = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-# user:password@ in a URL, or a bare token as the user (GitHub, GitLab, Daytona token prefixes).
-_URL_USERINFO = re.compile(r"[a-z][a-z0-9+.-]*://([^/\s@]+)@", re.IGNORECASE)
-_TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "dtn_")
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE")
+SECRET_NAME_WORDS = ("PAT", "PWD", "PASS")  # whole words of a name: GITHUB_PAT and DB_PASS, not PATH
+_TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "dtn_")  # a token as a URL's user
 
 
 def template_dir(name: str = "daytona") -> Path:
@@ -55,25 +54,28 @@ def _looks_secret(name: str) -> bool:
     upper = name.upper()
     if upper.startswith(ENV_PREFIX) and upper[len(ENV_PREFIX) :].lower() in DaytonaKernelConfig.class_trait_names(config=True):
         return False  # the kernel's own settings (workspace_key ...) are not secrets; their values are checked below
-    return any(part in upper for part in SECRET_NAME_PARTS)
+    words = re.split(r"[^A-Z0-9]+", upper)
+    return any(part in upper for part in SECRET_NAME_PARTS) or any(word in words for word in SECRET_NAME_WORDS)
 
 
 def _has_url_credentials(value: str) -> bool:
-    for match in _URL_USERINFO.finditer(value):
-        userinfo = match.group(1)
-        if ":" in userinfo or userinfo.lower().startswith(_TOKEN_PREFIXES):
-            return True
-    return False
+    return any(":" in m.group(2) or m.group(2).lower().startswith(_TOKEN_PREFIXES) for m in URL_USERINFO.finditer(value))
 
 
 def secret_problems(env: dict[str, str]) -> list[str]:
-    """Why each entry of ``env`` must not go into kernel.json (names only, never values)."""
+    """Why each entry of ``env`` must not go into kernel.json (names only, never values).
+
+    A secret is refused by its name (``..._TOKEN``, ``GITHUB_PAT``), by credentials in a URL
+    (``user:password@``, a token as the user) and by a token in the value, wherever it sits
+    (a JSON value of ``DAYTONA_KERNEL_ENV`` or ``DAYTONA_KERNEL_LABELS`` too)."""
     problems = []
     for name, value in env.items():
         if _looks_secret(name):
             problems.append(f"{name} looks like a secret")
         elif _has_url_credentials(value):
             problems.append(f"the value of {name} holds credentials in a URL (user:token@)")
+        elif TOKEN_VALUE.search(value):
+            problems.append(f"the value of {name} holds what looks like a token")
         if name.upper() == ENV_PREFIX + "ENV":  # the sandbox's environment, as JSON
             try:
                 inner = json.loads(value)

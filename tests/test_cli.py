@@ -66,6 +66,33 @@ def test_install_help_gives_the_default_location_and_examples(tmp_path: Path) ->
     assert "examples:" in proc.stdout and "daytona-kernel install --user" in proc.stdout
 
 
+def test_help_all_through_the_command_never_imports_from_the_current_folder(tmp_path: Path) -> None:
+    """``python -m daytona_kernel`` runs a ``daytona_kernel/`` folder in the current folder (issue 20, item 10):
+    the docs send users to ``daytona-kernel``, which does not."""
+    planted = tmp_path / "daytona_kernel"
+    planted.mkdir()
+    (planted / "__init__.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').write('x')\n")
+    (planted / "cli.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').write('x')\n")
+    command = Path(sys.executable).with_name("daytona-kernel")
+    proc = subprocess.run([str(command), "config", "--help-all"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "pwned").exists()
+    from daytona_kernel.config import DaytonaKernelConfig
+
+    for name in DaytonaKernelConfig.class_trait_names(config=True):
+        assert f"--DaytonaKernel.{name}=" in proc.stdout, name
+
+
+def test_the_docs_never_tell_users_to_type_python_m_daytona_kernel() -> None:
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for line in path.read_text().splitlines():
+            if "python -m daytona_kernel" in line or "python3 -m daytona_kernel" in line:
+                assert "never" in line or "-I" in line, f"{path.name}: {line}"
+    from daytona_kernel.cli import build_parser
+
+    assert "python -m" not in build_parser().format_help()
+
+
 def test_kernel_help_describes_this_kernel_and_every_setting() -> None:
     short = subprocess.run([sys.executable, "-m", "daytona_kernel", "--help"], capture_output=True, text=True, timeout=60)
     assert short.returncode == 0
@@ -137,6 +164,16 @@ def test_named_spec_with_env(tmp_path: Path) -> None:
         ("DAYTONA_KERNEL_REPO_URL=https://me:secret_value@github.com/me/repo", "DAYTONA_KERNEL_REPO_URL"),
         ("DAYTONA_KERNEL_REPO_URL=https://ghp_secret_value@github.com/me/repo", "DAYTONA_KERNEL_REPO_URL"),
         ('DAYTONA_KERNEL_ENV={"HF_TOKEN": "secret_value"}', "HF_TOKEN"),
+        # issue 20, item 9: a token is refused by its value too, wherever it sits
+        ("GITHUB_PAT=ghp_secret_value0123456789abcdefghijklmnop", "GITHUB_PAT"),
+        ("GH_PAT=secret_value", "GH_PAT"),
+        ("HF=hf_secret_valueABCDEFGHIJKLMNOPQRSTUVWXYZ", "HF"),
+        ("SLACK=xoxb-1234-secret_value", "SLACK"),
+        ("AWS_ID=AKIASECRETVALUE12345", "AWS_ID"),
+        ("OPENAI=sk-proj-secret_value0123456789", "OPENAI"),
+        ('DAYTONA_KERNEL_ENV={"X": "ghp_secret_value0123456789abcdefghijklmnop"}', "DAYTONA_KERNEL_ENV"),
+        ('DAYTONA_KERNEL_LABELS={"team": "glpat-secret_value0123456789"}', "DAYTONA_KERNEL_LABELS"),
+        ("DAYTONA_KERNEL_ENV={\"DB_URL\": \"postgres://me:secret_value@db/x\"}", "DB_URL"),
     ],
 )
 def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path, pair: str, named: str) -> None:
@@ -149,7 +186,8 @@ def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path, pair: str, n
 
 def test_a_url_without_credentials_is_fine(tmp_path: Path) -> None:
     proc = cli("install", "--prefix", str(tmp_path), "--name", "repo",
-               "--env", "DAYTONA_KERNEL_REPO_URL=https://github.com/me/repo.git")
+               "--env", "DAYTONA_KERNEL_REPO_URL=https://github.com/me/repo.git", "--env", "PATH_EXTRA=/opt/pat/bin",
+               "--env", "DAYTONA_KERNEL_ENV={\"MODEL\": \"sk-learn-like-name\"}")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -269,6 +307,21 @@ def test_config_shows_each_value_and_where_it_came_from(tmp_path: Path) -> None:
     assert "backend = 'daytona'  # default" in lines
     assert "DAYTONA_API_KEY: set" in lines
     assert "dtn_secret_value" not in proc.stdout
+
+
+def test_config_masks_env_values_and_url_credentials(tmp_path: Path) -> None:
+    env = {
+        **user_env(tmp_path),
+        "DAYTONA_KERNEL_ENV": '{"HF_TOKEN": "hf_secret_value", "MODE": "fast"}',
+        "DAYTONA_KERNEL_REPO_URL": "https://me:secret_value@github.com/me/repo.git",
+        "DAYTONA_KERNEL_API_URL": "https://user:secret_value@api.example.com/api",
+    }
+    proc = cli("config", env=env)
+    assert "secret_value" not in proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "env = {'HF_TOKEN': '***', 'MODE': '***'}  # environment DAYTONA_KERNEL_ENV" in lines
+    assert "repo_url = 'https://***@github.com/me/repo.git'  # environment DAYTONA_KERNEL_REPO_URL" in lines
+    assert any(line.startswith("API URL: https://***@api.example.com/api") for line in lines), lines
 
 
 def test_generate_config_writes_a_commented_template_that_loads(tmp_path: Path) -> None:

@@ -32,6 +32,16 @@ def test_every_numeric_setting_refuses_nan_inf_and_negatives_by_name(name: str, 
     assert f"{ENV_PREFIX}{name.upper()}" in problems[0]  # and says where to fix it
 
 
+@pytest.mark.parametrize("value", ["1e308", "1e305", "99999999999999999999"])
+@pytest.mark.parametrize("name", NUMERIC)
+def test_every_numeric_setting_has_an_upper_bound(name: str, value: str) -> None:
+    """output_limit_mb=1e308 killed the kernel at start, sync_max_file_mb=1e305 hung every cell (issue 20, item 9)."""
+    trait = DaytonaKernelConfig.class_traits(config=True)[name]
+    assert trait.max is not None, f"{name} has no upper bound"
+    problems = problems_for({ENV_PREFIX + name.upper(): value})
+    assert len(problems) == 1 and problems[0].startswith(f"{name} = '{value}' is invalid"), problems
+
+
 def test_the_numeric_settings_are_all_covered() -> None:
     assert {"cell_timeout", "output_limit_mb", "interrupt_grace", "auto_stop_interval", "cpu"} <= set(NUMERIC)
 
@@ -66,3 +76,15 @@ def test_a_kernel_with_nan_and_inf_settings_answers_every_cell_with_the_names() 
             run = k.execute("print('hi')")
             assert run.status == "error" and run.errors[0]["ename"] == "DaytonaKernelConfigError"
             assert "output_limit_mb = 'nan'" in run.errors[0]["evalue"] and "cell_timeout = 'inf'" in run.errors[0]["evalue"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["daytona-local", "daytona"])
+def test_a_kernel_with_huge_settings_starts_and_names_them(kernel: str, daytona_env: object) -> None:
+    from kernels import Kernel
+
+    env = {f"{ENV_PREFIX}OUTPUT_LIMIT_MB": "1e308", f"{ENV_PREFIX}SYNC_MAX_FILE_MB": "1e305"}
+    with Kernel(kernel, env=env) as k:
+        run = k.execute("print('hi')", timeout=60)
+        assert run.status == "error" and run.errors[0]["ename"] == "DaytonaKernelConfigError"
+        assert "output_limit_mb = '1e308'" in run.errors[0]["evalue"] and "sync_max_file_mb = '1e305'" in run.errors[0]["evalue"]
