@@ -36,6 +36,7 @@ SANDBOX_WORKDIR = "/home/daytona/workspace"  # the cell's working directory in a
 DEFAULT_MOUNT_PATH = "/home/daytona/.daytona-kernel-volume"  # where the volume (mount-s3) is mounted
 # Upper bounds: every number has one, so a typo (1e308) is a named config problem, never a crash or a hang.
 MAX_CPU = 1024
+MAX_WORKERS = 1024
 MAX_GPU = 64
 MAX_GIB = 1024 * 1024
 MAX_MINUTES = 10 * 366 * 24 * 60  # ten years
@@ -299,6 +300,7 @@ class DaytonaKernelConfig(Configurable):
     fan_out_max = Int(
         8,
         min=1,
+        max=MAX_WORKERS,
         help="Most workers one `%%daytona map N` cell may start (each is a sandbox of the main sandbox's "
         "size, billed while it runs; on the local backend, a worker process). See docs/fanout.md.",
     ).tag(config=True)
