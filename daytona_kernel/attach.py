@@ -312,7 +312,7 @@ class SessionJournal:
         }
 
     async def _exec(self, verb: str, *args: str | int) -> dict[str, Any]:
-        command = " ".join(["python3", "-c", shlex.quote(journal_script()), verb, *(shlex.quote(str(a)) for a in args)])
+        command = " ".join(["python3", "-I", "-c", shlex.quote(journal_script()), verb, *(shlex.quote(str(a)) for a in args)])
         result = await self._sandbox.exec(command, timeout=JOURNAL_EXEC_TIMEOUT_S)
         value = _last_json(result.output) if result.exit_code == 0 else None
         if value is None:
@@ -541,7 +541,7 @@ async def reclaim_detached(sandbox: Any, workdir: str, idle_minutes: float, dry_
     ``idle_minutes``; returns how many detached sessions it keeps (younger, or with a cell running).
     A journal a cell forged is named and left alone: it never stops the cleanup."""
     root = journal_root(workdir)
-    command = " ".join(["python3", "-c", shlex.quote(journal_script()), "scan", shlex.quote(root)])
+    command = " ".join(["python3", "-I", "-c", shlex.quote(journal_script()), "scan", shlex.quote(root)])
     result = await sandbox.process.exec(command, timeout=int(JOURNAL_EXEC_TIMEOUT_S))
     scanned = _last_json(result.result or "")
     if scanned is None:
@@ -569,7 +569,7 @@ async def reclaim_detached(sandbox: Any, workdir: str, idle_minutes: float, dry_
             await sandbox.code_interpreter.delete_context(contexts[session.session])
             await sandbox.process.exec(
                 " ".join(
-                    ["python3", "-c", shlex.quote(journal_script()), "remove", shlex.quote(posixpath.join(root, session.session))]
+                    ["python3", "-I", "-c", shlex.quote(journal_script()), "remove", shlex.quote(posixpath.join(root, session.session))]
                 ),
                 timeout=int(JOURNAL_EXEC_TIMEOUT_S),
             )

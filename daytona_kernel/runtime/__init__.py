@@ -56,17 +56,44 @@ def _source(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
+CELL_PATH_SOURCE = (
+    "def worker_folder_off_path():\n"
+    "    import os, sys\n"
+    "    script = getattr(sys.modules.get('__main__'), '__file__', None)\n"
+    "    if script and sys.path and sys.path[0] and os.path.isabs(script) and (\n"
+    "            os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(script))):\n"
+    "        del sys.path[0]\n"
+    "def cwd_on_path():\n"
+    "    import os, sys\n"
+    "    if '' in sys.path or getattr(sys.flags, 'safe_path', False):\n"
+    "        return\n"
+    "    for index, path in enumerate(sys.path):\n"
+    "        if os.path.basename(path) in ('site-packages', 'dist-packages'):\n"
+    "            break\n"
+    "    else:\n"
+    "        index = 0\n"
+    "    sys.path.insert(index, '')\n"
+)
+"""The cell's sys.path, as ipykernel's: the worker script's folder (the daemon's ``/tmp``, the local
+backend's ``backends/``) is taken off before anything is imported, and ``''`` (the cell's working
+directory) is put in once the runtime is installed, where IPython's ``InteractiveShellApp.init_path``
+puts it: after the standard library, before site-packages (IPython, BSD-3-Clause)."""
+
+
 def bootstrap_code(token: str, options: dict | None = None) -> str:
     """Code that installs the runtime into a fresh context and says hello.
 
     The IPython shell module needs IPython: when the sandbox's Python cannot
     import it, the module is left out and the runtime uses its basic shell
-    (``basic.py``).
+    (``basic.py``). The runtime's modules live in ``sys.modules`` under
+    ``_daytona_kernel_<name>`` and are never looked up on ``sys.path``, so a
+    user's ``framing.py`` neither shadows them nor is shadowed by them.
     """
     modules = [(MODULE_PREFIX + name, f"<daytona-kernel-{name}>", _source(name + ".py")) for name in MODULES]
     return (
-        IPYTHON_CACHE_SOURCE + "def __dk_boot():\n"
+        IPYTHON_CACHE_SOURCE + CELL_PATH_SOURCE + "def __dk_boot():\n"
         "    import os, sys, types\n"
+        "    worker_folder_off_path()\n"
         f"    options = __import__('json').loads({json.dumps(options or {})!r})\n"
         "    cache = ipython_cache(options)\n"
         "    if cache and os.path.isdir(cache):  # an IPython the kernel shipped earlier\n"
@@ -85,9 +112,10 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
         "            options['ipython_error'] = '%s: %s' % (type(exc).__name__, exc)\n"
         f"    rt = sys.modules[{RUNTIME_MODULE!r}]\n"
         f"    rt.current = rt.Runtime({token!r}, options)\n"
+        "    cwd_on_path()\n"
         "    return rt.current\n"
         f"{HANDLE} = __dk_boot()\n"
-        "del __dk_boot, ipython_cache\n"
+        "del __dk_boot, ipython_cache, worker_folder_off_path, cwd_on_path\n"
         f"{HANDLE}.hello()\n"
     )
 
@@ -127,5 +155,6 @@ def fanout_call_source(function: str, *args: object) -> str:
 
 
 def journal_script() -> str:
-    """The journal module's source, run by ``python3 -c`` in the sandbox for scan, read, claim and remove."""
+    """The journal module's source, run by ``python3 -I -c`` in the sandbox for scan, read, claim and remove
+    (isolated: a user's ``json.py`` in the working directory cannot shadow what it imports)."""
     return _source("journal.py")

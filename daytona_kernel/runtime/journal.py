@@ -5,7 +5,7 @@ Standard library only, Python 3.9+. It has two users:
 - the runtime (inside the interpreter context): ``Journal`` records every write of a
   cell's output (frames and text, exactly what goes to the daemon) and the session's
   state: running or idle, execution count, variables, when the last cell ended;
-- the kernel, through ``process.exec`` (``python3 -c <this source> VERB ...``): ``scan``
+- the kernel, through ``process.exec`` (``python3 -I -c <this source> VERB ...``): ``scan``
   lists the sessions, ``read`` returns what a cell wrote since an offset, ``claim`` makes
   a kernel the session's owner (compare-and-swap under a lock), ``remove`` deletes one.
   ``process.exec`` runs beside the interpreter, so it works while the cell still runs

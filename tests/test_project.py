@@ -1,0 +1,196 @@
+"""The user's project as ipykernel sees it (issue 21): the notebook's folder importable, nothing of
+the kernel package on the cell's sys.path, UsageErrors, cell file names and interrupt tracebacks
+as ipykernel shows them, and status lines that leave nothing in a saved notebook.
+
+Each test runs the same cells under stock ipykernel (``python3``) and under our backend, side by side."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill
+from kernels import Kernel, Run
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+Step = tuple[str, Callable[[Path], None] | None]  # a cell, and what the user does to their files before it
+
+
+def plain(lines: list[str]) -> str:
+    return ANSI.sub("", "\n".join(lines))
+
+
+def project(root: Path) -> Path:
+    """A git project shaped like a user's: notebooks/ beside data/, modules and a package beside the notebook,
+    and modules named like the runtime's own (framing, journal, streams). Returns the notebook folder."""
+    notebooks = root / "notebooks"
+    (notebooks / "nbpackage").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "data" / "x.csv").write_text("a,b\n1,2\n")
+    (notebooks / "helpers.py").write_text("VALUE = 1\n\ndef double(x):\n    return 2 * x\n")
+    (notebooks / "nbpackage" / "__init__.py").write_text("")
+    (notebooks / "nbpackage" / "mynotebook.py").write_text("NAME = 'mynotebook'\n")
+    for name in ("framing", "journal", "streams"):
+        (notebooks / f"{name}.py").write_text("WHO = 'user'\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return notebooks
+
+
+def answer(run: Run) -> tuple[str, str]:
+    """A cell's status and what it gave: its result's text, else its error's name."""
+    results = run.of_type("execute_result")
+    if results:
+        return run.status, results[0]["data"]["text/plain"]
+    if run.errors:
+        return run.status, run.errors[0]["ename"]
+    return run.status, run.text() + run.text("stderr")
+
+
+def run_steps(name: str, folder: Path, steps: list[Step]) -> list[tuple[str, str]]:
+    with Kernel(name, cwd=str(folder)) as k:
+        k.execute("pass", store_history=False)
+        answers = []
+        for code, before in steps:
+            if before is not None:
+                before(folder)
+            answers.append(answer(k.execute(code)))
+        return answers
+
+
+def edit_helpers(folder: Path) -> None:
+    """The user edits helpers.py in their editor (a later mtime, as a save makes)."""
+    path = folder / "helpers.py"
+    path.write_text("VALUE = 2\n\ndef double(x):\n    return 2 * x\n")
+    later = time.time() + 2
+    os.utime(path, (later, later))
+
+
+IMPORT_STEPS: list[Step] = [
+    ("import helpers\nhelpers.VALUE, helpers.double(21)", None),
+    ("from nbpackage import mynotebook\nmynotebook.NAME", None),
+    ("%%writefile mod.py\nZ = 7\n", None),
+    ("import mod\nmod.Z", None),
+    ("import framing, journal, streams\nframing.WHO, journal.WHO, streams.WHO", None),
+    ("from IPython.display import display\ndisplay('the runtime still works')\nprint('and prints')", None),
+    ("import daytona\n'daytona_kernel' in daytona.__file__, daytona.__name__", None),
+    ("import local", None),
+    ("import base", None),
+    ("import sys\n[p for p in sys.path if 'daytona_kernel' in p], sys.path.count('')", None),
+    ("import pandas\npandas.read_csv('../data/x.csv').shape", None),
+    ("%load_ext autoreload\n%autoreload 2", None),
+    ("helpers.VALUE", edit_helpers),
+]
+
+
+def test_the_notebooks_folder_is_importable_and_the_kernel_package_is_not(kernel_name: str, tmp_path: Path) -> None:
+    theirs = run_steps("python3", project(tmp_path / "ipykernel"), IMPORT_STEPS)
+    ours = run_steps(kernel_name, project(tmp_path / "ours"), IMPORT_STEPS)
+    assert theirs[0] == ("ok", "(1, 42)") and theirs[-1] == ("ok", "2")  # what ipykernel does, for the record
+    assert theirs[6] == ("ok", "(False, 'daytona')") and theirs[7] == ("error", "ModuleNotFoundError")
+    for (code, _), got, want in zip(IMPORT_STEPS, ours, theirs):
+        assert got == want, code
+
+
+def usage_error(run: Run) -> dict[str, Any]:
+    reply = run.reply["content"]
+    return {
+        "outputs": [(m["msg_type"], m["content"].get("name"), m["content"].get("text")) for m in run.outputs],
+        "reply": (reply["status"], reply.get("ename"), reply.get("evalue"), reply.get("traceback")),
+    }
+
+
+def test_a_usage_error_is_shown_on_stderr_as_ipykernel_shows_it(kernel_name: str, tmp_path: Path) -> None:
+    cells = ["%lprun -f f f()", "%xmode NoSuchMode", "1 + 1"]
+    runs = {}
+    for name in ("python3", kernel_name):
+        with Kernel(name, cwd=str(tmp_path)) as k:
+            k.execute("pass", store_history=False)
+            runs[name] = [k.execute(code) for code in cells]
+    theirs, ours = runs["python3"], runs[kernel_name]
+    assert usage_error(theirs[0]) == {
+        "outputs": [("stream", "stderr", "UsageError: Line magic function `%lprun` not found.\n")],
+        "reply": ("error", "UsageError", "Line magic function `%lprun` not found.", []),
+    }
+    for mine, stock in zip(ours[:2], theirs[:2]):
+        assert usage_error(mine) == usage_error(stock)
+    assert answer(ours[2]) == ("ok", "2")
+
+
+CELL_FILE_STEPS = [
+    "def g():\n    return 1 / 0",
+    "g()",
+    "import inspect, os\nos.path.basename(inspect.getsourcefile(g)), os.path.basename(os.path.dirname(g.__code__.co_filename)).split('_')[0]",
+    "import linecache\nlinecache.getline(g.__code__.co_filename, 2).strip()",
+]
+
+
+def test_cells_are_named_as_ipykernel_names_them(kernel_name: str, tmp_path: Path) -> None:
+    from ipykernel.compiler import get_tmp_hash_seed, murmur2_x86
+
+    runs = {}
+    for name in ("python3", kernel_name):
+        with Kernel(name, cwd=str(tmp_path)) as k:
+            runs[name] = [k.execute(code) for code in CELL_FILE_STEPS]
+            runs[name].append(k.execute("%debug", stdin_answer=lambda content: "q"))
+    theirs, ours = runs["python3"], runs[kernel_name]
+    name = f"'{murmur2_x86(CELL_FILE_STEPS[0], get_tmp_hash_seed())}.py'"
+    assert answer(theirs[2]) == ("ok", f"({name}, 'ipykernel')")
+    assert [answer(r) for r in ours[2:4]] == [answer(r) for r in theirs[2:4]]
+    assert plain(ours[1].errors[0]["traceback"]) == plain(theirs[1].errors[0]["traceback"])
+    debug = re.compile(r"ipykernel_\d+")
+    assert debug.sub("ipykernel_N", ours[4].text()) == debug.sub("ipykernel_N", theirs[4].text())
+    assert "ipykernel_" in ours[4].text()
+
+
+def interrupted(name: str, folder: Path) -> Run:
+    with Kernel(name, cwd=str(folder)) as k:
+        k.execute("import time", store_history=False)
+        thread = threading.Thread(target=lambda: (time.sleep(2), k.interrupt()))
+        thread.start()
+        run = k.execute("x = 1\ntime.sleep(60)", timeout=60)
+        thread.join()
+        return run
+
+
+def test_an_interrupts_traceback_shows_only_the_cells_frames(kernel_name: str, tmp_path: Path) -> None:
+    theirs, ours = interrupted("python3", tmp_path), interrupted(kernel_name, tmp_path)
+    assert [e["ename"] for e in ours.errors] == [e["ename"] for e in theirs.errors] == ["KeyboardInterrupt"]
+    tb = plain(ours.errors[0]["traceback"])
+    assert "worker" not in tb and "sigint" not in tb, tb
+    assert tb == plain(theirs.errors[0]["traceback"])
+
+
+def test_status_lines_leave_nothing_in_the_saved_notebook(kernel_name: str, tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    (folder / "many").mkdir(parents=True)
+    for i in range(60):  # enough files for the first cell's "syncing N files" status line
+        (folder / "many" / f"f{i}.txt").write_text(str(i))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('one')"), nbformat.v4.new_code_cell("2")]
+    nbformat.write(nb, folder / "nb.ipynb")
+    out = papermill.execute_notebook(str(folder / "nb.ipynb"), str(folder / "out.ipynb"), kernel_name=kernel_name, cwd=str(folder))
+    assert [o["output_type"] for o in out.cells[0].outputs] == ["stream"], out.cells[0].outputs
+    assert out.cells[0].outputs[0]["text"] == "one\n"
+    assert [o["output_type"] for o in out.cells[1].outputs] == ["execute_result"]
+    shutil.rmtree(folder / "many")
+
+
+def test_a_status_line_is_shown_live_then_cleared(kernel_name: str, tmp_path: Path) -> None:
+    for i in range(60):
+        (tmp_path / f"f{i}.txt").write_text(str(i))
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        run = k.execute("import sys\nprint('before', file=sys.stderr)")
+    kinds = [m["msg_type"] for m in run.outputs]
+    assert any("syncing" in line for line in run.status_lines), run.status_lines
+    assert kinds[0] == "display_data" and "clear_output" in kinds
+    after = kinds[kinds.index("clear_output") :]
+    assert "display_data" not in after and "update_display_data" not in after
+    assert run.text("stderr").endswith("before\n")
