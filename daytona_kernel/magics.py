@@ -131,6 +131,9 @@ class KernelMagics:
             for name, args in lines:
                 try:
                     text = await self._handlers[name](args)
+                except UsageError as exc:  # as ipykernel shows one: a line on stderr, the reply says error
+                    frontend.emit("stream", stderr(f"UsageError: {exc}\n"))
+                    return {"ename": exc.ename, "evalue": str(exc), "traceback": []}
                 except DaytonaKernelError as exc:
                     content = error_content(exc.ename, str(exc))
                     frontend.emit("error", content)

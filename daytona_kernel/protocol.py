@@ -42,9 +42,11 @@ class Output:
 
 @dataclass(frozen=True)
 class CellError:
-    """The cell raised: ``content`` has ename, evalue, traceback."""
+    """The cell raised: ``content`` has ename, evalue, traceback. ``reply_only``: the sandbox already
+    showed it on stderr (a UsageError, as ipykernel shows one); it goes into the reply, not the outputs."""
 
     content: dict[str, Any]
+    reply_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def _error(p: dict[str, Any]) -> CellError:
     if not isinstance(traceback, list) or not all(isinstance(line, str) for line in traceback):
         raise ProtocolError("error.traceback is not a list of strings")
     content = {"ename": _str(p.get("ename"), "error.ename"), "evalue": _str(p.get("evalue"), "error.evalue")}
-    return CellError(dict(content, traceback=traceback))
+    return CellError(dict(content, traceback=traceback), _bool(p.get("reply_only", False), "error.reply_only"))
 
 
 def _user_expressions(p: dict[str, Any]) -> UserExpressions:

@@ -115,6 +115,9 @@ class Request:
         if isinstance(event, Output):
             if self._budget.fits(event.content):  # before cleaning: what is dropped costs no cleaning
                 self._emit(event.kind, self._policy.content(event.kind, event.content))
+        elif isinstance(event, CellError) and event.reply_only:
+            if self.error is None:  # already on stderr: the reply says error, no error output
+                self.error, self.error_shown = event.content, True
         elif isinstance(event, CellError):
             self.fail(event.content, in_place=True)
         elif isinstance(event, Payload):

@@ -85,12 +85,13 @@ def test_plain_python_with_the_last_expression_and_one_notice(tmp_path: Path) ->
 
 def test_tracebacks_come_from_the_traceback_module_and_ipython_syntax_says_what_it_needs(tmp_path: Path) -> None:
     results, _ = run_cells(tmp_path, ["def f():\n    return 1 / 0\nf()", "import sys\nsys.last_type.__name__", "%who_ls"])
-    (failed, _), (_, last), (magic, _) = results
+    (failed, _), (_, last), (magic, magic_front) = results
     assert failed.error is not None and failed.error["ename"] == "ZeroDivisionError"
     text = "\n".join(failed.error["traceback"])
     assert text.startswith("Traceback (most recent call last):") and "return 1 / 0" in text and "runtime" not in text
     assert magic.error is not None and magic.error["ename"] == "UsageError"
     assert "needs IPython" in magic.error["evalue"]
+    assert magic_front.outputs == [("stream", {"name": "stderr", "text": f"UsageError: {magic.error['evalue']}\n"})]  # as IPython
     assert results_of(last) == ["'ZeroDivisionError'"]  # sys.last_*: pdb.pm() works
 
 

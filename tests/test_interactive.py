@@ -133,10 +133,12 @@ def test_load_ext_autoreload_loads_it(kernel: Kernel) -> None:
 
 
 def test_unknown_magics_name_themselves(kernel: Kernel) -> None:
-    err = kernel.execute("%nosuchmagic").errors[0]
-    assert err["ename"] == "UsageError"
+    run = kernel.execute("%nosuchmagic")
+    err = run.reply["content"]
+    assert (run.status, err["ename"]) == ("error", "UsageError") and not run.errors  # on stderr, as ipykernel
     assert err["evalue"] == "Line magic function `%nosuchmagic` not found."
-    err = kernel.execute("%%nosuchcell\nbody").errors[0]
+    assert run.text("stderr") == "UsageError: Line magic function `%nosuchmagic` not found.\n"
+    err = kernel.execute("%%nosuchcell\nbody").reply["content"]
     assert err["evalue"] == "Cell magic `%%nosuchcell` not found."
 
 

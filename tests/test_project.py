@@ -108,7 +108,7 @@ def usage_error(run: Run) -> dict[str, Any]:
 
 
 def test_a_usage_error_is_shown_on_stderr_as_ipykernel_shows_it(kernel_name: str, tmp_path: Path) -> None:
-    cells = ["%lprun -f f f()", "%xmode NoSuchMode", "1 + 1"]
+    cells = ["%lprun -f f f()", "%load_ext", "1 + 1"]
     runs = {}
     for name in ("python3", kernel_name):
         with Kernel(name, cwd=str(tmp_path)) as k:
@@ -145,7 +145,7 @@ def test_cells_are_named_as_ipykernel_names_them(kernel_name: str, tmp_path: Pat
     assert answer(theirs[2]) == ("ok", f"({name}, 'ipykernel')")
     assert [answer(r) for r in ours[2:4]] == [answer(r) for r in theirs[2:4]]
     assert plain(ours[1].errors[0]["traceback"]) == plain(theirs[1].errors[0]["traceback"])
-    debug = re.compile(r"ipykernel_\d+")
+    debug = re.compile(r"/\S*/ipykernel_\d+")  # the temporary folder: the local backend's is the sandbox's own
     assert debug.sub("ipykernel_N", ours[4].text()) == debug.sub("ipykernel_N", theirs[4].text())
     assert "ipykernel_" in ours[4].text()
 

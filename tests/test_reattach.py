@@ -231,8 +231,9 @@ def test_a_cell_whose_websocket_is_cut_runs_to_its_end_and_keeps_its_output(dayt
 def test_attach_on_the_local_backend_says_what_to_do(tmp_path: Path) -> None:
     with Kernel("daytona-local", cwd=str(tmp_path)) as k:
         run = k.execute("%daytona attach")
-        assert run.errors[0]["ename"] == "UsageError"
-        assert "daytona backend" in run.errors[0]["evalue"] and "end with it" in run.errors[0]["evalue"]
+        error = run.reply["content"]
+        assert error["ename"] == "UsageError"
+        assert "daytona backend" in error["evalue"] and "end with it" in error["evalue"]
 
 
 # -- the journal is hostile input (issue 20, item 4) ----------------------------------------------------------

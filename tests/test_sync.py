@@ -159,7 +159,8 @@ def test_upload_download_and_sync_by_hand(kernel_name: str, tmp_path: Path) -> N
         summary = k.execute("%sync").text()
         assert summary.startswith("sync: ") and "up" in summary and "conflicts" in summary
         mixed = k.execute("x = 1\n%sync")
-        assert mixed.errors[0]["ename"] == "UsageError" and "cell of its own" in mixed.errors[0]["evalue"]
+        error = mixed.reply["content"]
+        assert error["ename"] == "UsageError" and "cell of its own" in error["evalue"]
 
 
 def test_deletions_travel_only_when_asked(kernel_name: str, tmp_path: Path) -> None:

@@ -58,10 +58,7 @@ def error_content(etype, evalue, tb):
     """ename, evalue and the traceback module's lines, from the first frame of a cell on."""
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(CELL_FILE_PREFIX):
         tb = tb.tb_next
-    if issubclass(etype, UsageError):
-        lines = ["UsageError: %s" % evalue]
-    else:
-        lines = [line.rstrip("\n") for line in traceback.format_exception(etype, evalue, tb)]
+    lines = [line.rstrip("\n") for line in traceback.format_exception(etype, evalue, tb)]
     return {"ename": etype.__name__, "evalue": str(evalue), "traceback": lines}
 
 
@@ -125,6 +122,11 @@ class BasicShell(object):
 
     def show_error(self, etype, evalue, tb):
         sys.last_type, sys.last_value, sys.last_traceback = etype, evalue, tb  # pdb.pm() works
+        if issubclass(etype, UsageError):  # as IPython shows it: one line on stderr, the reply says error
+            sys.stderr.write("UsageError: %s\n" % evalue)
+            sys.stderr.flush()
+            self.runtime.send(Kind.ERROR, {"ename": etype.__name__, "evalue": str(evalue), "traceback": [], "reply_only": True})
+            return
         self.runtime.send(Kind.ERROR, error_content(etype, evalue, tb))
 
     def send_payloads(self):

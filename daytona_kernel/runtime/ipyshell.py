@@ -12,9 +12,11 @@ otherwise the runtime keeps its small standard-library shell.
 import importlib.util
 import os
 import sys
+import tempfile
 
 from IPython.core import page, release
 from IPython.core.autocall import ExitAutocall
+from IPython.core.compilerop import CachingCompiler
 from IPython.core.completer import provisionalcompleter, rectify_completions
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
@@ -35,6 +37,58 @@ except ImportError:  # imported from the package (tests)
 MIN_IPYTHON = (8, 0)
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 JUPYTER_TYPES_KEY = "_jupyter_types_experimental"
+
+
+# Cell file names as ipykernel makes them: murmur2_x86 and get_file_name carried from ipykernel's
+# ipykernel/compiler.py (ipykernel is not in the sandbox). Copyright (c) 2015, IPython Development Team;
+# BSD 3-Clause License, whose notice and conditions are in LICENSE-ipykernel beside this file.
+CELL_HASH_SEED = 0xC70F6907
+
+
+def murmur2_x86(data, seed):
+    """ipykernel's murmur2 hash of a cell's text."""
+    m = 0x5BD1E995
+    data = bytearray(data.encode("utf8"))
+    length = len(data)
+    h = seed ^ length
+    rounded_end = length & 0xFFFFFFFC
+    for i in range(0, rounded_end, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = length & 0x03
+    k = 0
+    if tail == 3:
+        k = data[rounded_end + 2] << 16
+    if tail in (2, 3):
+        k |= data[rounded_end + 1] << 8
+    if tail in (1, 2, 3):
+        k |= data[rounded_end]
+        h ^= k
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def cell_file_name(code):
+    """``<tmp>/ipykernel_<pid>/<murmur2 of the cell>.py``, or ``$IPYKERNEL_CELL_NAME``, as ipykernel names a cell."""
+    name = os.environ.get("IPYKERNEL_CELL_NAME")
+    if name is None:
+        folder = tempfile.gettempdir() + os.sep + "ipykernel_" + str(os.getpid())
+        name = folder + os.sep + str(murmur2_x86(code, CELL_HASH_SEED)) + ".py"
+    return name
+
+
+class CellCompiler(CachingCompiler):
+    """ipykernel's XCachingCompiler: each cell compiled under its file name (%debug, inspect, tracebacks)."""
+
+    def get_code_name(self, raw_code, code, number):
+        return cell_file_name(raw_code)
 
 
 class FramePublisher(DisplayPublisher):
@@ -137,8 +191,10 @@ class SandboxShell(InteractiveShell):
         self._last_traceback = stb
 
     def show_usage_error(self, exc):
-        """A UsageError is the cell's error (so the reply says error, as ipykernel's does), shown as one line."""
-        self._showtraceback(type(exc), exc, ["\x1b[0;31mUsageError\x1b[0m: %s" % exc])
+        """As ipykernel: one ``UsageError: ...`` line on stderr, no error output; the reply still says error."""
+        super().show_usage_error(exc)
+        sys.stderr.flush()
+        self.runtime.send(Kind.ERROR, {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [], "reply_only": True})
 
     def system_piped(self, cmd):
         """``!cmd``: output streamed as it comes, the exit code in ``_exit_code`` (ipykernel's system_piped)."""
@@ -212,7 +268,7 @@ def make_shell(runtime, user_module):
     config.IPKernelApp = Config()  # libraries (tqdm.auto, plotly ...) look for it to know they are in a notebook
     if "MPLBACKEND" not in os.environ and importlib.util.find_spec("matplotlib_inline") is not None:
         os.environ["MPLBACKEND"] = INLINE_BACKEND  # ipykernel's default; without it matplotlib picks its own
-    shell = SandboxShell.instance(config=config, runtime=runtime, user_module=user_module)
+    shell = SandboxShell.instance(config=config, runtime=runtime, user_module=user_module, compiler_class=CellCompiler)
     for name in KERNEL_MAGICS:
         shell.register_magic_function(_kernel_magic(name), "line", name)
     shell.run_cell("pass", store_history=False, silent=True)  # IPython's first run sets up what later ones reuse

@@ -16,6 +16,7 @@ import builtins
 import getpass
 import json
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -106,6 +107,10 @@ class Runtime(object):
             excludes, includes = self.options.get("sync_excludes") or (), self.options.get("sync_includes") or ()
             rules = _pathrules.MirrorRules(self.workdir, excludes, includes, secrets=())
         self.watch = _files.WorkdirWatch(self.workdir, rules)
+        if threading.current_thread() is threading.main_thread():
+            # Python's own SIGINT handler, as under ipykernel: the worker's (a Python function) would
+            # add its frame (local_worker.py on_sigint, the daemon's sigint_handler) to the cell's traceback.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         builtins.get_ipython = lambda: self.ipython
         builtins.input = self.input
         getpass.getpass = self.getpass
