@@ -194,3 +194,14 @@ def test_a_status_line_is_shown_live_then_cleared(kernel_name: str, tmp_path: Pa
     after = kinds[kinds.index("clear_output") :]
     assert "display_data" not in after and "update_display_data" not in after
     assert run.text("stderr").endswith("before\n")
+
+
+def test_the_cell_file_name_hash_is_ipykernels() -> None:
+    from ipykernel.compiler import get_tmp_hash_seed
+    from ipykernel.compiler import murmur2_x86 as ipykernels
+
+    from daytona_kernel.runtime.ipyshell import CELL_HASH_SEED, murmur2_x86
+
+    assert CELL_HASH_SEED == get_tmp_hash_seed()
+    for text in ("", "a", "ab", "abc", "abcd", "def g():\n    return 1 / 0", "é漢字🙂x", "x" * 1001):
+        assert murmur2_x86(text, CELL_HASH_SEED) == ipykernels(text, CELL_HASH_SEED), text
