@@ -202,6 +202,6 @@ def test_the_cell_file_name_hash_is_ipykernels() -> None:
 
     from daytona_kernel.runtime.ipyshell import CELL_HASH_SEED, murmur2_x86
 
-    assert CELL_HASH_SEED == get_tmp_hash_seed()
+    assert get_tmp_hash_seed() == CELL_HASH_SEED
     for text in ("", "a", "ab", "abc", "abcd", "def g():\n    return 1 / 0", "é漢字🙂x", "x" * 1001):
         assert murmur2_x86(text, CELL_HASH_SEED) == ipykernels(text, CELL_HASH_SEED), text
