@@ -385,12 +385,12 @@ def run(quick: bool) -> Report:
                    shipped_ipython_start(few, Path(data_dir)), cold, "cold start with IPython in the sandbox"))
         warm = start_to_first_result("daytona", few, emu_env, str(work))
         add(Figure("start to first result, daytona (emulator), warm: reused sandbox", "s", warm, base_start, "ipykernel"))
-        emu.pausable_classes = {emu.sandbox_class}
+        emu.sandbox_class = "linux-vm"  # a class that pauses
         paused_nb = tempfile.mkdtemp(prefix="bench-paused-nb-")
         add(Figure("resume to first result after a pause, daytona (emulator)", "s", resume_to_first_result(emu, emu_env, paused_nb, few), warm, "warm start",
-                   note=f"the emulator's resuming takes {TRANSITION_S:g} s; the rest is the SDK's start() waiting for 'started' "
-                   "(it polls once a second where the Socket.IO events are missing, as on the emulator) and the cell"))
-        emu.pausable_classes = set()
+                   note=f"the emulator's resuming takes {TRANSITION_S:g} s (the SDK learns it ended from the Socket.IO "
+                   "state event); the rest is the kernel's resume and the cell"))
+        emu.sandbox_class = "container"
         report.figures += sync_figures(emu, quick)
     finally:
         emu.close()

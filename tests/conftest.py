@@ -48,10 +48,10 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-# The SDK waits for a create, start or stop by polling the state once a second (it expects Daytona's
-# websocket events, which the emulator does not send), so a 0.1 s transition costs a whole second. The
-# shared emulator makes these at once; the tests about transitions run an emulator of their own with
-# real ones (test_lifecycle_daytona, test_emulator_control_plane) or set transition_s themselves.
+# The shared emulator makes these transitions at once, to keep the run short; the tests about
+# transitions run an emulator of their own with real ones (test_lifecycle_daytona,
+# test_emulator_control_plane) or set transition_s themselves. (The SDK learns of each state change
+# from the emulator's Socket.IO events, as from Daytona's, so a transition costs what it lasts.)
 INSTANT_TRANSITIONS = ("creating", "starting", "stopping", "destroying")
 
 

@@ -23,25 +23,55 @@ sandbox is stopped underneath the kernel (losing its contexts), delays.
 Control plane (``apps/api/src/sandbox/services/sandbox.service.ts`` and FACTS.md
 "Control plane"): transitions take time (``transition_s`` per transitional
 state: creating, starting, stopping, archiving, destroying, pausing, resuming);
-a start, stop or pause during a transition answers 409 "State change in
-progress" (start during ``archiving`` is accepted); an ephemeral sandbox
+a start or stop during a transition answers 409 "State change in progress"
+(start during ``archiving`` is accepted); an ephemeral sandbox
 (autoDeleteInterval=0) is destroyed when it stops, after which GET is 404; a
-GPU sandbox must be ephemeral (400); every toolbox request counts as activity
-and ``run_auto_stop`` / ``run_auto_pause`` do what Daytona's auto-stop and
-auto-pause do to sandboxes idle past their interval.
+GPU sandbox must be ephemeral (400), and for a snapshot create its resources,
+the GPU count included, come from the snapshot (``snapshots``); every toolbox
+request counts as activity and ``run_auto_stop`` / ``run_auto_pause`` do what
+Daytona's auto-stop and auto-pause do to sandboxes idle past their interval.
 
-Pausing (the SDK's ``pause()``, ``set_auto_pause_interval`` and the create
-DTO's ``autoPauseInterval``, as their docstrings in ``daytona`` 0.226.1 state
-the API's rules; the public API source predates pausing): only sandbox classes
-in ``pausable_classes`` pause (none by default; new sandboxes get the class
-``sandbox_class``), any other class is refused with a 400. Pausing freezes
-every process of the sandbox (SIGSTOP to each worker's process group) through
-``pausing`` to ``paused``; ``start()`` resumes it through ``resuming`` and
-continues them (SIGCONT), so interpreter contexts keep their variables. While
-paused the toolbox answers as for a stopped sandbox (400). At most one of
-autoStopInterval and autoPauseInterval may be non-zero; auto-pause is refused
-for ephemeral sandboxes; a pausable class given neither interval auto-pauses
-after 60 minutes with auto-stop off.
+Pausing, as ``pause()``, ``stop()``, ``start()`` and ``recover()`` in
+sandbox.service.ts (v0.190.0) do it: ``pause()`` answers 400 "Sandbox must be in
+started state to pause" for any sandbox not started (a paused one included),
+409 while a change of a started sandbox is pending (``stopping``,
+``destroying``), and 422 "Pausing is not supported for this sandbox" for a
+class that cannot pause (only ``linux-vm`` and ``windows`` can:
+``pausable_classes``; new sandboxes get the class ``sandbox_class``). Pausing
+freezes every process of the sandbox (SIGSTOP to each worker's process group)
+through ``pausing`` to ``paused``; ``start()`` resumes it through ``resuming``
+and continues them (SIGCONT), so interpreter contexts keep their variables;
+``stop()`` is accepted from ``paused``. While paused the toolbox answers as for
+a stopped sandbox (400). A pause job that fails (``fail_next_pause``) leaves
+the sandbox in ``error`` with ``recoverable`` as the runner said
+(job-state-handler.service.ts); ``start()`` and ``stop()`` refuse an errored
+sandbox (400) and ``recover()`` starts it again. What survives a failed pause
+is not in the public source: the emulator assumes only the disk (its processes
+die, as in a stop). Auto-pause is not in the public API: the SDK's docstrings
+(``daytona`` 0.226.1) give its rules: at most one of autoStopInterval and
+autoPauseInterval may be non-zero; auto-pause is refused for ephemeral
+sandboxes and for classes that cannot pause; a pausable class given neither
+interval auto-pauses after 60 minutes with auto-stop off.
+
+State events (``apps/api/src/notification/gateways/notification.gateway.ts``):
+a Socket.IO server at ``/api/socket.io/`` (websocket transport only) takes the
+API key as its ``auth.token``, puts the client in its organization's room and
+sends it ``sandbox.created`` and ``sandbox.state.updated`` (``{sandbox,
+oldState, newState}``) and ``sandbox.desired-state.updated`` as the state
+changes, so the SDK waits for a transition by its events instead of polling
+``GET /sandbox/{id}`` once a second. ``state_events = False`` before ``start()``
+turns them off (the SDK then polls, as against an API it cannot reach).
+
+Processes: ``process/execute`` runs the command as the daemon does
+(``apps/daemon/pkg/toolbox/process/execute.go``): the first of zsh and bash
+listed in /etc/shells (else sh) reads the command on its stdin, in a process
+group of its own; stdout and stderr come back combined; on timeout the whole
+group is SIGKILLed and the answer is 408; a cwd that does not exist gives exit
+code -1 with the error as the result. The sandbox's processes are this
+machine's: a stop kills them and its contexts are gone, but PIDs do not start
+again from 1 after a stop (no PID namespace per sandbox), so a test that needs
+a pid recorded before a stop to name another process after it has to arrange
+that itself.
 
 Creates run concurrently, within the organisation's limits (``apps/api/src/sandbox/services/
 sandbox.service.ts`` about lines 250-305, and the ``sandbox-create`` throttler on ``POST /sandbox``
@@ -69,6 +99,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -85,12 +116,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import socketio
 from aiohttp import WSMsgType, web
 from daytona_api_client.models.create_sandbox import CreateSandbox
 from daytona_api_client.models.create_volume import CreateVolume
 from daytona_api_client.models.list_sandboxes_response import ListSandboxesResponse
 from daytona_api_client.models.sandbox import Sandbox as SandboxModel
 from daytona_api_client.models.sandbox_labels import SandboxLabels
+from daytona_api_client.models.snapshot_dto import SnapshotDto
 from daytona_api_client.models.volume_dto import VolumeDto
 from daytona_toolbox_api_client.models.create_context_request import CreateContextRequest
 from daytona_toolbox_api_client.models.execute_request import ExecuteRequest
@@ -125,6 +158,23 @@ UPGRADE_TIER = "To increase concurrency limits, upgrade your organization's Tier
 QUOTA_NAMES = {"cpu": "CPU", "memory": "memory", "disk": "disk", "gpu": "GPU"}
 QUOTA_UNITS = {"cpu": "", "memory": "GiB", "disk": "GiB", "gpu": ""}
 NOT_RUNNING = ("stopped", "archived", "archiving", "paused", "destroying", "destroyed", "error", "build_failed")
+PAUSABLE_CLASSES = ("linux-vm", "windows")  # sandbox.service.ts pause(): SandboxClass.LINUX_VM, SandboxClass.WINDOWS
+PENDING_FROM_STARTED = ("stopping", "destroying")  # the API's state is still STARTED, with a change pending
+GPU_MUST_BE_EPHEMERAL = "GPU sandboxes must be ephemeral - set autoDeleteInterval to 0"  # sandbox.service.ts 525, 867
+SOCKETIO_PATH = "/api/socket.io/"  # notification.gateway.ts @WebSocketGateway({path, transports: ['websocket']})
+
+
+@functools.lru_cache(maxsize=1)
+def daemon_shell() -> str:
+    """common/get_shell.go GetShell(): zsh, else bash, as listed in /etc/shells; else sh."""
+    try:
+        shells = Path("/etc/shells").read_text()
+    except OSError:
+        return "sh"
+    for shell in ("/usr/bin/zsh", "/bin/zsh", "/usr/bin/bash", "/bin/bash"):
+        if shell in shells:
+            return shell
+    return "sh"
 
 
 def _under(path: str, folder: str) -> bool:
@@ -201,6 +251,7 @@ class EmuSandbox:
     mounts: list[tuple[str, Path]]  # (mount path in the sandbox, where it is on this machine)
     state: str = "started"
     error_reason: str | None = None
+    recoverable: bool | None = None  # of an error: the runner said whether recover() can fix it
     contexts: dict[str, EmuContext] = field(default_factory=dict)
     created_at: str = field(default_factory=_now)
     fuse_mounts: list[MountS3] = field(default_factory=list)
@@ -241,8 +292,12 @@ class DaytonaEmulator:
         self.transition_s = {
             state: TRANSITION_S for state in ("creating", "starting", "stopping", "archiving", "destroying", "pausing", "resuming")
         }
-        self.sandbox_class = "container"  # the class new sandboxes get
-        self.pausable_classes: set[str] = set()  # the sandbox classes that support pausing
+        self.sandbox_class = "container"  # the class new sandboxes get (SandboxClass.CONTAINER, the default)
+        self.pausable_classes: set[str] = set(PAUSABLE_CLASSES)  # the sandbox classes that support pausing
+        # snapshots by name: their resources ({"cpu", "mem", "disk", "gpu"}); a snapshot create takes them
+        self.snapshots: dict[str, dict[str, int]] = {}
+        self.state_events = True  # the Socket.IO gateway; set before start()
+        self._failing_pauses: list[tuple[str, bool]] = []  # (errorReason, recoverable) for the next pause jobs
         self._fail_after_create: list[int] = []  # statuses for the next creates, answered after creating
         self.create_rate: tuple[int, float] | None = None  # (creates, seconds): Daytona's sandbox-create throttler
         self._create_hits: list[float] = []  # when the creates within the current window came
@@ -258,6 +313,9 @@ class DaytonaEmulator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._sio: socketio.AsyncServer | None = None
+        self._events: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
+        self._pump: asyncio.Future[None] | None = None
         self.port = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -292,6 +350,12 @@ class DaytonaEmulator:
 
     async def _serve(self) -> None:
         app = web.Application(middlewares=[self._middleware], client_max_size=1024**3)
+        if self.state_events:
+            self._sio = socketio.AsyncServer(async_mode="aiohttp", transports=["websocket"], logger=False, engineio_logger=False)
+            self._sio.on("connect", self._socket_connect)
+            self._sio.attach(app, socketio_path=SOCKETIO_PATH)
+            self._events = asyncio.Queue()
+            self._pump = asyncio.ensure_future(self._pump_events(self._sio, self._events))
         r = app.router
         r.add_post("/api/sandbox", self.create_sandbox)
         r.add_get("/api/sandbox", self.list_sandboxes)
@@ -300,6 +364,8 @@ class DaytonaEmulator:
         r.add_post("/api/sandbox/{sid}/start", self.start_sandbox)
         r.add_post("/api/sandbox/{sid}/stop", self.stop_sandbox_request)
         r.add_post("/api/sandbox/{sid}/pause", self.pause_sandbox_request)
+        r.add_post("/api/sandbox/{sid}/recover", self.recover_sandbox)
+        r.add_get("/api/snapshots/{name}", self.get_snapshot)
         r.add_post("/api/sandbox/{sid}/autopause/{interval}", self.set_auto_pause_interval)
         r.add_post("/api/sandbox/{sid}/autostop/{interval}", self.set_auto_stop_interval)
         r.add_put("/api/sandbox/{sid}/labels", self.set_labels)
@@ -336,6 +402,10 @@ class DaytonaEmulator:
         for sandbox in list(self.sandboxes.values()):
             await self._kill_contexts(sandbox)
         await asyncio.gather(*(self._unmount(sandbox) for sandbox in list(self.sandboxes.values())))
+        if self._sio is not None:
+            await self._sio.shutdown()
+        if self._pump is not None:
+            self._pump.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -438,6 +508,12 @@ class DaytonaEmulator:
 
         self.call(pause())
 
+    def fail_next_pause(self, reason: str = "failed to pause the sandbox", recoverable: bool = True) -> None:
+        """The next pause job fails: the sandbox goes from ``pausing`` to ``error`` with this reason and
+        ``recoverable`` flag (what the runner reports), and its processes are gone."""
+        with self._lock:
+            self._failing_pauses.append((reason, recoverable))
+
     def fail_after_create(self, status: int = 500, times: int = 1) -> None:
         """The next ``times`` creates make their sandbox, then answer ``status`` (create is not idempotent)."""
         with self._lock:
@@ -463,6 +539,8 @@ class DaytonaEmulator:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith(SOCKETIO_PATH):  # Socket.IO authenticates in its own handshake
+            return await handler(request)
         route = request.match_info.route.resource
         key = f"{request.method} {route.canonical if route is not None else request.path}"
         with self._lock:
@@ -484,6 +562,39 @@ class DaytonaEmulator:
             return self._error(400, str(exc))
         except KeyError as exc:
             return self._error(404, f"not found: {exc}")
+
+    async def _socket_connect(self, sid: str, environ: dict[str, Any], auth: Any = None) -> None:
+        """notification.gateway.ts afterInit(): the token is the API key (or a JWT); the client joins its
+        organization's room, where every event of the organization's sandboxes goes."""
+        token = auth.get("token") if isinstance(auth, dict) else None
+        if token != self.api_key:
+            raise socketio.exceptions.ConnectionRefusedError("Unauthorized")
+        assert self._sio is not None
+        await self._sio.enter_room(sid, ORG_ID)
+
+    @staticmethod
+    async def _pump_events(sio: socketio.AsyncServer, events: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
+        """Send the events in the order they happened."""
+        while True:
+            name, data = await events.get()
+            with contextlib.suppress(Exception):  # a client that went away
+                await sio.emit(name, data, room=ORG_ID)
+
+    def _emit(self, name: str, data: dict[str, Any]) -> None:
+        if self._events is not None:
+            self._events.put_nowait((name, data))
+
+    def _set_state(self, sandbox: EmuSandbox, state: str, desired: str) -> None:
+        """Change the state (and desired state), with the events notification.service.ts sends for it."""
+        old_state, old_desired = sandbox.state, sandbox.desired
+        sandbox.state, sandbox.desired = state, desired
+        if state != old_state:
+            self._emit("sandbox.state.updated", {"sandbox": self._dto(sandbox), "oldState": old_state, "newState": state})
+        if desired != old_desired:
+            self._emit(
+                "sandbox.desired-state.updated",
+                {"sandbox": self._dto(sandbox), "oldDesiredState": old_desired, "newDesiredState": desired},
+            )
 
     @staticmethod
     def _error(status: int, message: str) -> web.Response:
@@ -564,6 +675,7 @@ class DaytonaEmulator:
             "state": sandbox.state,
             "desiredState": sandbox.desired,
             "errorReason": sandbox.error_reason,
+            "recoverable": sandbox.recoverable,
             "autoStopInterval": sandbox.auto_stop_min,
             "autoPauseInterval": sandbox.auto_pause_min,
             "sandboxClass": sandbox.sandbox_class,
@@ -596,18 +708,45 @@ class DaytonaEmulator:
                     os.killpg(pid, signum)
 
     def _pause(self, sandbox: EmuSandbox) -> None:
-        """Freeze every process now; the state follows through ``pausing`` to ``paused``."""
+        """Freeze every process now; the state follows through ``pausing`` to ``paused``, or to ``error`` when
+        the pause job fails (job-state-handler.service.ts handlePauseSandboxJobCompletion())."""
+        with self._lock:
+            failure = self._failing_pauses.pop(0) if self._failing_pauses else None
         self._signal_workers(sandbox, signal.SIGSTOP)
-        self._transition(sandbox, "pausing", "paused")
+        if failure is None:
+            self._transition(sandbox, "pausing", "paused")
+            return
+        reason, recoverable = failure
+
+        async def fail() -> None:
+            if sandbox.state != "pausing":  # overtaken (deleted)
+                return
+            sandbox.error_reason, sandbox.recoverable = reason, recoverable
+            await self._kill_processes(sandbox)
+            self._set_state(sandbox, "error", "paused")
+
+        def failed() -> None:
+            task = asyncio.ensure_future(fail())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        self._set_state(sandbox, "pausing", "paused")
+        asyncio.get_running_loop().call_later(self.transition_s.get("pausing", 0.0), failed)
+
+    @staticmethod
+    def _not_errored(sandbox: EmuSandbox) -> None:
+        """sandbox.service.ts assertSandboxNotErrored()."""
+        if sandbox.state in ("error", "build_failed"):
+            raise BadRequest("Sandbox is in an errored state")
 
     def _transition(self, sandbox: EmuSandbox, via: str, desired: str, on_arrival: Any = None) -> None:
         """Enter the transitional state ``via`` now and reach ``desired`` after ``transition_s[via]``
         (then call ``on_arrival``, if given)."""
-        sandbox.state, sandbox.desired = via, desired
+        self._set_state(sandbox, via, desired)
 
         def arrive() -> None:
             if sandbox.state == via and sandbox.desired == desired:  # not overtaken by another change
-                sandbox.state = desired
+                self._set_state(sandbox, desired, desired)
                 if on_arrival is not None:
                     on_arrival()
                 if desired == "destroyed":
@@ -684,23 +823,33 @@ class DaytonaEmulator:
                 raise BadRequest(f"invalid subpath {subpath!r}: resolves outside volume mount")
             buckets.append((vol.mount_path, self.root / "volumes" / volume.id / subpath))
         if spec.snapshot and spec.snapshot.startswith("missing"):
-            raise BadRequest(f"Snapshot {spec.snapshot} not found")
-        if (spec.gpu or 0) > 0 and spec.auto_delete_interval != 0:
-            # FACTS.md "Control plane": a GPU sandbox must be ephemeral, from a snapshot or an image.
-            raise BadRequest("GPU sandboxes must be ephemeral; set autoDeleteInterval to 0")
+            raise BadRequest(f"Snapshot {spec.snapshot} not found. Did you add it through the Daytona Dashboard?")
+        if spec.build_info is None:
+            # createFromSnapshot(): cpu, mem, disk and gpu come from the snapshot, whatever the request says
+            snapshot = self.snapshots.get(spec.snapshot or "", {})
+            for key, field_name in (("cpu", "cpu"), ("mem", "memory"), ("disk", "disk"), ("gpu", "gpu")):
+                body.pop(field_name, None)
+                if key in snapshot:
+                    body[field_name] = snapshot[key]
+        if (body.get("gpu") or 0) > 0 and spec.auto_delete_interval != 0:
+            # createFromSnapshot() and createFromBuildInfo(): a GPU sandbox must be ephemeral
+            raise BadRequest(GPU_MUST_BE_EPHEMERAL)
         pausable = self.sandbox_class in self.pausable_classes
         self._idle_intervals(body, spec, pausable)
         pending = self._check_quota(body)  # counted until the sandbox itself counts
         sid = str(uuid.uuid4())
         home = self.root / "sandboxes" / sid
         home.mkdir(parents=True)
-        sandbox = EmuSandbox(sid, body, dict(spec.labels or {}), home, [], sandbox_class=self.sandbox_class, pausable=pausable)
+        sandbox = EmuSandbox(
+            sid, body, dict(spec.labels or {}), home, [], state="creating", sandbox_class=self.sandbox_class, pausable=pausable
+        )
         for index, (mount_path, bucket) in enumerate(buckets):
             bucket.mkdir(parents=True, exist_ok=True)  # the runner creates a missing subpath
             sandbox.mounts.append((mount_path, await self._mount(sandbox, index, mount_path, bucket)))
         self.sandboxes[sid] = sandbox
         if pending is not None:
             self._pending.remove(pending)
+        self._emit("sandbox.created", self._dto(sandbox))
         self._transition(sandbox, "creating", "started")  # the SDK's create() waits for started
         with self._lock:
             fail_status = self._fail_after_create.pop(0) if self._fail_after_create else None
@@ -775,10 +924,11 @@ class DaytonaEmulator:
         return web.json_response(self._dto(self._sandbox(request)))
 
     async def start_sandbox(self, request: web.Request) -> web.Response:
-        """sandbox.service.ts start(): started is a no-op; during a transition only archiving may start."""
+        """sandbox.service.ts start(): started is a no-op; errored is a 400; during a transition only archiving may start."""
         sandbox = self._sandbox(request)
         if sandbox.state == "started" and sandbox.desired == "started":
             return web.json_response(self._dto(sandbox))
+        self._not_errored(sandbox)
         if self._in_transition(sandbox) and not (sandbox.desired == "archived" and sandbox.state in STARTABLE):
             return self._error(409, "State change in progress")
         if sandbox.state not in STARTABLE:
@@ -791,16 +941,16 @@ class DaytonaEmulator:
         return web.json_response(self._dto(sandbox))
 
     async def pause_sandbox_request(self, request: web.Request) -> web.Response:
-        """pause(): 409 during a transition, 400 for a class that cannot pause or a sandbox not started."""
+        """sandbox.service.ts pause(), in its order: 400 unless the API's state is started (paused included:
+        a started sandbox with a change pending is reported as ``stopping``/``destroying``), 409 for that
+        pending change, 422 for a class that cannot pause."""
         sandbox = self._sandbox(request)
+        if sandbox.state not in ("started", *PENDING_FROM_STARTED):
+            raise BadRequest("Sandbox must be in started state to pause")
         if self._in_transition(sandbox):
             return self._error(409, "State change in progress")
         if not sandbox.pausable:
-            raise BadRequest(f"Sandbox class {sandbox.sandbox_class} does not support pausing")
-        if sandbox.state == "paused":
-            return web.json_response(self._dto(sandbox))
-        if sandbox.state != "started":
-            raise BadRequest("Sandbox is not started")
+            return self._error(422, "Pausing is not supported for this sandbox")
         self._pause(sandbox)
         return web.json_response(self._dto(sandbox))
 
@@ -837,14 +987,58 @@ class DaytonaEmulator:
         return web.json_response(self._dto(sandbox))
 
     async def stop_sandbox_request(self, request: web.Request) -> web.Response:
-        """sandbox.service.ts stop(): 409 during a transition, 400 unless started."""
+        """sandbox.service.ts stop(): 400 when errored, 409 during a transition, 400 unless started or paused."""
         sandbox = self._sandbox(request)
+        self._not_errored(sandbox)
         if self._in_transition(sandbox):
             return self._error(409, "State change in progress")
-        if sandbox.state != "started":
-            raise BadRequest("Sandbox is not started")
+        if sandbox.state not in ("started", "paused"):
+            raise BadRequest("Sandbox is not in a stoppable state")
         await self._stop(sandbox)
         return web.json_response(self._dto(sandbox))
+
+    async def recover_sandbox(self, request: web.Request) -> web.Response:
+        """sandbox.service.ts recover() (in place): 400 unless recoverable and in error; then started again
+        (a new container: its processes are new), and the controller answers once it is started."""
+        sandbox = self._sandbox(request)
+        if not sandbox.recoverable:
+            raise BadRequest("Sandbox is not in a recoverable state")
+        if sandbox.state != "error":
+            raise BadRequest("Sandbox must be in error state to recover")
+        sandbox.error_reason, sandbox.recoverable = None, False
+        await self._kill_processes(sandbox)
+        self._transition(sandbox, "starting", "started")
+        deadline = time.monotonic() + 30  # recoverSandbox(): waitForSandboxStarted(sandboxDto, 30)
+        while sandbox.state != "started" and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return web.json_response(self._dto(sandbox))
+
+    async def get_snapshot(self, request: web.Request) -> web.Response:
+        """snapshot.controller.ts getSnapshot(): a snapshot by name (``snapshots``), else 404."""
+        name = request.match_info["name"]
+        found = self.snapshots.get(name)
+        if found is None:
+            return self._error(404, f"Snapshot {name} not found")
+        data = {
+            "id": name,
+            "organizationId": ORG_ID,
+            "general": False,
+            "name": name,
+            "imageName": name,
+            "state": "active",
+            "size": 1,
+            "entrypoint": None,
+            "cpu": found.get("cpu", 1),
+            "gpu": found.get("gpu", 0),
+            "mem": found.get("mem", 1),
+            "disk": found.get("disk", 3),
+            "errorReason": None,
+            "createdAt": _now(),
+            "updatedAt": _now(),
+            "lastUsedAt": None,
+            "sourceSandboxId": None,
+        }
+        return web.json_response(checked(SnapshotDto, data))
 
     async def delete_sandbox(self, request: web.Request) -> web.Response:
         """sandbox.service.ts destroy(): the desired state becomes destroyed, via destroying."""
@@ -1023,18 +1217,30 @@ class DaytonaEmulator:
             await sending
 
     async def process_execute(self, request: web.Request) -> web.Response:
+        """execute.go ExecuteCommand(): the shell reads the command on its stdin, in a process group of its
+        own; a timeout SIGKILLs the group (408); a cwd that does not exist is exit code -1."""
         sandbox = self._started(request)
         spec = parse(ExecuteRequest, await request.json())
+        if not spec.command.strip():
+            raise BadRequest("command cannot be empty or whitespace-only")
         cwd = self.host_path(sandbox, spec.cwd) if spec.cwd else sandbox.home
+        if not cwd.is_dir():  # cmd.Start() fails: exit code -1, the error as the result
+            return web.json_response(checked(ExecuteResponse, {"exitCode": -1, "result": f"chdir {spec.cwd}: no such file or directory"}))
         # The sandbox's /home/daytona is its folder here (and its volumes are mounted inside it), so a
         # command naming it (`mkdir -p /home/daytona/workspace`) acts on this sandbox, not on this machine.
         command = spec.command.replace(SANDBOX_HOME, str(sandbox.home))
-        proc = await asyncio.create_subprocess_shell(command, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env = {**os.environ, **(spec.envs or {})}
+        proc = await asyncio.create_subprocess_exec(
+            daemon_shell(), cwd=str(cwd), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, process_group=0,
+        )
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), spec.timeout or None)
+            out, _ = await asyncio.wait_for(proc.communicate(command.encode()), spec.timeout or None)
         except asyncio.TimeoutError:
-            proc.kill()
-            return self._error(408, "command timed out")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the whole group: its children too
+            await proc.wait()
+            return self._error(408, "command execution timeout")
         data = {"exitCode": proc.returncode, "result": out.decode("utf-8", "replace")}
         return web.json_response(checked(ExecuteResponse, data))
 

@@ -185,3 +185,142 @@ def test_git_credentials_count_only_when_both_are_given(emu: DaytonaEmulator, re
         assert (clone_into(emu, "both", url=repo["url"], username="x", password="s3cret") / "version.txt").exists()
     finally:
         del emu.git_credentials[repo["url"]]
+
+
+# -- pausing, stopping from paused, recoverable errors (sandbox.service.ts pause/stop/start/recover) -------
+
+
+@pytest.fixture
+def vm_class(emu: DaytonaEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
+    """New sandboxes are of the class linux-vm, one of the two that pause."""
+    monkeypatch.setattr(emu, "sandbox_class", "linux-vm")
+    return "linux-vm"
+
+
+def test_pause_is_400_unless_started_409_while_a_change_is_pending_422_for_the_class(emu: DaytonaEmulator, vm_class: str) -> None:
+    from daytona.common.errors import DaytonaBadRequestError
+
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        await sandbox.pause()
+        assert await state_of(client, sandbox.id) == "paused"
+        with pytest.raises(DaytonaBadRequestError, match="must be in started state to pause"):
+            await sandbox.pause()  # a paused sandbox is not started: 400, not "this class cannot pause"
+        await sandbox.stop()  # accepted from paused
+        assert await state_of(client, sandbox.id) == "stopped"
+        with pytest.raises(DaytonaBadRequestError, match="must be in started state to pause"):
+            await sandbox.pause()
+        await sandbox.start()
+        emu.stop_sandbox(sandbox.id)  # a stop is pending: the API still has it started
+        with pytest.raises(DaytonaConflictError):
+            await sandbox.pause()
+
+    run(emu, body)
+    emu.sandbox_class = "container"
+
+    async def container(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        with pytest.raises(DaytonaError, match="Pausing is not supported for this sandbox") as refused:
+            await sandbox.pause()
+        assert getattr(refused.value, "status_code", None) == 422
+        assert await state_of(client, sandbox.id) == "started"
+
+    run(emu, container)
+
+
+def test_stopping_a_paused_sandbox_ends_its_processes(emu: DaytonaEmulator, vm_class: str) -> None:
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        ctx = await sandbox.code_interpreter.create_context()
+        pid = int((await sandbox.code_interpreter.run_code("import os\nprint(os.getpid())", context=ctx)).stdout)
+        await sandbox.pause()
+        await sandbox.stop()
+        await sandbox.start()
+        assert await sandbox.code_interpreter.list_contexts() == []  # the daemon's memory went with the stop
+        with pytest.raises(ProcessLookupError):
+            import os
+
+            os.kill(pid, 0)
+
+    run(emu, body)
+
+
+def test_a_failed_pause_is_a_recoverable_error_and_recover_starts_the_sandbox(emu: DaytonaEmulator, vm_class: str) -> None:
+    from daytona.common.errors import DaytonaBadRequestError
+
+    async def body(client: AsyncDaytona) -> None:
+        sandbox = await client.create(params())
+        emu.fail_next_pause("pause timed out on the runner", recoverable=True)
+        with pytest.raises(DaytonaError, match="entered error state"):
+            await sandbox.pause()
+        await sandbox.refresh_data()
+        assert (sandbox.state, sandbox.recoverable, sandbox.error_reason) == ("error", True, "pause timed out on the runner")
+        with pytest.raises(DaytonaBadRequestError, match="errored state"):
+            await sandbox.start()
+        with pytest.raises(DaytonaBadRequestError, match="errored state"):
+            await sandbox.stop()
+        await sandbox.recover()
+        assert await state_of(client, sandbox.id) == "started"
+        assert (await sandbox.process.exec("echo back")).result == "back\n"
+        with pytest.raises(DaytonaBadRequestError, match="not in a recoverable state"):
+            await sandbox.recover()
+
+    run(emu, body)
+
+
+# -- GPU from the snapshot (sandbox.service.ts createFromSnapshot about 520-526) ----------------------------
+
+
+def test_a_snapshot_create_takes_its_gpu_from_the_snapshot(emu: DaytonaEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(emu.snapshots, "cuda-snapshot", {"cpu": 4, "mem": 16, "disk": 20, "gpu": 1})
+
+    async def body(client: AsyncDaytona) -> None:
+        with pytest.raises(DaytonaError, match="GPU sandboxes must be ephemeral - set autoDeleteInterval to 0") as refused:
+            await client.create(params(snapshot="cuda-snapshot"))  # the default policy is not ephemeral
+        assert getattr(refused.value, "status_code", None) == 400
+        sandbox = await client.create(params(snapshot="cuda-snapshot", auto_delete_interval=0))
+        assert (sandbox.gpu, sandbox.cpu, sandbox.memory) == (1, 4, 16)
+        assert (await client.snapshot.get("cuda-snapshot")).gpu == 1
+        plain = await client.create(params())
+        assert plain.gpu == 0
+
+    run(emu, body)
+
+
+# -- state events (apps/api/src/notification/gateways/notification.gateway.ts) ---------------------------
+
+
+def test_state_changes_are_sent_as_socketio_events_to_the_sdk(emu: DaytonaEmulator) -> None:
+    async def body(client: AsyncDaytona) -> list[tuple[str, Any]]:
+        sandbox = await client.create(params())
+        dispatcher = client._event_dispatcher
+        assert dispatcher is not None
+        await dispatcher.connect()  # what the SDK does in the background at once
+        assert dispatcher.is_connected, dispatcher.fail_error
+        seen: list[tuple[str, Any]] = []
+        dispatcher.subscribe(sandbox.id, lambda name, data: seen.append((name, data)), ["sandbox.state.updated"])
+        await sandbox.stop()
+        for _ in range(100):  # the last event may still be on its way when stop() has seen the state
+            if [d["newState"] for _, d in seen] == ["stopping", "stopped"]:
+                break
+            await asyncio.sleep(0.02)
+        return seen
+
+    seen = run(emu, body)
+    assert [(name, d["oldState"], d["newState"]) for name, d in seen] == [
+        ("sandbox.state.updated", "started", "stopping"),
+        ("sandbox.state.updated", "stopping", "stopped"),
+    ]
+    assert seen[-1][1]["sandbox"]["state"] == "stopped"  # the SDK reads the state from the sandbox DTO
+
+
+def test_the_event_gateway_refuses_a_wrong_token(emu: DaytonaEmulator) -> None:
+    from daytona.internal.event_dispatcher import AsyncEventDispatcher
+
+    async def body() -> None:
+        dispatcher = AsyncEventDispatcher(emu.api_url, "dtn_wrong")
+        with pytest.raises(ConnectionError):
+            await dispatcher.connect()
+        await dispatcher.disconnect()
+
+    asyncio.run(body())

@@ -284,6 +284,35 @@ async def test_a_sandbox_stopped_mid_cell_drops_the_socket(emulator, sandbox, co
     assert close not in (1000, 1001, 4008)
 
 
+# -- process execute (apps/daemon/pkg/toolbox/process/execute.go) ---------------------
+
+
+async def test_process_exec_feeds_the_command_to_the_shell_on_stdin(sandbox) -> None:  # type: ignore[no-untyped-def]
+    result = await sandbox.process.exec("cat\necho never run")  # a child that reads stdin eats the rest
+    assert (result.exit_code, result.result) == (0, "echo never run")
+    result = await sandbox.process.exec("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.result) == (3, "out\nerr\n")  # combined
+
+
+async def test_process_exec_timeout_kills_the_process_group_and_is_a_408(sandbox) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DaytonaTimeoutError) as timed_out:
+        await sandbox.process.exec("sleep 60 & echo $! > child.pid; wait", timeout=1)
+    assert getattr(timed_out.value, "status_code", None) == 408
+    child = int((await sandbox.process.exec("cat child.pid")).result)
+    for _ in range(50):  # SIGKILL is delivered at once; reaping may lag a little
+        if not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"the background child {child} outlived the timeout")
+
+
+async def test_process_exec_in_a_missing_folder_is_exit_code_minus_one(sandbox) -> None:  # type: ignore[no-untyped-def]
+    result = await sandbox.process.exec("echo hi", cwd="/home/daytona/no/such/folder")
+    assert result.exit_code == -1
+    assert "no such file or directory" in result.result
+
+
 # -- the local backend's worker shows the same traps ----------------------------------
 
 

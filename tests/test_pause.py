@@ -5,7 +5,7 @@ and says so in ``%daytona status``.
 
 The emulator's pausing freezes the sandbox's processes (SIGSTOP) and resuming continues them
 (SIGCONT), through ``pausing``, ``paused`` and ``resuming``; only the classes in
-``pausable_classes`` pause (none by default), as the SDK documents the API's rules.
+``pausable_classes`` pause (linux-vm and windows, as sandbox.service.ts pause() allows).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ RESUMED = "resumed the paused sandbox in "
 @pytest.fixture
 def pausing(daytona_env: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The session's emulator, with sandboxes of a class that can pause."""
-    monkeypatch.setattr(daytona_env, "pausable_classes", {daytona_env.sandbox_class})
+    monkeypatch.setattr(daytona_env, "sandbox_class", "linux-vm")
     return daytona_env
 
 
@@ -81,14 +81,14 @@ def test_emulator_pause_freezes_every_process_and_start_resumes_them(pausing: An
 
 def test_emulator_refuses_pausing_where_the_class_cannot(daytona_env: Any) -> None:
     from daytona import CreateSandboxFromSnapshotParams
-    from daytona.common.errors import DaytonaBadRequestError, DaytonaValidationError
+    from daytona.common.errors import DaytonaBadRequestError, DaytonaError, DaytonaValidationError
 
     async def go() -> None:
         client = sdk_client(daytona_env)
         sandbox = await client.create(CreateSandboxFromSnapshotParams(labels={"test": "no-pause"}))
         assert (sandbox.auto_pause_interval, sandbox.auto_stop_interval) == (0, 15)
-        with pytest.raises(DaytonaBadRequestError, match="does not support pausing"):
-            await sandbox.pause()
+        with pytest.raises(DaytonaError, match="Pausing is not supported for this sandbox"):
+            await sandbox.pause()  # 422 (sandbox.service.ts pause())
         with pytest.raises(DaytonaBadRequestError, match="does not support pausing"):
             await sandbox.set_auto_pause_interval(5)
         with pytest.raises(DaytonaBadRequestError, match="does not support pausing"):
@@ -196,7 +196,7 @@ def test_a_pause_daytona_refuses_at_shutdown_becomes_a_stop(pausing: Any, tmp_pa
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("1")
         sandbox = only_sandbox(pausing, tmp_path)
-        sandbox.pausable = False  # Daytona no longer pauses it (400)
+        sandbox.pausable = False  # Daytona no longer pauses it (422)
     assert pausing.count(PAUSE) == 1 and pausing.count(STOP) == 1
     assert sandbox.state in ("stopping", "stopped")
 
