@@ -273,6 +273,14 @@ class DaytonaKernelConfig(Configurable):
         "backend (its cells already run as you, on your machine). See docs/security-output.md.",
     ).tag(config=True)
 
+    widget_modules = List(
+        Unicode(),
+        default_value=[],
+        help="Widget modules (an ipywidgets model's _model_module/_view_module, such as 'jupyter-matplotlib' "
+        "for ipympl) and comm targets allowed to reach your browser under the 'safe' output policy, besides "
+        "ipywidgets' own. Such modules run their own JavaScript: list only those you trust.",
+    ).tag(config=True)
+
     checkpoint_on_idle = Bool(
         False,
         help="Checkpoint the variables (%daytona checkpoint) shortly before auto_stop_interval "
@@ -443,6 +451,7 @@ class SessionSettings:
     interrupt_grace: float = 3.0
     output_limit_mb: float = 20.0
     output_policy: str = "auto"
+    widget_modules: list[str] = field(default_factory=list)
     auto_stop_interval: int = 15
     checkpoint_on_idle: bool = False
     repo_url: str = ""

@@ -12,6 +12,7 @@ import os
 import platform
 import signal
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -21,6 +22,7 @@ from jupyter_client.session import Session
 
 from . import __version__
 from .cell import Cell, CellOutcome, error_content
+from .comms import CommBridge, WidgetPolicy
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
 from .errors import ConfigError, DaytonaKernelError
@@ -61,12 +63,17 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._shell_loop: asyncio.AbstractEventLoop | None = None
         self._runtime: RuntimeSession | None = None
         self._terminating: asyncio.Future[None] | None = None
-        self.shell_handlers.update(comm_open=self._comm_open, comm_msg=self._comm_ignore, comm_close=self._comm_ignore)
+        self._comms: CommBridge | None = None
+        self.shell_handlers.update(comm_open=self._comm, comm_msg=self._comm, comm_close=self._comm)
         if not self._problems:
             try:
                 self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
+        if self._runtime is not None:
+            policy = WidgetPolicy(self._runtime.outputs, frozenset(self.widget_modules))
+            self._comms = self._runtime.comms = CommBridge(self, policy, self.log)
+            self._comms.transport = self._runtime
 
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""
@@ -112,15 +119,34 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             "supported_features": [],
         }
 
-    # -- comms: no widget support yet, so every comm is politely closed ----
+    # -- comms: the bridge to the sandbox's comms (comms.py) -------------------
 
-    async def _comm_open(self, stream: Any, ident: Any, parent: Any) -> None:
-        comm_id = parent["content"].get("comm_id")
-        self.log.info("closing comm %s (target %r): comms are not supported", comm_id, parent["content"].get("target_name"))
-        self._messages.send(self.iopub_socket, "comm_close", {"comm_id": comm_id, "data": {}}, parent, ident=self._topic("comm_close"))
+    async def _comm(self, stream: Any, ident: Any, parent: Any) -> None:
+        """comm_open, comm_msg, comm_close from the frontend. ipykernel's base class dispatches them
+        even while a cell runs, so they reach an awaiting cell at once."""
+        if self._comms is not None:
+            self._comms.from_frontend(parent)
+        elif parent["header"]["msg_type"] == "comm_open":  # no sandbox: close it, as for an unknown target
+            self.publish_comm("comm_close", {"comm_id": parent["content"].get("comm_id"), "data": {}}, {}, [], parent)
 
-    async def _comm_ignore(self, stream: Any, ident: Any, parent: Any) -> None:
-        self.log.debug("ignoring %s for comm %s", parent["header"]["msg_type"], parent["content"].get("comm_id"))
+    async def comm_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
+        target_name = parent["content"].get("target_name")
+        comms = self._comms.info(target_name) if self._comms is not None else {}
+        self._messages.send(stream, "comm_info_reply", {"status": "ok", "comms": comms}, parent, ident)
+
+    def publish_comm(
+        self,
+        msg_type: str,
+        content: dict[str, Any],
+        metadata: dict[str, Any],
+        buffers: Sequence[bytes],
+        parent: dict[str, Any],
+    ) -> None:
+        topic = f"comm-{content.get('comm_id')}".encode()
+        self._messages.send(self.iopub_socket, msg_type, content, parent, ident=topic, metadata=metadata, buffers=list(buffers))
+
+    def publish_output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
+        self._emit(kind, content, parent)
 
     # -- execution count: ipykernel's rules ------------------------------
 
@@ -212,6 +238,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             return {"status": "ok", "execution_count": self._next_count - 1, "payload": [], "user_expressions": {}}
         parent = self.get_parent()  # session callbacks may run in other tasks (provisioning, input)
         frontend = KernelFrontend(self, parent)
+        if self._comms is not None:
+            self._comms.note_request(parent)
         if self._runtime is not None and not self._problems:
             await self._runtime.auto_attach(frontend)  # attach='auto': continue the previous session first
             self._adopt()

@@ -451,7 +451,12 @@ class OutputBudget:
         """Whether a display, update or result fits; counts it if so. Output without data (clear) always fits."""
         if not self.limit or "data" not in content:
             return True
-        size = size_of(content.get("data"))
+        return self.fits_size(size_of(content.get("data")))
+
+    def fits_size(self, size: int) -> bool:
+        """Whether ``size`` more characters fit (a comm message and its buffers); counts them if so."""
+        if not self.limit:
+            return True
         if self.used + size > self.limit:
             self.dropped += size
             return False

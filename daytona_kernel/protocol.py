@@ -12,6 +12,9 @@ runtime, add an event class and its parser here, and handle the event in
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,6 +22,9 @@ from .errors import ProtocolError
 from .runtime.framing import Frame, Kind
 
 MAX_DEPTH = 100  # nesting of lists and dicts in one payload
+MAX_COMM_BUFFER_BYTES = 16 * 1024 * 1024  # a comm message's binary buffers, together
+COMM_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+MAX_NAME_CHARS = 200  # a comm target's name, a message id
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,36 @@ class Reply:
     value: dict[str, Any]
 
 
-Event = Hello | Output | CellError | UserExpressions | Payload | InputRequest | FileChanges | Reply
+@dataclass(frozen=True)
+class CommMessage:
+    """A comm message from the sandbox: ``msg_type`` is comm_open, comm_msg or comm_close; ``content``
+    has comm_id and data (and target_name for an open), as the iopub message will."""
+
+    msg_type: str
+    content: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    buffers: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParentSwitch:
+    """The output that follows belongs to the frontend message ``msg_id`` ("": to the request itself)."""
+
+    msg_id: str
+
+
+@dataclass(frozen=True)
+class CommAck:
+    """The runtime took the frontend's messages up to inbox batch ``seq``; ``more``: a background
+    thread may still publish, so the kernel keeps draining."""
+
+    seq: int
+    more: bool = False
+
+
+Event = (
+    Hello | Output | CellError | UserExpressions | Payload | InputRequest | FileChanges | Reply | CommMessage | ParentSwitch | CommAck
+)
 
 
 def decode_event(frame: Frame) -> Event:
@@ -247,6 +282,52 @@ def _reply(p: dict[str, Any]) -> Reply:
     return Reply(p)
 
 
+def _comm(kind: str) -> Callable[[dict[str, Any]], CommMessage]:
+    def parse(p: dict[str, Any]) -> CommMessage:
+        content = _dict(p.get("content"), f"{kind}.content")
+        comm_id = _str(content.get("comm_id"), f"{kind}.comm_id")
+        if not COMM_ID.fullmatch(comm_id):
+            raise ProtocolError(f"{kind}.comm_id {comm_id!r:.80} is not a comm id")
+        checked: dict[str, Any] = {"comm_id": comm_id, "data": _dict(content.get("data", {}), f"{kind}.data")}
+        if kind == Kind.COMM_OPEN:
+            checked["target_name"] = _name(content.get("target_name"), "comm_open.target_name")
+            module = content.get("target_module")
+            checked["target_module"] = None if module is None else _name(module, "comm_open.target_module")
+        metadata = _dict(p.get("metadata", {}), f"{kind}.metadata")
+        return CommMessage(kind, checked, metadata, _buffers(p.get("buffers", []), kind))
+
+    return parse
+
+
+def _name(value: Any, what: str) -> str:
+    name = _str(value, what)
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise ProtocolError(f"{what} {name!r:.80} is empty or over {MAX_NAME_CHARS} characters")
+    return name
+
+
+def _buffers(value: Any, kind: str) -> tuple[bytes, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ProtocolError(f"{kind}.buffers is not a list of base64 strings")
+    if sum(len(item) for item in value) * 3 // 4 > MAX_COMM_BUFFER_BYTES:
+        raise ProtocolError(f"{kind}.buffers are over {MAX_COMM_BUFFER_BYTES // (1024 * 1024)} MB together")
+    try:
+        return tuple(base64.b64decode(item, validate=True) for item in value)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(f"{kind}.buffers are not valid base64 ({exc})") from None
+
+
+def _parent(p: dict[str, Any]) -> ParentSwitch:
+    msg_id = _str(p.get("msg_id"), "parent.msg_id")
+    if len(msg_id) > MAX_NAME_CHARS:
+        raise ProtocolError(f"parent.msg_id is over {MAX_NAME_CHARS} characters")
+    return ParentSwitch(msg_id)
+
+
+def _comm_ack(p: dict[str, Any]) -> CommAck:
+    return CommAck(_int(p.get("seq"), "comm_ack.seq"), _bool(p.get("more", False), "comm_ack.more"))
+
+
 _PARSERS: dict[str, Callable[[dict[str, Any]], Event]] = {
     Kind.HELLO: _hello,
     Kind.DISPLAY: _display(Kind.DISPLAY),
@@ -259,5 +340,10 @@ _PARSERS: dict[str, Callable[[dict[str, Any]], Event]] = {
     Kind.INPUT: _input,
     Kind.FILES: _files,
     Kind.REPLY: _reply,
+    Kind.COMM_OPEN: _comm(Kind.COMM_OPEN),
+    Kind.COMM_MSG: _comm(Kind.COMM_MSG),
+    Kind.COMM_CLOSE: _comm(Kind.COMM_CLOSE),
+    Kind.PARENT: _parent,
+    Kind.COMM_ACK: _comm_ack,
 }
 assert set(_PARSERS) == set(Kind.ALL), "every frame kind needs a parser"

@@ -12,21 +12,40 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import Sandbox
 from .cell import Frontend, error_content, stderr, stdout
+from .comms import WIDGET_VIEW
 from .errors import DaytonaKernelError, ProtocolError
 from .outputs import OutputBudget, OutputPolicy
-from .protocol import CellError, FileChanges, Hello, InputRequest, Output, Payload, Reply, UserExpressions, decode_event
+from .protocol import (
+    CellError,
+    CommAck,
+    CommMessage,
+    FileChanges,
+    Hello,
+    InputRequest,
+    Output,
+    ParentSwitch,
+    Payload,
+    Reply,
+    UserExpressions,
+    decode_event,
+)
 from .runtime.framing import BadFrame, Frame, FrameDecoder, Text
+
+if TYPE_CHECKING:
+    from .comms import CommBridge
 
 EmitCallback = Callable[[str, dict[str, Any]], None]
 
 
 class Request:
     """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests.
-    ``policy`` cleans what is shown (default: the safe policy); ``budget`` caps its size."""
+    ``policy`` cleans what is shown (default: the safe policy); ``budget`` caps its size; ``comms``
+    publishes comm messages and the output of frontend messages the sandbox handled (none: a
+    comm frame is a protocol error)."""
 
     def __init__(
         self,
@@ -35,8 +54,11 @@ class Request:
         on_input: Callable[[InputRequest], None] | None = None,
         policy: OutputPolicy | None = None,
         budget: OutputBudget | None = None,
+        comms: CommBridge | None = None,
     ) -> None:
         self._decoder = FrameDecoder(token)
+        self._comms = comms
+        self._under: dict[str, Any] | None = None  # the frontend message whose handling produces the output
         self._emit_now = emit
         self._on_input = on_input
         self._policy = policy or OutputPolicy(trusted=False)
@@ -76,7 +98,11 @@ class Request:
             self._emit("stream", dict(content, text=text))
 
     def _emit(self, msg_type: str, content: dict[str, Any]) -> None:
-        """Emit an output; the sandbox's error, if one is pending, goes first, in its place."""
+        """Emit an output; the sandbox's error, if one is pending, goes first, in its place.
+        While the sandbox handles a frontend message, its output goes under that message."""
+        if self._under is not None and self._comms is not None:
+            self._comms.output(msg_type, content, self._under)
+            return
         if self._error_pending:
             self._error_pending = False
             self.error_shown = True
@@ -114,12 +140,17 @@ class Request:
     def _apply(self, event: Any) -> None:
         if isinstance(event, Output):
             if self._budget.fits(event.content):  # before cleaning: what is dropped costs no cleaning
-                self._emit(event.kind, self._policy.content(event.kind, event.content))
+                self._emit(event.kind, self._shown(event.kind, event.content))
         elif isinstance(event, CellError) and event.reply_only:
             if self.error is None:  # already on stderr: the reply says error, no error output
                 self.error, self.error_shown = event.content, True
         elif isinstance(event, CellError):
-            self.fail(event.content, in_place=True)
+            if self._under is not None:  # a widget callback's error is not the cell's
+                self._emit("error", event.content)
+            else:
+                self.fail(event.content, in_place=True)
+        elif isinstance(event, (CommMessage, ParentSwitch, CommAck)):
+            self._comm(event)
         elif isinstance(event, Payload):
             item = self._policy.payload(event.item)
             if item is not None:
@@ -136,6 +167,30 @@ class Request:
             self.reply = event.value
         elif isinstance(event, Hello):
             self.hello = event
+
+
+    def _shown(self, kind: str, content: dict[str, Any]) -> dict[str, Any]:
+        """An output cleaned by the policy. A widget view stays only for a widget the frontend has
+        (the comm bridge opened it, the widget policy let it through); otherwise its text shows."""
+        data = content.get("data")
+        if not isinstance(data, dict) or WIDGET_VIEW not in data:
+            return self._policy.content(kind, content)
+        data = dict(data)
+        view = data.pop(WIDGET_VIEW)
+        cleaned = self._policy.content(kind, dict(content, data=data))
+        if self._comms is not None and self._comms.shows(view):
+            cleaned["data"] = dict(cleaned["data"], **{WIDGET_VIEW: view})
+        return cleaned
+
+    def _comm(self, event: CommMessage | ParentSwitch | CommAck) -> None:
+        if self._comms is None:
+            raise ProtocolError(f"a {type(event).__name__} frame arrived, but this request does not carry comms")
+        if isinstance(event, ParentSwitch):
+            self._under = self._comms.parent_for(event.msg_id) if event.msg_id else None
+        elif isinstance(event, CommMessage):
+            self._comms.from_sandbox(event, self._under, self._budget)
+        else:
+            self._comms.ack(event)
 
 
 class InputBridge:

@@ -11,9 +11,11 @@ watchdog. It knows nothing about Jupyter messages: output goes to a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import posixpath
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .attach import Adopted, KernelIdentity, SessionJournal
 from .backends.base import LOCAL_ATTACH, RunError, Sandbox
@@ -27,12 +29,16 @@ from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
 from .request import InputBridge, Request
 from .runtime import call_source, journal_call_source
-from .supervisor import ContextSupervisor, Live, runtime_missing
+from .supervisor import RUNTIME_CALL_TIMEOUT_S, ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
+
+if TYPE_CHECKING:
+    from .comms import CommBridge
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
 AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 STILL_STARTING = "The sandbox is still starting in the background; the next cell waits for it.\n"
+COMM_WAIT_S = 0.01  # how often a frontend message waits for the cell's inbox or the end of another call
 
 
 class RuntimeSession:
@@ -68,6 +74,10 @@ class RuntimeSession:
         self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach, pool)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self._current: Request | None = None
+        self.comms: CommBridge | None = None  # widgets: the kernel's comm bridge (comms.py), if it has one
+        self._in_cell = False
+        self._cell_inbox: str | None = None  # where frontend comm messages go while the cell runs
+        self._run_lock = asyncio.Lock()  # one call in the context at a time: a cell, or a comm delivery
         self._watchdog: asyncio.Future[None] | None = None
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
@@ -105,9 +115,11 @@ class RuntimeSession:
     async def execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         """Run one cell. Every failure becomes the cell's one error output."""
         self._idle_checkpoint.disarm()
+        self._in_cell = True
         try:
             return await self._execute(cell, frontend)
         finally:
+            self._in_cell, self._cell_inbox = False, None
             self._last_cell_end = time.monotonic()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
@@ -157,16 +169,23 @@ class RuntimeSession:
         while notices:
             frontend.emit("stream", stderr(notices.pop(0)))
         synced = await self._push(frontend)
+        comms = self._comm_options(live)
         code = call_source(
-            "run_cell", cell.code, cell.count, cell.store_history, cell.silent, cell.allow_stdin, cell.user_expressions, synced
+            "run_cell", cell.code, cell.count, cell.store_history, cell.silent, cell.allow_stdin, cell.user_expressions, synced, comms
         )
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
         budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
-        request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
+        async with self._run_lock:
+            self._cell_inbox = comms.get("inbox")
+            request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
         verdict = settle(end, self._timeout() or 0.0, self._settings.interrupt_grace)
         if verdict.restart_context:
             self.supervisor.restart_context()
+            if self.comms is not None:
+                self.comms.closed_all()
+        for notice in self.comms.take_notices() if self.comms is not None else ():
+            frontend.emit("stream", stderr(notice))
         if verdict.notice:
             frontend.emit("stream", stderr(verdict.notice))
         if verdict.error is not None:
@@ -247,8 +266,55 @@ class RuntimeSession:
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None
-        self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget)
+        self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms)
         return self._current
+
+    # -- widgets: frontend comm messages into the sandbox --------------------------
+
+    def _comm_options(self, live: Live) -> dict[str, Any]:
+        """What the runtime's comm bridge needs for a call: the request's message id, and the inbox
+        (named after the interpreter's pid, as input()'s inbox, so ``daytona-kernel gc`` knows it)."""
+        if self.comms is None:
+            return {}
+        parent = self.comms.request_parent.get("header", {}).get("msg_id", "")
+        inbox = posixpath.join(self.sandbox.temp_dir, f"daytona-kernel-inbox-{live.pid}-comms-{live.token[:12]}")
+        return {"parent": parent, "inbox": inbox}
+
+    async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None:
+        """Frontend comm messages into the sandbox: while a cell runs, one file upload to its inbox
+        (not queued behind the cell); while idle, a short call of their own, whose output goes under
+        the messages. An empty batch while idle fetches what the sandbox holds (a background thread's updates)."""
+        while True:
+            if self._in_cell and self._cell_inbox is not None:
+                if batch:
+                    bridge.seq += 1
+                    path = posixpath.join(self._cell_inbox, f"comms-{bridge.seq}.json")
+                    await self.sandbox.upload([(json.dumps(batch).encode(), path)])
+                return
+            if not self._in_cell and not self._run_lock.locked():
+                break
+            await asyncio.sleep(COMM_WAIT_S)
+        async with self._run_lock:
+            live = await self.supervisor.ready()
+            parent = bridge.request_parent
+            budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+            self._current = request = Request(
+                live.token, lambda kind, content: bridge.output(kind, content, parent), None, self.outputs, budget, bridge
+            )
+            try:
+                error = await live.context.run_code(
+                    call_source("deliver", batch, self._comm_options(live)),
+                    request.on_stdout,
+                    request.on_stderr,
+                    self._timeout() or RUNTIME_CALL_TIMEOUT_S,
+                )
+            finally:
+                self._current = None
+                request.finish()
+        if runtime_missing(error):
+            bridge.closed_all()  # the interpreter was replaced: its widgets are gone
+        elif error is not None:
+            self._log.warning("widget messages failed in the sandbox: %s: %s", error.name, error.value)
 
     def _timeout(self) -> float | None:
         return self._settings.cell_timeout or None

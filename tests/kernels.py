@@ -76,6 +76,7 @@ class Kernel:
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.km.start_kernel(env=full_env, cwd=cwd or os.getcwd(), **launch)
+        self.stray: list[dict[str, Any]] = []  # iopub messages of other parents (widget callbacks), for wait_for
         self.kc: BlockingKernelClient = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=TIMEOUT_S)
@@ -113,6 +114,7 @@ class Kernel:
                     raise TimeoutError(f"no idle within {timeout}s for {code!r}") from None
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
+                self.stray.append(msg)
                 continue
             run.messages.append(msg)
             run.arrivals.append(time.monotonic() - start)
@@ -133,6 +135,28 @@ class Kernel:
             reply = self.kc.get_shell_msg(timeout=TIMEOUT_S)
             if reply["parent_header"].get("msg_id") == msg_id:
                 return reply["content"]
+
+    def comm(self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None) -> str:
+        """Send comm_open, comm_msg or comm_close as a frontend does; returns its msg_id."""
+        msg = self.kc.session.msg(msg_type, content)
+        self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(self.kc.shell_channel.socket, msg, buffers=buffers)
+        return str(msg["header"]["msg_id"])
+
+    def wait_for(self, match: Any, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+        """The first iopub message (kept from earlier runs, or new) for which ``match(msg)`` is true."""
+        for i, msg in enumerate(self.stray):
+            if match(msg):
+                return self.stray.pop(i)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.05)
+            except Empty:
+                continue
+            if match(msg):
+                return msg
+            self.stray.append(msg)
+        raise TimeoutError(f"no matching iopub message within {timeout}s")
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()

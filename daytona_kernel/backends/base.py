@@ -108,6 +108,8 @@ class Sandbox(abc.ABC):
     idle_mode: IdleMode = IdleMode.STOP
     auto_pause_s: float = 0.0
     """Seconds without activity after which the sandbox pauses itself (0: it does not)."""
+    temp_dir: str = "/tmp"
+    """The sandbox's folder for short-lived files (the runtime's comm inbox)."""
 
     def storage_options(self) -> dict[str, str]:
         """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""

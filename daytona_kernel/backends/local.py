@@ -330,6 +330,7 @@ class LocalSandbox(Sandbox):
         self.id = f"local-{sandbox_name}"
         self.path = root / "sandboxes" / self.id
         self._tmp = self.path / "tmp"
+        self.temp_dir = str(self._tmp)
         self.workdir = str(self.path / "workspace")
         self.volume_dir = str(root / "volumes" / config.volume_name / workspace_key) if volume else ""
         self._contexts: list[LocalContext] = []

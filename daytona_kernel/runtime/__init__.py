@@ -11,7 +11,7 @@ import json
 from importlib import resources
 
 MODULE_PREFIX = "_daytona_kernel_"
-MODULES = ("framing", "pathrules", "durable", "journal", "files", "streams", "display", "basic", "ipyshell", "runtime", "fanout")
+MODULES = ("framing", "pathrules", "durable", "journal", "files", "streams", "display", "comms", "basic", "ipyshell", "runtime", "fanout")
 """The runtime's modules, in import order; each is installed as ``_daytona_kernel_<name>``."""
 IPYSHELL_MODULE = MODULE_PREFIX + "ipyshell"
 RUNTIME_MODULE = MODULE_PREFIX + "runtime"

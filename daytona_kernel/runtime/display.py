@@ -1,18 +1,20 @@
 """What both shells share on the way to a ``display``/``result`` frame.
 
 Standard library only, Python 3.9+. ``clean`` makes a MIME bundle JSON-ready as
-ipykernel's ``json_clean`` does; ``without_widget_view`` keeps a widget's text
-while there is no comm bridge; ``ModuleHooks`` patches modules as they are
-imported (the widgets notice, tqdm's text bar) and serves modules from source
-(the basic shell's matplotlib backend).
+ipykernel's ``json_clean`` does; ``ModuleHooks`` patches modules as they are
+imported (the comm bridge's hooks; on the basic shell, which cannot run widgets,
+the widgets notice and tqdm's text bar) and serves modules from source (the
+basic shell's matplotlib backend).
 """
 
 import binascii
 import importlib.machinery
 import importlib.util
 
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # needs the comm bridge the sandbox lacks
-WIDGETS_NOTICE = "daytona-kernel: interactive widgets are not supported yet; ipywidgets objects will show as static text.\n"
+WIDGETS_NOTICE = (
+    "daytona-kernel: interactive widgets need IPython in the sandbox (cells run as plain Python here); "
+    "ipywidgets objects will show as static text.\n"
+)
 
 
 def clean(obj):
@@ -26,21 +28,18 @@ def clean(obj):
     return obj
 
 
-def without_widget_view(data):
-    """A bundle without the widget view when it has another form, so the frontend shows that
-    (its static text) instead of "Error displaying widget: model not found"."""
-    if isinstance(data, dict) and WIDGET_VIEW in data and len(data) > 1:
-        data = dict(data)
-        del data[WIDGET_VIEW]
-    return data
-
-
 def tqdm_as_text(module):
-    """``tqdm.notebook`` (and so ``tqdm.auto`` in a notebook) draws its text bar until widgets work."""
+    """``tqdm.notebook`` (and so ``tqdm.auto`` in a notebook) draws its text bar where widgets cannot work."""
     import tqdm.std
 
     module.tqdm = module.tqdm_notebook = tqdm.std.tqdm
     module.trange = module.tnrange = tqdm.std.trange
+
+
+def tqdm_as_text_without_widgets(module):
+    """``tqdm.notebook`` draws a widget when ipywidgets is there (the comm bridge carries it), else its text bar."""
+    if importlib.util.find_spec("ipywidgets") is None:
+        tqdm_as_text(module)
 
 
 class _PatchingLoader(object):

@@ -56,8 +56,16 @@ class Kind(object):
     INPUT = "input"  # input() is waiting for the user's answer
     FILES = "files"  # what the cell changed in the working directory
     REPLY = "reply"  # the answer to a runtime call (complete, inspect, checkpoint ...)
+    COMM_OPEN = "comm_open"  # a comm opened in the sandbox (ipywidgets ...): content, metadata, base64 buffers
+    COMM_MSG = "comm_msg"  # a message on a comm
+    COMM_CLOSE = "comm_close"  # a comm closed in the sandbox
+    PARENT = "parent"  # the output that follows belongs to this frontend message ("": to the request)
+    COMM_ACK = "comm_ack"  # the frontend messages were taken up to this inbox batch
 
-    ALL = (HELLO, DISPLAY, UPDATE, CLEAR, RESULT, ERROR, USER_EXPRESSIONS, PAYLOAD, INPUT, FILES, REPLY)
+    ALL = (
+        HELLO, DISPLAY, UPDATE, CLEAR, RESULT, ERROR, USER_EXPRESSIONS, PAYLOAD, INPUT, FILES, REPLY,
+        COMM_OPEN, COMM_MSG, COMM_CLOSE, PARENT, COMM_ACK,
+    )
 
 
 class Text(object):

@@ -28,10 +28,10 @@ from traitlets import Any, Bool, Instance, Type
 from traitlets.config import Config
 
 try:  # inside the sandbox the bootstrap installed these modules under these names
-    from _daytona_kernel_display import clean, without_widget_view
+    from _daytona_kernel_display import clean
     from _daytona_kernel_framing import KERNEL_MAGICS, Kind
 except ImportError:  # imported from the package (tests)
-    from daytona_kernel.runtime.display import clean, without_widget_view
+    from daytona_kernel.runtime.display import clean
     from daytona_kernel.runtime.framing import KERNEL_MAGICS, Kind
 
 MIN_IPYTHON = (8, 0)
@@ -97,7 +97,6 @@ class FramePublisher(DisplayPublisher):
     def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
         sys.stdout.flush()
         sys.stderr.flush()
-        data = without_widget_view(data)
         content = {"data": clean(data), "metadata": clean(metadata or {}), "transient": clean(transient or {})}
         self.shell.runtime.send(Kind.UPDATE if update else Kind.DISPLAY, content)
 
@@ -117,7 +116,7 @@ class FrameDisplayHook(DisplayHook):
         self.msg["execution_count"] = self.prompt_count
 
     def write_format_data(self, format_dict, md_dict=None):
-        self.msg["data"] = clean(without_widget_view(format_dict))
+        self.msg["data"] = clean(format_dict)
         self.msg["metadata"] = clean(md_dict or {})
 
     def finish_displayhook(self):

@@ -25,6 +25,7 @@ import types
 
 try:  # inside the sandbox the bootstrap installed these modules under these names
     import _daytona_kernel_basic as _basic
+    import _daytona_kernel_comms as _comms
     import _daytona_kernel_display as _display
     import _daytona_kernel_files as _files
     import _daytona_kernel_framing as _framing
@@ -33,6 +34,7 @@ try:  # inside the sandbox the bootstrap installed these modules under these nam
     import _daytona_kernel_streams as _streams
 except ImportError:  # imported from the package (tests)
     from daytona_kernel.runtime import basic as _basic
+    from daytona_kernel.runtime import comms as _comms
     from daytona_kernel.runtime import display as _display
     from daytona_kernel.runtime import files as _files
     from daytona_kernel.runtime import framing as _framing
@@ -87,13 +89,20 @@ class Runtime(object):
         self.user_module = types.ModuleType("__main__")
         self.user_ns = self.user_module.__dict__
         self._notices = []
+        self.comms = _comms.Bridge(self)
         self.shell = self._start_shell()
         self.ipython = self.shell if not isinstance(self.shell, _basic.BasicShell) else None
         self.initial_names = frozenset(self.user_ns) | frozenset(self.shell.user_ns_hidden)
         sys.modules["__main__"] = self.user_module
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        patches = {"ipywidgets": self._widgets_notice, "tqdm.notebook": _display.tqdm_as_text}
+        if self.ipython is not None:  # widgets need IPython: comms work, and tqdm.notebook draws a widget
+            self.ipython.kernel = self.comms.facade
+            patches = {"comm": self.comms.install, "tqdm.notebook": _display.tqdm_as_text_without_widgets}
+        else:
+            patches = {"ipywidgets": self._widgets_notice, "tqdm.notebook": _display.tqdm_as_text}
         sys.meta_path.insert(0, _display.ModuleHooks(patches, {_basic.INLINE_BACKEND: _basic.INLINE_BACKEND_SOURCE}))
+        if "comm" in sys.modules and self.ipython is not None:
+            self.comms.install(sys.modules["comm"])
         self.workdir = os.getcwd()
         self.journal = _journal.current = _journal.open_journal(self, self.options.get("journal"))  # for reattaching
         self.durable, restored = _files.open_volume(self.workdir, self.options, self.err.write)
@@ -255,10 +264,13 @@ class Runtime(object):
 
     # -- requests ----------------------------------------------------------
 
-    def run_cell(self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None, synced=None):
+    def run_cell(
+        self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None, synced=None, comms=None
+    ):
         """Run one cell: its displays, result and error travel as frames; nothing escapes.
 
-        ``synced`` is what the kernel's mirror did since its last call (see ``WorkdirWatch.note``).
+        ``synced`` is what the kernel's mirror did since its last call (see ``WorkdirWatch.note``);
+        ``comms`` the request's message id and the comm inbox (see ``comms.Bridge.begin_request``).
         """
         self.watch.note(synced)
         if self.journal is not None and not self.journal.arm(count):
@@ -270,8 +282,11 @@ class Runtime(object):
             self._notices = []
             self._stdin_allowed = allow_stdin
             try:
+                self.comms.begin_request(comms)
+                self.comms.start_cell()
                 self.shell.execute(code, count, store_history, silent)
             finally:
+                self.comms.end_request()
                 self.shell.send_payloads()
                 if user_expressions:
                     self.send(Kind.USER_EXPRESSIONS, self.shell.expressions_reply(user_expressions))
@@ -285,6 +300,15 @@ class Runtime(object):
                     self.flush_streams_locked()
                     self._budget_notice()
                 self.output_used = self.dropped_chars = 0
+
+    def deliver(self, messages, comms=None):
+        """Frontend comm messages while no cell runs (and a background thread's held updates)."""
+        with self.session():
+            try:
+                self.comms.begin_request(comms)
+                self.comms.handle(messages)
+            finally:
+                self.comms.end_request()
 
     def complete(self, code, cursor):
         """Reply with completions from the live namespace; never touches user state."""

@@ -1,0 +1,322 @@
+"""The comm bridge inside the sandbox: ipywidgets, tqdm.notebook, ipympl ... across the boundary.
+
+Standard library only, Python 3.9+. This is not a widget layer: it replaces the
+``comm`` package's ``create_comm`` and ``get_comm_manager`` hooks (documented as
+replaceable, and replaced the same way by ipykernel) as soon as ``comm`` is
+imported, so every comm target works unchanged.
+
+Sandbox to kernel: a comm's ``publish_msg`` becomes a ``comm_open``, ``comm_msg``
+or ``comm_close`` frame (buffers base64-encoded) on the runtime's output stream.
+While no request runs (a background thread moves a progress bar), frames wait in
+a bounded outbox, value updates merged per comm, until the kernel drains them.
+
+Kernel to sandbox: frontend messages arrive in batches, either in the call that
+delivers them (``Runtime.comms``, while idle) or, while a cell runs, as files the
+kernel uploads to the inbox folder, which a thread here polls. A cell that awaits
+(top-level ``await``) handles them at once, on its event loop; a cell that blocks
+gets them when it ends, as under ipykernel. A ``parent`` frame before each
+message's handling tells the kernel whose output follows (the message's id), so
+callback output goes under the message that caused it, and the Output widget
+(``get_ipython().kernel.get_parent()``) captures it.
+"""
+
+import base64
+import collections
+import json
+import os
+import sys
+import threading
+import time
+
+try:  # inside the sandbox the bootstrap installed these modules under these names
+    import _daytona_kernel_display as _display
+    import _daytona_kernel_framing as _framing
+    import _daytona_kernel_streams as _streams
+except ImportError:  # imported from the package (tests)
+    from daytona_kernel.runtime import display as _display
+    from daytona_kernel.runtime import framing as _framing
+    from daytona_kernel.runtime import streams as _streams
+
+Kind = _framing.Kind
+POLL_S = 0.02  # how often a running cell's inbox is looked at
+OUTBOX_MAX = 1000  # messages published while no request runs, before the newest are dropped
+THREAD_QUIET_S = 3.0  # a background thread that published this recently may publish more: keep draining
+SEEN_MAX = 1000  # ids of handled frontend messages, so a batch uploaded twice is handled once
+BATCH_PREFIX = "comms-"
+
+
+def encode_buffers(buffers):
+    return [base64.b64encode(bytes(b)).decode("ascii") for b in buffers or ()]
+
+
+def decode_buffers(items):
+    return [memoryview(base64.b64decode(item)) for item in items or ()]
+
+
+def plain_update(kind, payload):
+    """The state of a ``comm_msg`` that only sets values (no buffers), else None: such updates may be merged."""
+    if kind != Kind.COMM_MSG or payload.get("buffers"):
+        return None
+    data = payload.get("content", {}).get("data")
+    if not isinstance(data, dict) or data.get("method") != "update" or data.get("buffer_paths"):
+        return None
+    state = data.get("state")
+    return state if isinstance(state, dict) else None
+
+
+def batch_seq(name):
+    """The sequence number of an inbox batch file, or None for any other name."""
+    if not (name.startswith(BATCH_PREFIX) and name.endswith(".json")):
+        return None
+    digits = name[len(BATCH_PREFIX) : -len(".json")]
+    return int(digits) if digits.isdigit() else None
+
+
+class KernelFacade(object):
+    """``get_ipython().kernel`` for libraries that ask it for the current request (the Output widget)."""
+
+    def __init__(self, bridge):
+        self._bridge = bridge
+
+    def get_parent(self, channel="shell"):
+        return self._bridge.get_parent()
+
+
+class Bridge(object):
+    """One per runtime. See the module docstring."""
+
+    def __init__(self, runtime):
+        self.rt = runtime
+        self.manager = None  # the comm package's CommManager, once ``comm`` is imported
+        self.request_parent = ""  # the msg_id of the request that runs (a cell's execute_request)
+        self.current = ""  # whose output is being produced: "" for the request's own
+        self.inbox = None
+        self.taken = 0  # the highest inbox batch taken
+        self.pending = []  # frontend messages for a cell that blocks, handled when it ends
+        self.scheduled = []  # batches handed to a running event loop, not yet handled
+        self.outbox = []  # [parent, kind, payload] published while no request ran
+        self.dropped = 0
+        self.seen = collections.OrderedDict()
+        self.thread_published = 0.0  # when a background thread last published
+        self.threads = set()  # the threads that published outside the main thread
+        self.in_cell = False
+        self.lock = threading.RLock()
+        self._poller = None
+        self.facade = KernelFacade(self)
+
+    # -- installing the hooks --------------------------------------------------
+
+    def install(self, module):
+        """Replace the ``comm`` package's hooks (run when ``comm`` is imported)."""
+        from comm.base_comm import BaseComm, CommManager
+
+        bridge = self
+
+        class SandboxComm(BaseComm):
+            """A comm whose messages travel as frames to the kernel."""
+
+            def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+                content = dict(data={} if data is None else data, comm_id=self.comm_id, **keys)
+                bridge.publish(msg_type, content, metadata or {}, buffers)
+
+        self.manager = CommManager()
+        module.create_comm = SandboxComm
+        module.get_comm_manager = lambda: self.manager
+
+    def available(self):
+        """True when comms work here (``comm`` imports); imports it, installing the hooks."""
+        if self.manager is None and self.rt.ipython is not None:
+            try:
+                import comm  # noqa: F401  (the runtime's module hook installs the bridge)
+            except ImportError:
+                return False
+        return self.manager is not None
+
+    def get_parent(self):
+        msg_id = self.current or self.request_parent
+        return {"header": {"msg_id": msg_id}} if msg_id else {}
+
+    # -- sandbox to kernel -------------------------------------------------------
+
+    def publish(self, kind, content, metadata, buffers):
+        payload = {"content": _display.clean(content), "metadata": _display.clean(metadata), "buffers": encode_buffers(buffers)}
+        thread = threading.current_thread()
+        with self.lock:
+            if thread is not threading.main_thread():
+                self.thread_published = time.monotonic()
+                self.threads.add(thread)
+            if self.rt.active:
+                self.rt.send(kind, payload)
+            else:
+                self._hold(kind, payload)
+
+    def _hold(self, kind, payload):
+        """Keep a message published while no request runs; a value update merges into the comm's last one."""
+        state = plain_update(kind, payload)
+        comm_id = payload["content"].get("comm_id")
+        if state is not None:
+            for held in reversed(self.outbox):
+                if held[2]["content"].get("comm_id") != comm_id:
+                    continue
+                older = plain_update(held[1], held[2])
+                if older is not None:
+                    older.update(state)
+                    return
+                break
+        if len(self.outbox) >= OUTBOX_MAX:
+            self.dropped += 1
+            return
+        self.outbox.append([self.current or self.request_parent, kind, payload])
+
+    def _flush_outbox(self):
+        with self.lock:
+            held, self.outbox = self.outbox, []
+            dropped, self.dropped = self.dropped, 0
+        for parent, kind, payload in held:
+            self._switch(parent)
+            self.rt.send(kind, payload)
+        self._switch("")
+        if dropped:
+            self.rt.err.write("daytona-kernel: %d widget update(s) from a background thread were dropped (too many while idle).\n" % dropped)
+
+    def busy_threads(self):
+        """A background thread published lately and still runs: the kernel should keep draining."""
+        with self.lock:
+            self.threads = set(t for t in self.threads if t.is_alive())
+            return bool(self.outbox) or (bool(self.threads) and time.monotonic() - self.thread_published < THREAD_QUIET_S)
+
+    def _switch(self, msg_id):
+        """Say whose output follows (a frontend message's id; "" for the request's own)."""
+        if msg_id == self.current:
+            return
+        self.current = msg_id
+        self.rt.send(Kind.PARENT, {"msg_id": msg_id})
+
+    # -- kernel to sandbox -------------------------------------------------------
+
+    def begin_request(self, options):
+        """Start of a call from the kernel: the request's parent and the inbox; older messages first."""
+        options = options or {}
+        self.request_parent = str(options.get("parent") or "")
+        self.current = ""
+        inbox = options.get("inbox")
+        if inbox and inbox != self.inbox:
+            self.inbox, self.taken = inbox, 0
+        self._flush_outbox()
+        self.handle(self.take_inbox())
+
+    def end_request(self):
+        """End of a call: handle what a blocking cell deferred, then tell the kernel how far the inbox was read."""
+        with self.lock:
+            self.in_cell = False
+            scheduled, self.scheduled = self.scheduled, []
+        for batch in scheduled:
+            self.handle(batch)
+        self.handle(self.take_inbox())
+        pending, self.pending = self.pending, []
+        self.handle(pending)
+        self._flush_outbox()
+        self.rt.send(Kind.COMM_ACK, {"seq": self.taken, "more": self.busy_threads()})
+
+    def start_cell(self):
+        """The cell's code starts: from now on the poller hands it frontend messages."""
+        self.in_cell = True
+        if self.inbox and (self._poller is None or not self._poller.is_alive()):
+            self._poller = threading.Thread(target=self._poll, name="daytona-kernel-comms", daemon=True)
+            self._poller.start()
+
+    def take_inbox(self):
+        """The frontend messages in the inbox's complete batch files, in order; the files are removed."""
+        if not self.inbox:
+            return []
+        try:
+            names = os.listdir(self.inbox)
+        except OSError:
+            return []
+        batches = sorted((seq, name) for seq, name in ((batch_seq(n), n) for n in names) if seq is not None and seq > self.taken)
+        messages = []
+        for i, (seq, name) in enumerate(batches):
+            path = os.path.join(self.inbox, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    batch = json.loads(f.read())
+            except (OSError, ValueError):
+                if i == len(batches) - 1:
+                    break  # still being written
+                batch = []  # a failed upload the kernel sent again under a later number
+            self.taken = seq
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            if isinstance(batch, list):
+                messages.extend(m for m in batch if isinstance(m, dict))
+        return messages
+
+    def _poll(self):
+        _streams.block_signals()
+        while True:
+            time.sleep(POLL_S)
+            if not self.in_cell:
+                continue
+            messages = self.take_inbox()
+            if not messages:
+                continue
+            loop = _running_loop()
+            with self.lock:
+                if not self.in_cell:
+                    self.pending.extend(messages)
+                elif loop is not None:
+                    self.scheduled.append(messages)
+                    loop.call_soon_threadsafe(self._run_scheduled, messages)
+                else:
+                    self.pending.extend(messages)
+
+    def _run_scheduled(self, batch):
+        with self.lock:
+            if not any(b is batch for b in self.scheduled):
+                return  # the cell ended first and handled it
+            self.scheduled = [b for b in self.scheduled if b is not batch]
+        self.handle(batch)
+
+    def handle(self, messages):
+        """Handle frontend messages in order, each with its output under its own id."""
+        if not messages:
+            return
+        try:
+            for msg in messages:
+                header = msg.get("header") or {}
+                msg_id = str(header.get("msg_id") or "")
+                if msg_id in self.seen:
+                    continue
+                self.seen[msg_id] = True
+                while len(self.seen) > SEEN_MAX:
+                    self.seen.popitem(last=False)
+                self._switch(msg_id)
+                self._dispatch(str(header.get("msg_type") or ""), msg)
+                sys.stdout.flush()
+                sys.stderr.flush()
+        finally:
+            self._switch("")
+
+    def _dispatch(self, msg_type, msg):
+        msg["buffers"] = decode_buffers(msg.get("buffers"))
+        if not self.available():
+            if msg_type == "comm_open":  # as ipykernel does for a target nobody registered
+                comm_id = (msg.get("content") or {}).get("comm_id")
+                self.rt.send(Kind.COMM_CLOSE, {"content": {"comm_id": comm_id, "data": {}}, "metadata": {}, "buffers": []})
+            return
+        handler = getattr(self.manager, msg_type, None) if msg_type in ("comm_open", "comm_msg", "comm_close") else None
+        if handler is not None:
+            handler(None, None, msg)
+
+
+def _running_loop():
+    """IPython's asyncio loop when it is running a cell (top-level ``await``), else None."""
+    try:
+        from IPython.core.async_helpers import get_asyncio_loop
+    except ImportError:
+        return None
+    loop = get_asyncio_loop()
+    return loop if loop.is_running() else None
+
