@@ -44,8 +44,8 @@ EmitCallback = Callable[[str, dict[str, Any]], None]
 class Request:
     """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests.
     ``policy`` cleans what is shown (default: the safe policy); ``budget`` caps its size; ``comms``
-    publishes comm messages and the output of frontend messages the sandbox handled (none: a
-    comm frame is a protocol error)."""
+    publishes comm messages and the output of frontend messages the sandbox handled (none: comm
+    frames are dropped, and widgets show their text)."""
 
     def __init__(
         self,
@@ -183,8 +183,8 @@ class Request:
         return cleaned
 
     def _comm(self, event: CommMessage | ParentSwitch | CommAck) -> None:
-        if self._comms is None:
-            raise ProtocolError(f"a {type(event).__name__} frame arrived, but this request does not carry comms")
+        if self._comms is None:  # a session without the bridge (doctor): widgets show their text
+            return
         if isinstance(event, ParentSwitch):
             self._under = self._comms.parent_for(event.msg_id) if event.msg_id else None
         elif isinstance(event, CommMessage):

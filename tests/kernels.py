@@ -136,9 +136,11 @@ class Kernel:
             if reply["parent_header"].get("msg_id") == msg_id:
                 return reply["content"]
 
-    def comm(self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None) -> str:
+    def comm(
+        self, msg_type: str, content: dict[str, Any], buffers: list[bytes] | None = None, metadata: dict[str, Any] | None = None
+    ) -> str:
         """Send comm_open, comm_msg or comm_close as a frontend does; returns its msg_id."""
-        msg = self.kc.session.msg(msg_type, content)
+        msg = self.kc.session.msg(msg_type, content, metadata=metadata)
         self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(self.kc.shell_channel.socket, msg, buffers=buffers)
         return str(msg["header"]["msg_id"])
 

@@ -99,3 +99,14 @@ def test_input_goes_over_the_stdin_path(tmp_path: Path) -> None:
     [(outcome, front)], _ = run_cells(tmp_path, ["name = input('who? ')\nprint('hello', name)"], answers=["ada"])
     assert outcome.error is None
     assert front.prompts == [("who? ", False)] and front.text() == "hello ada\n"
+
+
+def test_widgets_without_ipython_show_their_text_with_one_notice(tmp_path: Path) -> None:
+    cells = ["import ipywidgets as w\nw.IntSlider(value=3)", "import ipywidgets", "from tqdm.notebook import tqdm\nfor i in tqdm(range(3)):\n    pass"]
+    results, _ = run_cells(tmp_path, cells)
+    (first, front), (_, front2), (third, front3) = results
+    assert first.error is None and third.error is None
+    assert front.text("stderr").count("interactive widgets need IPython in the sandbox") == 1
+    assert [list(c["data"]) for c in front.of_kind("result")] == [["text/plain"]]  # the widget's text, no view
+    assert "widgets" not in front2.text("stderr")  # once per runtime
+    assert "3/3" in front3.text("stderr") and not front3.of_kind("display")  # tqdm's text bar

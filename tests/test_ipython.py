@@ -102,13 +102,3 @@ def test_vscode_variable_listing_flow_returns_names_and_types(kernel_name: str) 
         assert run.text() == '{"helper": "function", "math": "module", "names": "list", "total": "int"}\n'
         assert result_text(k.execute("'_VSCODE_rwho_ls' in dir()")) == "False"
 
-
-def test_widgets_show_their_text_and_tqdm_draws_a_text_bar(kernel_name: str) -> None:
-    with Kernel(kernel_name) as k:
-        k.execute("import ipywidgets as w")
-        run = k.execute("w.IntSlider(value=3)")
-        assert list(run.of_type("execute_result")[0]["data"]) == ["text/plain"]
-        for module in ("tqdm.notebook", "tqdm.auto"):
-            run = k.execute(f"from {module} import tqdm\nfor i in tqdm(range(3)):\n    pass")
-            assert run.status == "ok" and not run.of_type("display_data"), module
-            assert "3/3" in run.text("stderr"), module

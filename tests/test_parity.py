@@ -1,6 +1,6 @@
 """Parity with stock ipykernel (issue 15.4): notebooks run under ``python3`` (ipykernel) and
 under both of our backends, compared cell by cell: output types, stream text, MIME types,
-error names. Differences we intend are listed in INTENDED and in docs/ipython.md.
+error names. Differences we intend are applied in expected_from_ipykernel and listed in docs/ipython.md.
 
 Two sets: NOTEBOOK below (the features issue 15 names), and real notebooks vendored from
 nbclient's and nbconvert's test files (tests/notebooks/, BSD-3-Clause, outputs stripped)."""
@@ -46,12 +46,6 @@ NOTEBOOK: list[tuple[str, list[str], bool]] = [
     ("import ipywidgets as w\nw.IntSlider()", [], True),
 ]
 
-# cell index -> what we do instead of ipykernel, applied to ipykernel's outputs
-INTENDED = {
-    19: "widgets show their text: there is no comm bridge for the widget view yet",
-}
-
-
 def _outputs(run: Run) -> Iterator[tuple[Any, ...]]:
     for msg in run.outputs:
         kind, content = msg["msg_type"], msg["content"]
@@ -91,9 +85,7 @@ def run_notebook(kernel_name: str, folder: Path) -> list[tuple[Run, list[tuple[A
 
 def expected_from_ipykernel(ipykernel: list[tuple[Run, list[tuple[Any, ...]]]]) -> list[list[tuple[Any, ...]]]:
     wanted = [sig for _, sig in ipykernel]
-    assert wanted[19] == [("execute_result", tuple(sorted([WIDGET_VIEW, "text/plain"])))]
-    notice = "daytona-kernel: interactive widgets are not supported yet; ipywidgets objects will show as static text.\n"
-    wanted[19] = [("stream", "stderr", notice), ("execute_result", ("text/plain",))]
+    assert wanted[19] == [("execute_result", tuple(sorted([WIDGET_VIEW, "text/plain"])))]  # the comm bridge shows it too
     return wanted
 
 
@@ -122,7 +114,7 @@ LEFT_OUT = {
     "nbclient Autokill": "kills its own kernel (tests/test_kernel.py covers a dying worker)",
     "nbclient Interrupt": "an endless loop for nbclient's interrupt test (tests/test_kernel.py covers interrupts)",
     "nbclient Parallel Execute A/B": "need variables nbclient's test harness injects",
-    "nbclient Output, JupyterWidgets, Other Comms": "comm messages: there is no comm bridge yet (intended)",
+    "nbclient Output, JupyterWidgets, Other Comms": "comm messages: tests/test_widgets.py covers widgets and comms",
     "nbclient update-display-id": "sends ZeroMQ messages through ipykernel's own session (get_ipython().kernel)",
     "nbclient Skip Execution with Cell Tag, UnicodePy3, Skip Exceptions": "the same cells as notebooks kept here",
     "nbconvert notebook1": "needs sympy, which the tests do not install",

@@ -100,6 +100,10 @@ class Bridge(object):
         self.thread_published = 0.0  # when a background thread last published
         self.threads = set()  # the threads that published outside the main thread
         self.in_cell = False
+        self._threads_before = set()
+        self.cell_threads = []  # threads the last cell started
+        self.cell_ended = 0.0
+        self.kernel_side = False
         self.lock = threading.RLock()
         self._poller = None
         self.facade = KernelFacade(self)
@@ -180,10 +184,15 @@ class Bridge(object):
             self.rt.err.write("daytona-kernel: %d widget update(s) from a background thread were dropped (too many while idle).\n" % dropped)
 
     def busy_threads(self):
-        """A background thread published lately and still runs: the kernel should keep draining."""
+        """Updates are held, or a thread may publish soon (one published lately and runs, or the last cell
+        started one and ended lately): the kernel should keep draining. Bounded, so a sandbox can go idle."""
+        now = time.monotonic()
         with self.lock:
             self.threads = set(t for t in self.threads if t.is_alive())
-            return bool(self.outbox) or (bool(self.threads) and time.monotonic() - self.thread_published < THREAD_QUIET_S)
+            published = bool(self.threads) and now - self.thread_published < THREAD_QUIET_S
+            started = bool(self.manager is not None and self.manager.comms) and now - self.cell_ended < THREAD_QUIET_S
+            started = started and any(t.is_alive() for t in self.cell_threads)
+            return bool(self.outbox) or published or started
 
     def _switch(self, msg_id):
         """Say whose output follows (a frontend message's id; "" for the request's own)."""
@@ -197,6 +206,7 @@ class Bridge(object):
     def begin_request(self, options):
         """Start of a call from the kernel: the request's parent and the inbox; older messages first."""
         options = options or {}
+        self.kernel_side = bool(options)  # the kernel has the bridge: it takes comm frames
         self.request_parent = str(options.get("parent") or "")
         self.current = ""
         inbox = options.get("inbox")
@@ -208,6 +218,11 @@ class Bridge(object):
     def end_request(self):
         """End of a call: handle what a blocking cell deferred, then tell the kernel how far the inbox was read."""
         with self.lock:
+            if self.in_cell:
+                self.cell_threads = [
+                    t for t in threading.enumerate() if t not in self._threads_before and not t.name.startswith("daytona-kernel")
+                ]
+                self.cell_ended = time.monotonic()
             self.in_cell = False
             scheduled, self.scheduled = self.scheduled, []
         for batch in scheduled:
@@ -216,11 +231,13 @@ class Bridge(object):
         pending, self.pending = self.pending, []
         self.handle(pending)
         self._flush_outbox()
-        self.rt.send(Kind.COMM_ACK, {"seq": self.taken, "more": self.busy_threads()})
+        if self.kernel_side:
+            self.rt.send(Kind.COMM_ACK, {"seq": self.taken, "more": self.busy_threads()})
 
     def start_cell(self):
         """The cell's code starts: from now on the poller hands it frontend messages."""
         self.in_cell = True
+        self._threads_before = set(threading.enumerate())
         if self.inbox and (self._poller is None or not self._poller.is_alive()):
             self._poller = threading.Thread(target=self._poll, name="daytona-kernel-comms", daemon=True)
             self._poller.start()

@@ -1,0 +1,142 @@
+"""Widgets across the sandbox boundary (issue 24), on both backends, with real ipywidgets.
+
+A test plays the frontend with jupyter_client: it sends comm messages as JupyterLab's widget
+manager does and reads the iopub messages the kernel publishes. What it checks is what stock
+ipykernel does (docs/widgets.md): the timing of callbacks in an awaiting and a blocking cell,
+the parents of callback output and of the Output widget's capture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernels import Kernel, Run, result_text
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def model_id(run: Run) -> str:
+    return str(run.of_type("execute_result")[0]["data"][WIDGET_VIEW]["model_id"])
+
+
+def update(k: Kernel, comm_id: str, **state: Any) -> str:
+    return k.comm("comm_msg", {"comm_id": comm_id, "data": {"method": "update", "state": state, "buffer_paths": []}})
+
+
+def click(k: Kernel, comm_id: str) -> str:
+    return k.comm("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+
+
+def under(msg_id: str, msg_type: str) -> Any:
+    return lambda m: m["msg_type"] == msg_type and m["parent_header"].get("msg_id") == msg_id
+
+
+def finish(k: Kernel, msg_id: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """The iopub messages of a request sent with ``kc.execute``, up to its idle."""
+    messages = []
+    while True:
+        msg = k.wait_for(lambda m: m["parent_header"].get("msg_id") == msg_id, timeout)
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+def test_a_slider_shows_and_its_value_round_trips(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        run = k.execute(
+            "import ipywidgets as w\nseen = []\ns = w.IntSlider(value=3)\n"
+            "s.observe(lambda change: (seen.append(change['new']), print('saw', change['new'])), 'value')\ns"
+        )
+        assert run.status == "ok", run.errors
+        opens = run.of_type("comm_open")
+        slider = model_id(run)
+        assert slider in [o["comm_id"] for o in opens]
+        state = next(o for o in opens if o["comm_id"] == slider)["data"]["state"]
+        assert (state["_model_name"], state["value"]) == ("IntSliderModel", 3)
+
+        sent = update(k, slider, value=7)
+        echo = k.wait_for(under(sent, "comm_msg"))
+        assert echo["content"]["data"]["method"] == "echo_update" and echo["content"]["data"]["state"] == {"value": 7}
+        printed = k.wait_for(under(sent, "stream"))  # the observer's output goes under the message that caused it
+        assert printed["content"]["text"] == "saw 7\n"
+        assert result_text(k.execute("seen, s.value")) == "([7], 7)"
+
+        changed = k.execute("s.value = 11")  # a change in the kernel reaches the frontend under the cell
+        assert {"value": 11} in [c["data"].get("state") for c in changed.of_type("comm_msg")]
+
+        info = k.request("comm_info", target_name="jupyter.widget")
+        assert slider in info["comms"] and info["comms"][slider] == {"target_name": "jupyter.widget"}
+        closed = k.execute("s.close()")
+        assert [c["comm_id"] for c in closed.of_type("comm_close")] == [slider]
+        assert slider not in k.request("comm_info")["comms"]
+
+
+def test_a_stop_button_ends_an_awaiting_loop_at_once_and_a_blocking_one_when_it_ends(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        run = k.execute("import asyncio, time, ipywidgets as w\nclicks = []\nb = w.Button(description='Stop')\nb.on_click(clicks.append)\nb")
+        button = model_id(run)
+
+        awaiting = k.kc.execute(
+            "n = 0\nprint('started', flush=True)\nwhile not clicks and n < 600:\n    await asyncio.sleep(0.05)\n    n += 1\nprint('stopped after', n)"
+        )
+        k.wait_for(lambda m: under(awaiting, "stream")(m) and "started" in m["content"]["text"])
+        click(k, button)
+        messages = finish(k, awaiting)
+        text = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+        assert "stopped after" in text and int(text.split("stopped after")[1]) < 300, text  # not the whole 30 s
+
+        blocking = k.kc.execute("clicks.clear()\nprint('started', flush=True)\nfor i in range(40):\n    time.sleep(0.05)\nprint('clicks during the loop:', len(clicks))")
+        k.wait_for(lambda m: under(blocking, "stream")(m) and "started" in m["content"]["text"])
+        click(k, button)
+        messages = finish(k, blocking)
+        text = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+        assert "clicks during the loop: 0" in text  # deferred, as under ipykernel
+        assert result_text(k.execute("len(clicks)")) == "1"  # never lost: handled when the cell ended
+
+
+def test_interact_output_is_captured_under_the_request_it_brackets(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        run = k.execute("from ipywidgets import interact\n@interact(x=5)\ndef f(x):\n    print('twice', 2 * x)")
+        assert run.status == "ok", run.errors
+        assert run.text() == "twice 10\n"  # under the cell's request: the Output widget captures it in the browser
+        opens = {o["data"]["state"]["_model_name"]: o["comm_id"] for o in run.of_type("comm_open")}
+        output_widget, slider = opens["OutputModel"], opens["IntSliderModel"]
+        msg_ids = [c["data"]["state"].get("msg_id") for c in run.of_type("comm_msg") if c["comm_id"] == output_widget]
+        assert run.reply["parent_header"]["msg_id"] in msg_ids
+
+        sent = update(k, slider, value=7)
+        capture = k.wait_for(lambda m: under(sent, "comm_msg")(m) and m["content"]["comm_id"] == output_widget and m["content"]["data"]["state"].get("msg_id"))
+        assert capture["content"]["data"]["state"]["msg_id"] == sent  # the Output widget now captures the callback's output
+        assert k.wait_for(under(sent, "stream"))["content"]["text"] == "twice 14\n"
+
+
+def test_tqdm_notebook_draws_a_progress_widget(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        run = k.execute("from tqdm.notebook import tqdm\nfor i in tqdm(range(200)):\n    pass")
+        assert run.status == "ok", run.errors
+        models = [o["data"]["state"]["_model_name"] for o in run.of_type("comm_open")]
+        assert "FloatProgressModel" in models and "HBoxModel" in models
+        assert any(WIDGET_VIEW in d["data"] for d in run.of_type("display_data"))
+        assert "200/200" not in run.text("stderr")  # no text bar beside the widget
+        states = [c["data"].get("state", {}) for c in run.of_type("comm_msg")]
+        assert any(s.get("value") == 200 for s in states)
+
+
+def test_a_restart_closes_the_widgets(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        model_id(k.execute("import ipywidgets as w\nw.IntSlider()"))
+        assert k.request("comm_info")["comms"]
+        k.restart()
+        assert k.request("comm_info")["comms"] == {}
+        assert k.execute("1 + 1").status == "ok"
+
+
+def test_the_frontend_gets_every_widget_back_after_a_reload(kernel_name: str, workdir: Any) -> None:
+    """A page reload: JupyterLab's widget manager opens the control comm and asks for every widget's state."""
+    with Kernel(kernel_name) as k:
+        slider = model_id(k.execute("import ipywidgets as w\ns = w.IntSlider(value=4)\ns"))
+        k.comm("comm_open", {"comm_id": "control-1", "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"})
+        asked = k.comm("comm_msg", {"comm_id": "control-1", "data": {"method": "request_states"}})
+        reply = k.wait_for(under(asked, "comm_msg"))
+        states = reply["content"]["data"]["states"]
+        assert states[slider]["state"]["value"] == 4 and states[slider]["model_name"] == "IntSliderModel"
