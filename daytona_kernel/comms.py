@@ -62,6 +62,8 @@ class Publisher(Protocol):
 class Transport(Protocol):
     """How frontend messages reach the sandbox (the runtime session)."""
 
+    in_cell: bool
+
     async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None: ...
 
 
@@ -338,11 +340,15 @@ class CommBridge:
 
     async def _send_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        assert self.transport is not None
         while len(self.queue) or self._drain:
             started = loop.time()
-            drain, self._drain = self._drain, False
+            drain = self._drain and not self.transport.in_cell  # a running cell's end fetches it anyway
+            self._drain = self._drain and not drain
             batch = self.queue.take()
-            assert self.transport is not None
+            if not batch and not drain:
+                await asyncio.sleep(BATCH_S)
+                continue
             try:
                 await self.transport.deliver_comms(batch, self)
             except DaytonaKernelError as exc:

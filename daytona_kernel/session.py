@@ -75,7 +75,7 @@ class RuntimeSession:
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self._current: Request | None = None
         self.comms: CommBridge | None = None  # widgets: the kernel's comm bridge (comms.py), if it has one
-        self._in_cell = False
+        self.in_cell = False  # a cell's request is under way (frontend comm messages then go to its inbox)
         self._cell_inbox: str | None = None  # where frontend comm messages go while the cell runs
         self._run_lock = asyncio.Lock()  # one call in the context at a time: a cell, or a comm delivery
         self._watchdog: asyncio.Future[None] | None = None
@@ -115,11 +115,11 @@ class RuntimeSession:
     async def execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         """Run one cell. Every failure becomes the cell's one error output."""
         self._idle_checkpoint.disarm()
-        self._in_cell = True
+        self.in_cell = True
         try:
             return await self._execute(cell, frontend)
         finally:
-            self._in_cell, self._cell_inbox = False, None
+            self.in_cell, self._cell_inbox = False, None
             self._last_cell_end = time.monotonic()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
@@ -285,13 +285,13 @@ class RuntimeSession:
         (not queued behind the cell); while idle, a short call of their own, whose output goes under
         the messages. An empty batch while idle fetches what the sandbox holds (a background thread's updates)."""
         while True:
-            if self._in_cell and self._cell_inbox is not None:
+            if self.in_cell and self._cell_inbox is not None:
                 if batch:
                     bridge.seq += 1
                     path = posixpath.join(self._cell_inbox, f"comms-{bridge.seq}.json")
                     await self.sandbox.upload([(json.dumps(batch).encode(), path)])
                 return
-            if not self._in_cell and not self._run_lock.locked():
+            if not self.in_cell and not self._run_lock.locked():
                 break
             await asyncio.sleep(COMM_WAIT_S)
         async with self._run_lock:

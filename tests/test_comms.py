@@ -12,6 +12,7 @@ from typing import Any
 
 from daytona_kernel.comms import CommBridge, FrontendQueue, WidgetPolicy
 from daytona_kernel.outputs import OutputPolicy
+from daytona_kernel.protocol import CommAck
 from daytona_kernel.runtime import comms as runtime_comms
 from daytona_kernel.runtime.framing import Kind
 
@@ -92,6 +93,7 @@ class SlowTransport:
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
         self.release = asyncio.Event()
+        self.in_cell = False
 
     async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None:
         self.batches.append(ids(batch))
@@ -115,6 +117,24 @@ def test_messages_that_arrive_during_a_delivery_go_in_order_in_the_next_batch() 
         return transport.batches
 
     assert asyncio.run(go()) == [["open-s", "open-b"], ["v1", "c1", "v3"]]
+
+
+def test_a_background_threads_updates_are_fetched_after_the_cell_ends_not_during_it() -> None:
+    async def go() -> tuple[list[list[str]], list[list[str]]]:
+        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG)
+        transport = bridge.transport = SlowTransport()
+        transport.release.set()
+        transport.in_cell = True
+        bridge.ack(CommAck(seq=0, more=True))  # the cell's last frame: a thread may still publish
+        await asyncio.sleep(0.2)
+        during = list(transport.batches)
+        transport.in_cell = False
+        transport.release.set()
+        await asyncio.sleep(0.2)
+        return during, transport.batches
+
+    during, after = asyncio.run(go())
+    assert during == [] and after == [[]]  # one fetch of its own once the cell is over
 
 
 def test_frontend_messages_for_comms_that_are_not_open_are_dropped() -> None:

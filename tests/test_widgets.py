@@ -140,3 +140,15 @@ def test_the_frontend_gets_every_widget_back_after_a_reload(kernel_name: str, wo
         reply = k.wait_for(under(asked, "comm_msg"))
         states = reply["content"]["data"]["states"]
         assert states[slider]["state"]["value"] == 4 and states[slider]["model_name"] == "IntSliderModel"
+
+
+def test_a_progress_bar_a_thread_moves_updates_without_a_cell_running(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        run = k.execute(
+            "import threading, time, ipywidgets as w\nbar = w.IntProgress(max=20)\ndisplay(bar)\n"
+            "def work():\n    time.sleep(0.5)\n    for i in range(1, 21):\n        time.sleep(0.05)\n        bar.value = i\n"
+            "threading.Thread(target=work).start()"
+        )
+        bar = run.of_type("display_data")[-1]["data"][WIDGET_VIEW]["model_id"]
+        last = k.wait_for(lambda m: m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == bar and m["content"]["data"]["state"].get("value") == 20, 30)
+        assert last["parent_header"]["msg_id"] == run.reply["parent_header"]["msg_id"]  # under the cell that started the thread
