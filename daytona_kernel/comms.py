@@ -356,6 +356,21 @@ class CommBridge:
             pause = DRAIN_INTERVAL_S if drain and not batch else BATCH_S
             await asyncio.sleep(max(0.0, pause - (loop.time() - started)))
 
+    def adopt(self, table: Any) -> int:
+        """Take over the comms of a session this kernel attached to (``Runtime.comm_table``), as far as
+        the policy lets them through; returns how many. The frontend then gets them back on its next
+        widget state request (a page reload, or the new kernel connection)."""
+        entries = table.get("comms") if isinstance(table, dict) else None
+        for comm_id, entry in (entries if isinstance(entries, dict) else {}).items():
+            if not isinstance(entry, dict) or not isinstance(comm_id, str) or len(self.comms) >= MAX_OPEN_COMMS:
+                continue
+            target, state = entry.get("target_name"), entry.get("state")
+            state = state if isinstance(state, dict) else {}
+            if isinstance(target, str) and self.policy.refusal(target, {"state": state}) is None:
+                model = state.get("_model_name")
+                self.comms[comm_id] = OpenComm(target, model if isinstance(model, str) else "")
+        return len(self.comms)
+
     def closed_all(self) -> None:
         """The sandbox's interpreter is gone (restart, a new context): its comms with it."""
         for comm_id, opened in list(self.comms.items()):

@@ -396,9 +396,17 @@ class RuntimeSession:
         reply = await self.supervisor.call_code("attach", journal_call_source("adopt", journal.identity.instance))
         self.adopted = journal.adopted(reply)
         return (
-            f"attached: {reply.get('variables')} variable(s), execution count {self.adopted.count}; "
+            f"attached: {reply.get('variables')} variable(s), execution count {self.adopted.count}{await self._adopt_comms()}; "
             "your next cells run in this session.\n"
         )
+
+    async def _adopt_comms(self) -> str:
+        """The attached session's widgets become this kernel's (reload the page to see them again)."""
+        if self.comms is None:
+            return ""
+        self.comms.closed_all()
+        count = self.comms.adopt(await self.supervisor.query("comm_table"))
+        return f", {count} widget(s) (reload the page to see them)" if count else ""
 
     async def auto_attach(self, frontend: Frontend) -> None:
         """With attach='auto', attach before the first cell when a session of this notebook was found."""

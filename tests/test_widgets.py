@@ -8,6 +8,8 @@ the parents of callback output and of the Output widget's capture.
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 from kernels import Kernel, Run, result_text
@@ -152,3 +154,23 @@ def test_a_progress_bar_a_thread_moves_updates_without_a_cell_running(kernel_nam
         bar = run.of_type("display_data")[-1]["data"][WIDGET_VIEW]["model_id"]
         last = k.wait_for(lambda m: m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == bar and m["content"]["data"]["state"].get("value") == 20, 30)
         assert last["parent_header"]["msg_id"] == run.reply["parent_header"]["msg_id"]  # under the cell that started the thread
+
+
+def test_a_kernel_that_attaches_to_a_session_gets_its_widgets_back(daytona_env: Any, tmp_path: Any) -> None:
+    env = {"JPY_SESSION_NAME": "widgets.ipynb", "DAYTONA_KERNEL_SYNC": "off"}
+    first = Kernel("daytona", env=env, cwd=str(tmp_path))
+    slider = model_id(first.execute("import ipywidgets as w\ns = w.IntSlider(value=5)\ns"))
+    process = first.km.provisioner.process  # type: ignore[union-attr]
+    os.kill(process.pid, signal.SIGKILL)  # a crash: no shutdown, the session stays in the sandbox
+    process.wait(10)
+    first.kc.stop_channels()
+    with Kernel("daytona", env={**env, "DAYTONA_KERNEL_ATTACH": "auto"}, cwd=str(tmp_path)) as second:
+        run = second.execute("s.value")  # attaches first, replaying the last cell's output (the slider's text)
+        assert run.of_type("execute_result")[-1]["data"]["text/plain"] == "5" and "3 widget(s)" in run.text("stderr")  # with its layout and style
+        assert slider in second.request("comm_info", target_name="jupyter.widget")["comms"]
+        second.comm("comm_open", {"comm_id": "control-2", "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"})
+        asked = second.comm("comm_msg", {"comm_id": "control-2", "data": {"method": "request_states"}})
+        assert second.wait_for(under(asked, "comm_msg"))["content"]["data"]["states"][slider]["state"]["value"] == 5
+        update(second, slider, value=9)
+        second.wait_for(lambda m: m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "echo_update")
+        assert result_text(second.execute("s.value")) == "9"

@@ -95,6 +95,7 @@ class Bridge(object):
         self.pending = []  # frontend messages for a cell that blocks, handled when it ends
         self.scheduled = []  # batches handed to a running event loop, not yet handled
         self.outbox = []  # [parent, kind, payload] published while no request ran
+        self.opened = {}  # comm_id -> what the kernel's table needs (``table``)
         self.dropped = 0
         self.seen = collections.OrderedDict()
         self.thread_published = 0.0  # when a background thread last published
@@ -143,6 +144,7 @@ class Bridge(object):
     # -- sandbox to kernel -------------------------------------------------------
 
     def publish(self, kind, content, metadata, buffers):
+        self._note(kind, content)
         payload = {"content": _display.clean(content), "metadata": _display.clean(metadata), "buffers": encode_buffers(buffers)}
         thread = threading.current_thread()
         with self.lock:
@@ -153,6 +155,22 @@ class Bridge(object):
                 self.rt.send(kind, payload)
             else:
                 self._hold(kind, payload)
+
+    def _note(self, kind, content):
+        """Keep what the kernel's table holds of each comm opened here, for a kernel that attaches later."""
+        comm_id = content.get("comm_id")
+        if kind == Kind.COMM_CLOSE:
+            self.opened.pop(comm_id, None)
+        elif kind == Kind.COMM_OPEN:
+            data = content.get("data")
+            state = data.get("state") if isinstance(data, dict) and isinstance(data.get("state"), dict) else {}
+            keys = ("_model_name", "_model_module", "_view_module")
+            self.opened[comm_id] = {"target_name": content.get("target_name"), "state": dict((k, state.get(k)) for k in keys if k in state)}
+
+    def table(self):
+        """The comms opened here that are still open: ``{comm_id: {target_name, state}}``."""
+        live = self.manager.comms if self.manager is not None else {}
+        return dict((comm_id, entry) for comm_id, entry in self.opened.items() if comm_id in live)
 
     def _hold(self, kind, payload):
         """Keep a message published while no request runs; a value update merges into the comm's last one."""

@@ -310,6 +310,11 @@ class Runtime(object):
             finally:
                 self.comms.end_request()
 
+    def comm_table(self):
+        """Reply with the comms open here (a kernel that attaches takes them over: ``CommBridge.adopt``)."""
+        with self.session():
+            self.send(Kind.REPLY, {"comms": self.comms.table()})
+
     def complete(self, code, cursor):
         """Reply with completions from the live namespace; never touches user state."""
         with self.session():
