@@ -36,7 +36,7 @@ from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, Interrupted, UsageError
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import InputRequest
-from .request import Request
+from .request import Request, fetcher
 from .runtime import journal_script
 from .runtime.journal import PID_MAX, SESSION_NAME, SKIPPED
 from .runtime.journal import loads as journal_loads
@@ -470,9 +470,8 @@ class SessionJournal:
                 stderr("daytona-kernel: the attached cell waits for input(); it cannot be answered from here. Interrupt it.\n"),
             )
 
-        request = Request(
-            session.token, frontend.emit, no_input, self._policy, OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
-        )
+        budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+        request = Request(session.token, frontend.emit, no_input, self._policy, budget, fetch=fetcher(self._sandbox))
         folder = self.folder(session.session)
         n = offset = 0
         loop = asyncio.get_running_loop()
@@ -514,6 +513,7 @@ class SessionJournal:
                         return False
                 await _unless(stop, asyncio.sleep(FOLLOW_POLL_S))
         finally:
+            await request.settle()
             request.finish()
             if request.error is not None and not request.error_shown:
                 frontend.emit("error", request.error)

@@ -34,7 +34,7 @@ from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, QuotaExceeded, SandboxNotRunning, UsageError
 from .ladder import RunEnd, settle
 from .outputs import OutputBudget, OutputPolicy
-from .request import Request
+from .request import Request, fetcher
 from .runtime import call_source, fanout_call_source
 from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import SyncReport, WorkdirMirror
@@ -504,7 +504,7 @@ class MapCell:
         started = time.monotonic()
         exception: BackendError | None = None
         run_error: RunError | None = None
-        request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget)
+        request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox))
         worker.live = live
         try:
             try:
@@ -516,10 +516,11 @@ class MapCell:
             if runtime_missing(run_error):  # the daemon replaced a dead worker process: install the runtime again
                 request.finish()
                 live = await worker.supervisor.rebootstrap(live)
-                request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget)
+                request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox))
                 run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
         except BackendError as exc:
             exception = exc
+        await request.settle()  # the cell's large outputs, fetched from the worker's sandbox
         request.finish()
         while worker.supervisor.notices:
             out.notice(worker.supervisor.notices.pop(0))

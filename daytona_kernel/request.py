@@ -1,7 +1,9 @@
 """One request in flight: decodes its output stream and collects what it reports.
 
 Text becomes stream output; frames become typed events (``protocol``); a frame
-that does not fit becomes the request's error. Everything shown passes the
+that does not fit becomes the request's error. A frame whose large strings wait
+in a file in the sandbox (framing's ``split_blobs``) is fetched with one download
+while later output waits behind it, so everything is shown in the order it was made. Everything shown passes the
 output policy and the cell's output budget (``outputs``). Nothing the sandbox prints can
 raise out of here, so a hostile frame never cuts a run short (which would leave
 the rest of its output to show up in the next cell).
@@ -12,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .backends.base import Sandbox
 from .cell import Frontend, error_content, stderr, stdout
 from .comms import WIDGET_VIEW
-from .errors import DaytonaKernelError, ProtocolError
+from .errors import BackendError, DaytonaKernelError, ProtocolError
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import (
     CellError,
@@ -33,19 +35,22 @@ from .protocol import (
     UserExpressions,
     decode_event,
 )
-from .runtime.framing import BadFrame, Frame, FrameDecoder, Text
+from .runtime.framing import BadFrame, Frame, FrameDecoder, Text, join_blobs
 
 if TYPE_CHECKING:
     from .comms import CommBridge
 
 EmitCallback = Callable[[str, dict[str, Any]], None]
+Fetch = Callable[[str], Awaitable[bytes]]
+log = logging.getLogger("daytona_kernel.request")
 
 
 class Request:
     """See the module docstring. ``emit`` shows output; ``on_input`` handles input() requests.
     ``policy`` cleans what is shown (default: the safe policy); ``budget`` caps its size; ``comms``
     publishes comm messages and the output of frontend messages the sandbox handled (none: comm
-    frames are dropped, and widgets show their text)."""
+    frames are dropped, and widgets show their text); ``fetch`` downloads a file from the sandbox (without
+    it, a frame whose large strings wait in one is an error)."""
 
     def __init__(
         self,
@@ -55,6 +60,7 @@ class Request:
         policy: OutputPolicy | None = None,
         budget: OutputBudget | None = None,
         comms: CommBridge | None = None,
+        fetch: Fetch | None = None,
     ) -> None:
         self._decoder = FrameDecoder(token)
         self._comms = comms
@@ -63,6 +69,9 @@ class Request:
         self._on_input = on_input
         self._policy = policy or OutputPolicy(trusted=False)
         self._budget = budget or OutputBudget(0)
+        self._fetch = fetch
+        self._held: list[tuple[Callable[[Any], None], Any]] | None = None  # output waiting behind a fetch
+        self._fetching: asyncio.Future[None] | None = None
         self.error: dict[str, Any] | None = None
         self.error_shown = False  # the error output was already emitted, in its place among the outputs
         self._error_pending = False  # the error is emitted before the next output, if one follows
@@ -77,16 +86,25 @@ class Request:
 
     def on_stdout(self, text: str) -> None:
         for event in self._decoder.feed(text):
-            self._handle(event)
+            self._in_order(self._handle, event)
 
     def on_stderr(self, text: str) -> None:
-        self._stream(stderr(text))
+        self._in_order(self._stream, stderr(text))
+
+    async def settle(self) -> None:
+        """Wait until the large strings of every frame so far are fetched and shown."""
+        while self._fetching is not None:
+            await self._fetching
 
     def finish(self) -> None:
         """The run is over: release what the decoder held back, then say what was removed
-        or dropped (each notice once). Safe to call twice."""
+        or dropped (each notice once). Safe to call twice. Output still waiting for a
+        fetch (``settle`` was not awaited: the run failed) is shown without it."""
+        if self._fetching is not None:
+            self._fetching.cancel()
+            self._release(BadFrame("the run ended before the file of its large strings was fetched from the sandbox"))
         for event in self._decoder.flush():
-            self._handle(event)
+            self._in_order(self._handle, event)
         for notice in (self._policy.take_notice(), self._budget.take_notice()):
             if notice:
                 self._emit("stream", stderr(notice))
@@ -121,13 +139,25 @@ class Request:
         else:
             self._emit("stream", stderr(f"{content['ename']}: {content['evalue']}\n"))
 
+    def _in_order(self, handle: Callable[[Any], None], item: Any) -> None:
+        if self._held is not None:
+            self._held.append((handle, item))
+        else:
+            handle(item)
+
     def _handle(self, event: Text | Frame | BadFrame) -> None:
         if isinstance(event, Text):
             self._stream(stdout(event.text))
             return
+        if isinstance(event, Frame) and event.blobs is not None and self._fetch is not None:
+            self._held = []
+            self._fetching = asyncio.ensure_future(self._fetch_blobs(event))
+            return
         try:
             if isinstance(event, BadFrame):
                 raise ProtocolError(event.reason)
+            if isinstance(event, Frame) and event.blobs is not None:
+                raise ProtocolError("a frame's large strings wait in a file, and this request cannot fetch files")
             self._apply(decode_event(event))
         except ProtocolError as exc:
             self.fail(
@@ -136,6 +166,25 @@ class Request:
                     f"The sandbox sent output the kernel could not use: {exc}. It was dropped; the cell's other output is shown.",
                 )
             )
+
+    async def _fetch_blobs(self, frame: Frame) -> None:
+        """Download the file of ``frame``'s large strings, show the frame, then the output that waited for it."""
+        assert frame.blobs is not None and self._fetch is not None
+        event: Frame | BadFrame
+        try:
+            data = await self._fetch(frame.blobs.path)
+            event = Frame(frame.kind, join_blobs(frame.payload, frame.blobs, data))
+        except Exception as exc:  # whatever went wrong, the cell's other output is still shown
+            log.warning("could not fetch %s from the sandbox: %r", frame.blobs.path, exc)
+            event = BadFrame(f"the file of its large strings could not be fetched from the sandbox ({exc})")
+        self._release(event)
+
+    def _release(self, event: Frame | BadFrame) -> None:
+        """The fetch is over: show its frame, then the output that waited (which may wait for the next fetch)."""
+        held, self._held, self._fetching = self._held or [], None, None
+        self._handle(event)
+        for handle, item in held:
+            self._in_order(handle, item)
 
     def _apply(self, event: Any) -> None:
         if isinstance(event, Output):
@@ -191,6 +240,18 @@ class Request:
             self._comms.from_sandbox(event, self._under, self._budget)
         else:
             self._comms.ack(event)
+
+
+def fetcher(sandbox: Sandbox) -> Fetch:
+    """A Request's ``fetch``: one file from ``sandbox`` (a cell's large output strings), or BackendError."""
+
+    async def fetch(path: str) -> bytes:
+        got = (await sandbox.download([path])).get(path)
+        if not isinstance(got, bytes):
+            raise BackendError(f"could not download {path}: {got.message if got is not None else 'no answer'}")
+        return got
+
+    return fetch
 
 
 class InputBridge:

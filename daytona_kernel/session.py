@@ -27,7 +27,7 @@ from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
-from .request import InputBridge, Request
+from .request import InputBridge, Request, fetcher
 from .runtime import call_source, journal_call_source
 from .supervisor import RUNTIME_CALL_TIMEOUT_S, ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
@@ -236,6 +236,7 @@ class RuntimeSession:
             if bridge is not None:
                 bridge.cancel()
         assert request is not None
+        await request.settle()
         request.finish()
         end = RunEnd(
             exception,
@@ -266,7 +267,7 @@ class RuntimeSession:
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None
-        self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms)
+        self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox))
         return self._current
 
     # -- widgets: frontend comm messages into the sandbox --------------------------

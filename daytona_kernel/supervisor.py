@@ -61,6 +61,7 @@ class ContextSupervisor:
         self._log = log
         self._runtime_options = dict(runtime_options)
         self._runtime_options["output_limit_chars"] = int(settings.output_limit_mb * 1024 * 1024)
+        self._runtime_options["blob_chars"] = sandbox.blob_chars
         self.notices: list[str] = []  # for the user, shown before the next cell's output
         self._sandbox_started = False
         self._starting: asyncio.Future[Live] | None = None

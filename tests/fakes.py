@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from daytona_kernel.backends.base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox
 from daytona_kernel.runtime import HANDLE
-from daytona_kernel.runtime.framing import Kind, encode_frame
+from daytona_kernel.runtime.framing import PIECE_CHARS, Kind, encode_frame
 
 TOKEN_IN_BOOTSTRAP = re.compile(r"Runtime\('([0-9a-f]+)'")
 Item = Any  # str | _Frame | _Raw
@@ -102,7 +102,7 @@ class FakeContext(Context):
 
     def _render(self, item: Item) -> str:
         if isinstance(item, _Frame):
-            pieces = encode_frame(self.token, item.kind, item.payload, **({"piece_chars": item.piece_chars} if item.piece_chars else {}))
+            pieces = encode_frame(self.token, item.kind, item.payload, item.piece_chars or PIECE_CHARS)
             return "".join(pieces)
         if isinstance(item, _Raw):
             return item.render(self.token)

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import json
 
-from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, BadFrame, Frame, FrameDecoder, Text, encode_frame
+from daytona_kernel.runtime.framing import (
+    MARK,
+    PIECE_CHARS,
+    BadFrame,
+    Blobs,
+    Frame,
+    FrameDecoder,
+    Text,
+    encode_frame,
+    join_blobs,
+    split_blobs,
+)
 
 TOKEN = "0123456789abcdef"
 
@@ -52,6 +63,52 @@ def test_large_payload_is_split_into_ascii_pieces_under_the_limit() -> None:
         assert len(json.dumps({"type": "stdout", "text": line})) < 1024 * 1024
     assert feed_all(["".join(lines)]) == [Frame("display", payload)]
     assert feed_all(lines) == [Frame("display", payload)]
+
+
+def test_escape_heavy_pieces_stay_under_the_daemon_line_cap_once_the_worker_escapes_them_again() -> None:
+    """The worker JSON-encodes each frame line again: a quote or backslash (2 characters in the frame) becomes
+    4, so a piece can double; PIECE_CHARS must stay under half the daemon's 1 MiB line (512 KiB would not)."""
+    for text in ('"' * 1_000_000, "\\" * 1_000_000, "\x01" * 1_000_000, "é" * 1_000_000, '\\"\x1e' * 300_000):
+        lines = encode_frame(TOKEN, "display", {"data": {"text/plain": text}})
+        assert len(lines) > 1
+        for line in lines:
+            assert len(json.dumps({"type": "stdout", "text": line}).encode()) < 1024 * 1024
+        assert feed_all(lines) == [Frame("display", {"data": {"text/plain": text}})]
+
+
+def test_large_strings_travel_in_a_file_and_are_put_back_in_their_places() -> None:
+    big, other, odd = "A" * 5000, "é✓" * 3000, "\ud800" * 6000
+    payload = {"data": {"image/png": big, "text/plain": "small"}, "list": [1, other], "odd": odd}
+    thin, found = split_blobs(payload, 4096)
+    assert payload["data"]["image/png"] == big  # the caller's payload is left alone
+    assert thin == {"data": {"image/png": "", "text/plain": "small"}, "list": [1, ""], "odd": odd}  # a lone surrogate stays
+    sizes = [[keys, len(data)] for keys, data in found]
+    lines = encode_frame(TOKEN, "display", thin, blobs={"path": "/tmp/out-0", "sizes": sizes})
+    assert len("".join(lines)) < 40_000  # what the frame line still carries: the odd string, escaped
+    (event,) = feed_all(lines)
+    assert isinstance(event, Frame) and event.blobs == Blobs("/tmp/out-0", [(["data", "image/png"], 5000), (["list", 1], 15000)])
+    assert join_blobs(event.payload, event.blobs, b"".join(data for _, data in found)) == payload
+    assert split_blobs({"text/plain": "short"}, 4096) == ({"text/plain": "short"}, [])
+
+
+def test_a_file_of_large_strings_that_does_not_fit_its_frame_is_refused() -> None:
+    def check(payload: object, sizes: list[tuple[list[str | int], int]], data: bytes, why: str) -> None:
+        try:
+            join_blobs(payload, Blobs("/p", sizes), data)
+        except ValueError as exc:
+            assert why in str(exc)
+        else:
+            raise AssertionError(f"accepted {payload!r} {sizes!r}")
+
+    check({"a": ""}, [(["a"], 3)], b"abcd", "the file holds 4 bytes, the frame announced 3")
+    check({"a": "x"}, [(["a"], 3)], b"abc", "not empty")
+    check({"a": ""}, [(["b"], 3)], b"abc", "not in the frame")
+    check({"a": [""]}, [(["a", 1], 3)], b"abc", "not in the frame")
+    check({"a": ""}, [(["a"], 2)], b"\xff\xfe", "utf-8")
+    for blobs in ('"x"', '{"path": "", "sizes": []}', '{"path": "/p", "sizes": [[["a"], -1]]}', '{"path": "/p", "sizes": [[[], 1]]}',
+                  '{"path": "/p", "sizes": [[["a", true], 1]]}', '{"path": "/p", "sizes": [[["a"], 99999999999]]}'):
+        line = f"{MARK}{TOKEN} . [\"display\",{{\"a\":\"\"}},{blobs}]\n"
+        assert feed_all([line]) == [BadFrame("a frame's file of large strings is not described right")], blobs
 
 
 def test_spoofed_frame_with_wrong_token_is_plain_text() -> None:

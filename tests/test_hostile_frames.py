@@ -135,6 +135,48 @@ async def test_an_oversized_payload(monkeypatch: pytest.MonkeyPatch) -> None:
     await assert_rejected_for_its_cell_only(frame("display", big))
 
 
+# -- large strings in a file (framing's split_blobs) ------------------------------------
+
+
+def blob_frame(payload: dict[str, Any], path: str, sizes: list[Any]) -> Any:
+    return raw(lambda token: "".join(encode_frame(token, "display", payload, blobs={"path": path, "sizes": sizes})))
+
+
+async def test_a_file_of_large_strings_is_fetched_and_later_output_waits_for_it() -> None:
+    png = "iVBOR" * 100_000
+    sandbox = FakeSandbox(
+        [Run(["before\n", blob_frame({"data": {"image/png": "", "text/plain": "img"}}, "/tmp/out-0", [[["data", "image/png"], len(png)]]),
+              "after\n", frame("display", {"data": {"text/plain": "next"}})])]
+    )
+    sandbox.files["/tmp/out-0"] = png.encode()
+    session = RuntimeSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    front = Recorder()
+    outcome = await session.execute(Cell("cell", 1), front)
+    assert outcome.error is None, outcome.error
+    assert [(kind, content.get("text") or content["data"].get("image/png") or content["data"]["text/plain"]) for kind, content in front.outputs] == [
+        ("stream", "before\n"), ("display", png), ("stream", "after\n"), ("display", "next")
+    ]
+
+
+async def test_a_file_of_large_strings_that_is_not_there() -> None:
+    await assert_rejected_for_its_cell_only(blob_frame({"data": {"image/png": ""}}, "/tmp/gone", [[["data", "image/png"], 10]]))
+
+
+async def test_a_file_of_large_strings_that_does_not_fit_its_frame() -> None:
+    sandbox = FakeSandbox([Run(["before\n", blob_frame({"data": {"image/png": ""}}, "/etc/passwd", [[["data", "image/png"], 5]]), "after\n"])])
+    sandbox.files["/etc/passwd"] = b"root:x:0:0"
+    session = RuntimeSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    front = Recorder()
+    outcome = await session.execute(Cell("cell", 1), front)
+    assert outcome.error is not None and outcome.error["ename"] == PROTOCOL_ERROR
+    assert "the file holds 10 bytes, the frame announced 5" in outcome.error["evalue"]
+    assert front.text() == "before\nafter\n" and "root" not in str(front.outputs)
+
+
+async def test_a_file_of_large_strings_larger_than_any_frame() -> None:
+    await assert_rejected_for_its_cell_only(blob_frame({"data": {"image/png": ""}}, "/tmp/x", [[["data", "image/png"], 2**40]]))
+
+
 def test_an_overlong_frame_line_is_dropped_as_soon_as_it_passes_the_limit() -> None:
     dec = FrameDecoder("tok")
     events = dec.feed(MARK + "tok . " + "x" * 1000)

@@ -70,6 +70,31 @@ def test_a_five_megabyte_image_arrives_intact(kernel: Kernel) -> None:
     assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
 
 
+def test_a_large_output_travels_as_a_file_in_its_place_and_the_next_cell_removes_it(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Strings past the backend's blob_chars leave the line protocol (one download), on both backends."""
+    code = (
+        "import os, sys, base64\nrt = sys.stdout._rt\nblob = os.urandom(3 * 1024 * 1024)\nprint('before', flush=True)\n"
+        "display({'image/png': base64.b64encode(blob).decode(), 'text/plain': 'img'}, raw=True)\n"
+        "print('after', [n for n in os.listdir(rt._private_dir()) if n.startswith('out-')], flush=True)\n"
+        "display({'text/plain': 'small'}, raw=True)\nimport hashlib\nhashlib.sha256(blob).hexdigest()"
+    )
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        k.execute("pass")  # the start's status lines
+        downloads = emulator.count("bulk-download")
+        run = k.execute(code, timeout=120)
+        assert run.status == "ok", run.errors
+        shown = [(m["msg_type"], m["content"].get("text") or m["content"]["data"].get("text/plain")) for m in run.outputs]
+        assert shown == [("stream", "before\n"), ("display_data", "img"), ("stream", "after ['out-0']\n"), ("display_data", "small"),
+                         ("execute_result", run.of_type("execute_result")[0]["data"]["text/plain"])]
+        png = run.of_type("display_data")[0]["data"]["image/png"]
+        digest = run.of_type("execute_result")[0]["data"]["text/plain"].strip("'")
+        assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
+        if kernel_name == "daytona":
+            assert emulator.count("bulk-download") == downloads + 1
+        left = k.execute("[n for n in os.listdir(rt._private_dir()) if n.startswith('out-')]")
+        assert left.of_type("execute_result")[0]["data"]["text/plain"] == "[]"
+
+
 def test_error_cell_has_one_error_output_showing_the_users_line(kernel: Kernel) -> None:
     run = kernel.execute("a = 1\nb = [a]\nb[5]")
     assert run.status == "error"

@@ -110,6 +110,9 @@ class Sandbox(abc.ABC):
     """Seconds without activity after which the sandbox pauses itself (0: it does not)."""
     temp_dir: str = "/tmp"
     """The sandbox's folder for short-lived files (the runtime's comm inbox)."""
+    blob_chars: int = 1024 * 1024
+    """A string in a cell's output this long travels as a file the kernel downloads, not through the
+    interpreter's output lines (0: never). See docs/benchmarks.md for what each way costs."""
 
     def storage_options(self) -> dict[str, str]:
         """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""

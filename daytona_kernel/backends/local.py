@@ -321,6 +321,8 @@ class LocalContext(Context):
 class LocalSandbox(Sandbox):
     """A local stand-in for a Daytona sandbox. See the module docstring."""
 
+    blob_chars = 64 * 1024  # a file on this machine costs less than a JSON pass over 64 KiB (docs/benchmarks.md)
+
     def __init__(self, config: LocalSettings, workspace_key: str, volume: bool = True) -> None:
         """``volume=False``: no durable copy of the working directory (a ``%%daytona map`` worker)."""
         self._config = config

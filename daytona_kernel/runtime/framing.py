@@ -16,6 +16,13 @@ payloads are split so that no line comes near the Daytona daemon's 1 MiB line
 limit. The JSON is ASCII-only, so a piece's length is its size in bytes, and a
 frame line never contains a raw record separator or newline.
 
+Large strings (a 2 MB image's base64) can leave the line protocol: the runtime
+writes their UTF-8 bytes, one after another, to a file in the sandbox and the
+frame's JSON becomes ``[kind, payload, {"path": ..., "sizes": [[keys, nbytes], ...]}]``
+with ``""`` where each string was (``split_blobs``). The kernel downloads the
+file in one request and puts the strings back (``join_blobs``): no JSON
+encoding, decoding or daemon line for those bytes.
+
 The decoder finds a frame header wherever it sits in the stream (a lone
 record separator in user output does not hide the frame after it), never
 re-scans text it has already seen, and caps the size of every piece and every
@@ -32,12 +39,13 @@ Examples:
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Tuple, Union
 
 VERSION = 1
 MARK = "\x1eDKF%d " % VERSION
-PIECE_CHARS = 128 * 1024
+PIECE_CHARS = 384 * 1024  # at most twice this once the worker JSON-encodes a line again: under its 1 MiB cap
 MAX_PAYLOAD_CHARS = 64 * 1024 * 1024  # one reassembled frame; larger ones are dropped as a BadFrame
+BLOB_MAX_DEPTH = 8  # how deep in a payload split_blobs looks for large strings
 RECORD_SEPARATOR = "\x1e"
 KERNEL_MAGICS = ("sync", "upload", "download", "daytona")  # run in the kernel, never in the sandbox
 
@@ -83,20 +91,38 @@ class Text(object):
         return "Text(%r)" % (self.text,)
 
 
-class Frame(object):
-    """One decoded frame: a kind (``display``, ``error`` ...) and its payload (still unvalidated)."""
+class Blobs(object):
+    """Where a frame's large strings wait in the sandbox: a file, and each string's place and size in bytes."""
 
-    __slots__ = ("kind", "payload")
+    __slots__ = ("path", "sizes")
 
-    def __init__(self, kind: str, payload: Any) -> None:
-        self.kind = kind
-        self.payload = payload
+    def __init__(self, path: str, sizes: List[Tuple[List[Union[str, int]], int]]) -> None:
+        self.path = path
+        self.sizes = sizes
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Frame) and (other.kind, other.payload) == (self.kind, self.payload)
+        return isinstance(other, Blobs) and (other.path, other.sizes) == (self.path, self.sizes)
 
     def __repr__(self) -> str:
-        return "Frame(%r, %r)" % (self.kind, self.payload)
+        return "Blobs(%r, %r)" % (self.path, self.sizes)
+
+
+class Frame(object):
+    """One decoded frame: a kind (``display``, ``error`` ...) and its payload (still unvalidated).
+    ``blobs``: the payload's large strings are in a file, still to be fetched (``join_blobs``)."""
+
+    __slots__ = ("kind", "payload", "blobs")
+
+    def __init__(self, kind: str, payload: Any, blobs: Optional[Blobs] = None) -> None:
+        self.kind = kind
+        self.payload = payload
+        self.blobs = blobs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Frame) and (other.kind, other.payload, other.blobs) == (self.kind, self.payload, self.blobs)
+
+    def __repr__(self) -> str:
+        return "Frame(%r, %r%s)" % (self.kind, self.payload, ", %r" % (self.blobs,) if self.blobs else "")
 
 
 class BadFrame(object):
@@ -117,9 +143,9 @@ class BadFrame(object):
 Event = Union[Text, Frame, BadFrame]
 
 
-def encode_frame(token: str, kind: str, payload: Any, piece_chars: int = PIECE_CHARS) -> list[str]:
-    """Return the lines (each ending in a newline) that carry one frame."""
-    body = json.dumps([kind, payload], ensure_ascii=True, separators=(",", ":"), default=repr)
+def encode_frame(token: str, kind: str, payload: Any, piece_chars: int = PIECE_CHARS, blobs: Optional[dict] = None) -> list[str]:
+    """Return the lines (each ending in a newline) that carry one frame; ``blobs`` as ``split_blobs`` made them."""
+    body = json.dumps([kind, payload] if blobs is None else [kind, payload, blobs], ensure_ascii=True, separators=(",", ":"), default=repr)
     head = MARK + token + " "
     if len(body) <= piece_chars:
         return [head + ". " + body + "\n"]
@@ -127,6 +153,60 @@ def encode_frame(token: str, kind: str, payload: Any, piece_chars: int = PIECE_C
     lines = [head + "+ " + p + "\n" for p in pieces[:-1]]
     lines.append(head + ". " + pieces[-1] + "\n")
     return lines
+
+
+def split_blobs(payload: Any, min_chars: int) -> Tuple[Any, List[Tuple[List[Union[str, int]], bytes]]]:
+    """Take the strings of at least ``min_chars`` out of a payload's dicts and lists.
+
+    Returns a copy of the payload with ``""`` in their places (the original is
+    left alone), and each string's keys and UTF-8 bytes. A string that cannot
+    be encoded (a lone surrogate) stays in place, for the JSON to escape.
+    """
+    found: List[Tuple[List[Union[str, int]], bytes]] = []
+
+    def walk(node: Any, keys: List[Union[str, int]]) -> Any:
+        if isinstance(node, str):
+            if len(node) >= min_chars:
+                try:
+                    found.append((keys, node.encode("utf-8")))
+                    return ""
+                except UnicodeEncodeError:
+                    pass
+            return node
+        if len(keys) >= BLOB_MAX_DEPTH:
+            return node
+        if isinstance(node, dict):
+            return {k: walk(v, keys + [k]) if isinstance(k, str) else v for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, keys + [i]) for i, v in enumerate(node)]
+        return node
+
+    thin = walk(payload, [])
+    return (thin, found) if found else (payload, [])
+
+
+def join_blobs(payload: Any, blobs: Blobs, data: bytes) -> Any:
+    """Put a frame's large strings back from the bytes of its file; ValueError if they do not fit."""
+    if sum(size for _, size in blobs.sizes) != len(data):
+        raise ValueError("the file holds %d bytes, the frame announced %d" % (len(data), sum(s for _, s in blobs.sizes)))
+    start, view = 0, memoryview(data)
+    for keys, size in blobs.sizes:
+        node = payload
+        for key in keys[:-1]:
+            node = _child(node, key)
+        if _child(node, keys[-1]) != "":
+            raise ValueError("a large string's place in the frame is not empty")
+        node[keys[-1]] = str(view[start : start + size], "utf-8")  # no copy of the bytes first
+        start += size
+    return payload
+
+
+def _child(node: Any, key: Union[str, int]) -> Any:
+    if isinstance(node, dict) and isinstance(key, str) and key in node:
+        return node[key]
+    if isinstance(node, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(node):
+        return node[key]
+    raise ValueError("a large string's place is not in the frame")
 
 
 class FrameDecoder(object):
@@ -256,6 +336,30 @@ def _parse(body: str) -> Event:
         decoded = json.loads(body)
     except (ValueError, RecursionError) as exc:
         return BadFrame("a frame is not valid JSON (%s)" % (type(exc).__name__,))
-    if not (isinstance(decoded, list) and len(decoded) == 2 and isinstance(decoded[0], str)):
+    if not (isinstance(decoded, list) and len(decoded) in (2, 3) and isinstance(decoded[0], str)):
         return BadFrame("a frame is not a [kind, payload] pair")
-    return Frame(decoded[0], decoded[1])
+    if len(decoded) == 2:
+        return Frame(decoded[0], decoded[1])
+    blobs = _blobs(decoded[2])
+    if blobs is None:
+        return BadFrame("a frame's file of large strings is not described right")
+    return Frame(decoded[0], decoded[1], blobs)
+
+
+def _blobs(value: Any) -> Optional[Blobs]:
+    """The ``{"path", "sizes"}`` of a frame, checked (never more than MAX_PAYLOAD_CHARS bytes in all), or None."""
+    if not isinstance(value, dict) or not isinstance(value.get("path"), str) or not isinstance(value.get("sizes"), list):
+        return None
+    sizes: List[Tuple[List[Union[str, int]], int]] = []
+    for item in value["sizes"]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and item[0]):
+            return None
+        keys, size = item
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
+            return None
+        if not all(isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool)) for k in keys):
+            return None
+        sizes.append((keys, size))
+    if not value["path"] or sum(size for _, size in sizes) > MAX_PAYLOAD_CHARS:
+        return None
+    return Blobs(value["path"], sizes)

@@ -45,6 +45,7 @@ except ImportError:  # imported from the package (tests)
 Kind = _framing.Kind
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
 INPUT_POLL_S = 0.01
+CELL_BLOB_BYTES = 128 * 1024 * 1024  # large output strings one cell may leave in files; past this they go inline
 
 
 def _ipyshell_module():
@@ -84,7 +85,11 @@ class Runtime(object):
         self.output_used = 0
         self.dropped_chars = 0
         self._input_seq = 0
-        self._inbox_dir = None
+        self._inbox_dir = None  # the runtime's private folder: input() replies, files of large output strings
+        self._blob_chars = int(self.options.get("blob_chars") or 0)
+        self._blob_files = []  # this cell's files of large output strings (the kernel has fetched the last cell's)
+        self._blob_bytes = 0
+        self._in_cell = False
         self._widgets_noticed = False
         self.user_module = types.ModuleType("__main__")
         self.user_ns = self.user_module.__dict__
@@ -259,8 +264,38 @@ class Runtime(object):
             target = self._frame_target
             if target is None:
                 return
-            for line in _framing.encode_frame(self.token, kind, payload):
+            payload, blobs = self._spill(payload) if self._in_cell and self._blob_chars else (payload, None)
+            for line in _framing.encode_frame(self.token, kind, payload, blobs=blobs):
                 target.write(line)
+
+    def _spill(self, payload):
+        """A cell's large output strings go into a file the kernel downloads in one request, instead of
+        through JSON and the daemon's lines (framing's ``split_blobs``). Returns (payload, blobs or None);
+        when the file cannot be written (a full disk) or the cell wrote too many, the frame carries everything."""
+        thin, found = _framing.split_blobs(payload, self._blob_chars)
+        size = sum(len(data) for _, data in found)
+        if not found or self._blob_bytes + size > CELL_BLOB_BYTES:
+            return payload, None
+        try:
+            path = os.path.join(self._private_dir(), "out-%d" % len(self._blob_files))
+            with open(path, "wb") as f:
+                for _, data in found:
+                    f.write(data)
+        except OSError:
+            return payload, None
+        self._blob_files.append(path)
+        self._blob_bytes += size
+        return thin, {"path": path, "sizes": [[keys, len(data)] for keys, data in found]}
+
+    def _drop_blobs(self):
+        """The last cell's files of large output strings: the kernel fetched them before it sent this cell."""
+        for path in self._blob_files:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        self._blob_files = []
+        self._blob_bytes = 0
 
     # -- requests ----------------------------------------------------------
 
@@ -276,7 +311,9 @@ class Runtime(object):
         if self.journal is not None and not self.journal.arm(count):
             return self.journal.refuse()  # another kernel attached to this session
         self.output_used = self.dropped_chars = 0
+        self._drop_blobs()
         with self.session():
+            self._in_cell = True
             for notice in self._notices:  # once per runtime, on the first cell's stderr
                 self.err.write(notice)
             self._notices = []
@@ -299,6 +336,7 @@ class Runtime(object):
                 with self.lock:
                     self.flush_streams_locked()
                     self._budget_notice()
+                    self._in_cell = False
                 self.output_used = self.dropped_chars = 0
 
     def deliver(self, messages, comms=None):
@@ -364,10 +402,8 @@ class Runtime(object):
             raise StdinNotImplementedError(
                 "%s was called, but this frontend does not support input requests." % name
             )
-        if self._inbox_dir is None:  # the pid tells `daytona-kernel gc` whether the folder is still in use
-            self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
         self._input_seq += 1
-        path = os.path.join(self._inbox_dir, "reply-%d.json" % self._input_seq)
+        path = os.path.join(self._private_dir(), "reply-%d.json" % self._input_seq)
         self.send(Kind.INPUT, {"prompt": prompt, "password": password, "path": path})
         reply = _read_reply(path)
         while reply is None:  # waiting outside any except block: Ctrl-C here is a plain KeyboardInterrupt
@@ -377,6 +413,12 @@ class Runtime(object):
         if reply.get("value") == "\x04":
             raise EOFError
         return reply.get("value", "")
+
+
+    def _private_dir(self):
+        if self._inbox_dir is None:  # the pid tells `daytona-kernel gc` whether the folder is still in use
+            self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
+        return self._inbox_dir
 
 
 class _ActiveSession(object):
