@@ -8,6 +8,7 @@ stopped sandbox back. Everyone else asks it for the live context (``ready``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import posixpath
@@ -24,7 +25,7 @@ from . import ipython_bundle
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .protocol import Hello
 from .request import Request
-from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, unpack_ipython_code
+from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, discard_file_code, unpack_ipython_code
 
 if TYPE_CHECKING:
     from .attach import SessionJournal
@@ -179,11 +180,17 @@ class ContextSupervisor:
         """
         self.report("installing IPython in the sandbox (once per sandbox)…")
         started = time.monotonic()
-        archive = hello.ipython_cache + ".tar.gz"
+        archive = f"{hello.ipython_cache}.{secrets.token_hex(4)}.tar.gz"  # its own: kernels may ship at once
         output: list[str] = []
         try:
             data = await asyncio.to_thread(ipython_bundle.archive, hello.python)
-            await self.sandbox.upload([(data, archive)])
+            try:
+                await self.sandbox.upload([(data, archive)])
+            except DaytonaKernelError:
+                # the daemon writes in place: an upload that failed (a full disk) leaves a truncated file
+                with contextlib.suppress(DaytonaKernelError):
+                    await context.run_code(discard_file_code(archive), output.append, output.append, RUNTIME_CALL_TIMEOUT_S)
+                raise
             code = unpack_ipython_code(archive, hello.ipython_cache)
             error = await context.run_code(code, output.append, output.append, RUNTIME_CALL_TIMEOUT_S)
         except DaytonaKernelError as exc:

@@ -297,6 +297,7 @@ class DaytonaEmulator:
         # snapshots by name: their resources ({"cpu", "mem", "disk", "gpu"}); a snapshot create takes them
         self.snapshots: dict[str, dict[str, int]] = {}
         self.state_events = True  # the Socket.IO gateway; set before start()
+        self.upload_space: int | None = None  # bytes the sandboxes' disks still take through bulk upload (None: no limit)
         self._failing_pauses: list[tuple[str, bool]] = []  # (errorReason, recoverable) for the next pause jobs
         self._fail_after_create: list[int] = []  # statuses for the next creates, answered after creating
         self.create_rate: tuple[int, float] | None = None  # (creates, seconds): Daytona's sandbox-create throttler
@@ -1281,10 +1282,14 @@ class DaytonaEmulator:
     # -- files ---------------------------------------------------------------
 
     async def bulk_upload(self, request: web.Request) -> web.Response:
+        """fs/upload_files.go: each file written in place (os.Create, then io.Copy: no temp file and rename);
+        a file that fails is reported and left as far as it was written; any failure makes the answer a 400
+        listing them. ``upload_space`` (bytes, None = unlimited) is what the sandbox's disk still takes."""
         sandbox = self._started(request)
         reader = await request.multipart()
         paths: dict[str, str] = {}
-        written = 0
+        files: list[dict[str, Any]] = []
+        errors: list[str] = []
         async for part in reader:
             name = part.name or ""
             if name.endswith(".path"):
@@ -1296,11 +1301,20 @@ class DaytonaEmulator:
                     raise BadRequest(f"part {name} has no destination path")
                 target = self.host_path(sandbox, dest)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(await part.read(decode=False))
-                written += 1
+                data = await part.read(decode=False)
+                room = len(data) if self.upload_space is None else max(self.upload_space, 0)
+                target.write_bytes(data[:room])
+                if self.upload_space is not None:
+                    self.upload_space -= min(room, len(data))
+                if room < len(data):
+                    errors.append(f"{dest}: write: write {dest}: no space left on device")
+                    continue
+                files.append({"path": dest, "bytes": len(data)})
             else:
                 raise BadRequest(f"unexpected multipart field {name!r}")
-        return web.json_response({"uploaded": written})
+        if errors:
+            return web.json_response({"errors": errors, "files": files}, status=400)
+        return web.json_response({"files": files})
 
     async def bulk_download(self, request: web.Request) -> web.StreamResponse:
         sandbox = self._started(request)

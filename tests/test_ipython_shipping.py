@@ -59,3 +59,46 @@ def test_an_offline_sandbox_without_ipython_gets_the_kernels(
         warm = time.monotonic() - started
         assert bare_emulator.counts[UPLOAD] == uploads  # cached on the sandbox's disk: shipped once
     print(f"first start with the IPython upload: {first:.2f} s; restart: {warm:.2f} s")
+
+
+def shipping_kernel(emu: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], Path, Path]:
+    """The kernel's environment, its notebook folder and the sandboxes' cache folder for the shipped IPython."""
+    home = tmp_path / "home"
+    home.mkdir()
+    kernel_home = os.environ.get("HOME", "")
+    monkeypatch.setenv("HOME", str(home))  # the emulated sandboxes' Python sees this home; the kernel keeps its own
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    return dict(emu.env(), HOME=kernel_home), folder, home / ".cache" / "daytona-kernel"
+
+
+def test_a_full_disk_leaves_no_truncated_archive_and_nothing_accumulates(
+    bare_emulator: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, folder, cache = shipping_kernel(bare_emulator, tmp_path, monkeypatch)
+    for _ in range(2):  # every start tries again, and leaves nothing behind
+        bare_emulator.upload_space = 64 * 1024  # the sandbox's disk takes 64 KiB more, then ENOSPC
+        with Kernel("daytona", env=env, cwd=str(folder)) as k:
+            run = k.execute("1 + 1")
+            assert result_text(run) == "2", run.errors
+            assert "could not install IPython in the sandbox" in run.text("stderr")
+            assert "no space left on device" in run.text("stderr")
+        assert sorted(p.name for p in cache.iterdir()) == [], "a truncated archive or a partial folder was left"
+    bare_emulator.upload_space = None
+
+
+def test_what_an_interrupted_shipping_left_is_removed_by_the_next(
+    bare_emulator: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, folder, cache = shipping_kernel(bare_emulator, tmp_path, monkeypatch)
+    name = f"ipython-{ipython_bundle.ipython_version()}-py{sys.version_info[0]}.{sys.version_info[1]}"
+    cache.mkdir(parents=True)
+    stale_part = cache / f"{name}.part-4242"  # a kernel that died while unpacking
+    (stale_part / "IPython").mkdir(parents=True)
+    stale_archive = cache / f"{name}.tar.gz"  # and one whose upload was cut
+    stale_archive.write_bytes(b"\x1f\x8b truncated")
+    for stale in (stale_part, stale_archive):
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    with Kernel("daytona", env=env, cwd=str(folder)) as k:
+        assert result_text(k.execute("type(get_ipython()).__name__")) == "'SandboxShell'"
+    assert sorted(p.name for p in cache.iterdir()) == [name]

@@ -34,22 +34,46 @@ IPYTHON_CACHE_SOURCE = (
 """The sandbox's folder for the IPython the kernel ships (``ship_ipython`` is its version), per Python version."""
 
 
+STALE_SHIPPING_S = 600  # a shipping folder or archive untouched this long was left by a kernel that failed or died
+
+
 def unpack_ipython_code(archive: str, folder: str) -> str:
-    """Code that unpacks a shipped IPython archive into its cache folder, whole or not at all."""
+    """Code that unpacks a shipped IPython archive into its cache folder, whole or not at all, and
+    removes the archive, its partial folder if the unpacking fails (a full disk), and what earlier
+    attempts left behind (``STALE_SHIPPING_S``): nothing accumulates on the sandbox's disk."""
     return (
         "def __dk_unpack(archive, folder):\n"
-        "    import os, shutil, tarfile\n"
-        "    part = folder + '.part-%d' % os.getpid()\n"
-        "    with tarfile.open(archive) as tar:\n"
-        "        tar.extractall(part, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))\n"
+        "    import glob, os, shutil, tarfile, time\n"
+        "    for stale in glob.glob(glob.escape(folder) + '.part-*') + glob.glob(glob.escape(folder) + '.*tar.gz'):\n"
+        "        try:\n"
+        f"            if stale != archive and time.time() - os.path.getmtime(stale) > {STALE_SHIPPING_S}:\n"
+        "                shutil.rmtree(stale) if os.path.isdir(stale) else os.remove(stale)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    part = folder + '.part-' + os.urandom(4).hex()\n"
         "    try:\n"
-        "        os.rename(part, folder)\n"
-        "    except OSError:  # another kernel unpacked it first\n"
+        "        with tarfile.open(archive) as tar:\n"
+        "            tar.extractall(part, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))\n"
+        "        try:\n"
+        "            os.rename(part, folder)\n"
+        "        except OSError:  # another kernel unpacked it first\n"
+        "            shutil.rmtree(part, ignore_errors=True)\n"
+        "    except BaseException:\n"
         "        shutil.rmtree(part, ignore_errors=True)\n"
-        "    os.remove(archive)\n"
+        "        raise\n"
+        "    finally:\n"
+        "        try:\n"
+        "            os.remove(archive)\n"
+        "        except OSError:\n"
+        "            pass\n"
         f"__dk_unpack({archive!r}, {folder!r})\n"
         "del __dk_unpack\n"
     )
+
+
+def discard_file_code(path: str) -> str:
+    """Code that removes a file if it is there (an upload that failed half-way left it truncated)."""
+    return f"try:\n    __import__('os').remove({path!r})\nexcept OSError:\n    pass\n"
 
 
 def _source(name: str) -> str:
