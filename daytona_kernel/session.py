@@ -82,7 +82,9 @@ class RuntimeSession:
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
         self._shut_down = False
-        self._last_cell_end = time.monotonic()  # when this kernel last kept the sandbox busy
+        # When this kernel last kept the sandbox busy, by the wall clock: Daytona counts idle time by it, and a
+        # monotonic clock stands still while a laptop sleeps (the sandbox may pause meanwhile).
+        self._last_cell_end = time.time()
 
     # -- lifecycle -------------------------------------------------------
 
@@ -120,7 +122,7 @@ class RuntimeSession:
             return await self._execute(cell, frontend)
         finally:
             self.in_cell, self._cell_inbox = False, None
-            self._last_cell_end = time.monotonic()
+            self._last_cell_end = time.time()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
 
@@ -143,7 +145,7 @@ class RuntimeSession:
         try:
             return await self.pool.run(spec, body, cell, frontend, self.supervisor)
         finally:
-            self._last_cell_end = time.monotonic()
+            self._last_cell_end = time.time()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
 
@@ -323,16 +325,18 @@ class RuntimeSession:
     def _may_have_paused(self) -> bool:
         """Idle long enough for the sandbox's auto-pause? (A cell that comes sooner pays no request for this.)"""
         pause_s = self.sandbox.auto_pause_s
-        return bool(pause_s) and time.monotonic() - self._last_cell_end >= pause_s - AUTO_PAUSE_MARGIN_S
+        return bool(pause_s) and time.time() - self._last_cell_end >= pause_s - AUTO_PAUSE_MARGIN_S
 
-    async def _resume(self, frontend: Frontend) -> None:
-        """Resume a paused sandbox, with one line saying so. Raises DaytonaKernelError if it cannot."""
+    async def _resume(self, frontend: Frontend) -> bool:
+        """Resume a paused sandbox, with one line saying so; False if it was not paused. Raises
+        DaytonaKernelError if it cannot."""
         try:
             took = await self.supervisor.resume(frontend.progress)
         finally:
             frontend.progress("")
         if took is not None:
             frontend.emit("stream", stderr(resumed_notice(took)))
+        return took is not None
 
     async def _recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
         generation = self.sandbox.generation
@@ -430,19 +434,34 @@ class RuntimeSession:
 
     # -- the workdir mirror ------------------------------------------------
 
-    async def _push(self, frontend: Frontend) -> dict[str, Any]:
-        """Upload local changes before a cell; returns the mirror's note for the runtime. Never fails the cell."""
+    async def _push(self, frontend: Frontend, resumed: bool = False) -> dict[str, Any]:
+        """Upload local changes before a cell; returns the mirror's note for the runtime. Never fails the cell.
+
+        An upload that fails because the sandbox was paused meanwhile (from the dashboard, or by auto-pause
+        while this laptop slept) resumes it and uploads again, so the cell sees the files edited meanwhile.
+        """
         if self.mirror is None:
             return {}
         try:
             report = await self.mirror.push(frontend.progress)
         except (DaytonaKernelError, OSError) as exc:
+            frontend.progress("")
+            if not resumed and isinstance(exc, DaytonaKernelError) and await self._resume_after(exc, frontend):
+                return await self._push(frontend, resumed=True)
             frontend.emit("stream", stderr(f"Could not sync your folder to the sandbox: {exc}\n"))
             return self.mirror.handover()
         finally:
             frontend.progress("")
         notify(report, frontend)
         return self.mirror.handover()
+
+    async def _resume_after(self, failure: DaytonaKernelError, frontend: Frontend) -> bool:
+        """Did ``failure`` come from a sandbox that was paused? Then it is resumed now."""
+        try:
+            return await self._resume(frontend)
+        except DaytonaKernelError as exc:
+            self._log.warning("after %s, the sandbox could not be resumed: %s", failure, exc)
+            return False
 
     async def _pull(self, changes: FileChanges, frontend: Frontend) -> None:
         """Download what the cell changed, before the cell's reply."""

@@ -164,6 +164,21 @@ def test_a_cell_after_the_auto_pause_interval_resumes_before_its_files_go_up(pau
         assert RESUMED in run.text("stderr") and "Could not sync" not in run.text("stderr")
 
 
+def test_a_pause_from_the_dashboard_right_after_a_cell_still_uploads_the_files_edited_meanwhile(
+    pausing: Any, tmp_path: Path
+) -> None:
+    """Daytona pauses by its own clock, or from the dashboard: the kernel cannot know it in advance."""
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 'kept'")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.pause_sandbox(sandbox.id)
+        pausing.wait_for_state(sandbox.id, "paused")
+        (tmp_path / "edited.txt").write_text("edited while paused")
+        run = k.execute("print(x, open('edited.txt').read())", timeout=30)
+        assert run.text() == "kept edited while paused\n", (run.errors, run.text("stderr"))
+        assert RESUMED in run.text("stderr") and "Could not sync" not in run.text("stderr")
+
+
 def test_a_cell_arriving_while_pausing_waits_for_paused_then_resumes(
     pausing: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -278,3 +293,35 @@ async def test_the_idle_checkpoint_is_armed_only_for_a_sandbox_that_stops() -> N
     timer.arm()
     assert timer._timer is not None
     timer.disarm()
+
+
+async def test_idle_time_is_counted_by_the_wall_clock_which_moves_on_while_a_laptop_sleeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A monotonic clock stands still during a suspend; Daytona's auto-pause does not."""
+    import logging
+    import time
+
+    from fakes import FakeSandbox, Run, frame
+
+    from daytona_kernel.cell import Cell, Recorder
+    from daytona_kernel.config import SessionSettings
+    from daytona_kernel.session import RuntimeSession
+
+    done = frame("result", {"data": {"text/plain": "1"}, "metadata": {}, "execution_count": 1})
+    sandbox = FakeSandbox([Run([done]), Run([done])])
+    sandbox.auto_pause_s = 15 * 60.0
+    asked: list[bool] = []
+
+    async def resume_if_paused(progress: Any) -> bool:
+        asked.append(True)
+        return False
+
+    sandbox.resume_if_paused = resume_if_paused  # type: ignore[method-assign]
+    session = RuntimeSession(sandbox, SessionSettings(), logging.getLogger("test-pause"))
+    await session.execute(Cell("1", 1), Recorder())
+    assert asked == []
+    slept_until = time.time() + 3600  # the lid was closed for an hour: only the wall clock moved
+    monkeypatch.setattr(time, "time", lambda: slept_until)
+    await session.execute(Cell("1", 2), Recorder())
+    assert asked == [True]  # checked (and resumed if paused) before the cell's files go up
