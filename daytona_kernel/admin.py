@@ -145,7 +145,7 @@ async def find_orphans(
     ``delete_stopped``, also stopped or archived ones idle past it (they count against the disk quota)."""
     from daytona import ListSandboxesQuery
 
-    from .backends.daytona import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time, state_name
+    from .backends.daytona_api import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time, state_name
 
     alive = running_kernel_ids()
     orphans: list[Orphan] = []
@@ -182,7 +182,7 @@ async def reclaim_sessions(client: Any, owner: str, config: DaytonaKernelConfig,
     from daytona import ListSandboxesQuery
 
     from .attach import reclaim_detached
-    from .backends.daytona import LABEL_APP, LABEL_OWNER, state_name
+    from .backends.daytona_api import LABEL_APP, LABEL_OWNER, state_name
     from .config import SANDBOX_WORKDIR
 
     from daytona.common.errors import DaytonaError
@@ -216,7 +216,7 @@ async def gc_daytona(
     from daytona import AsyncDaytona
     from daytona.common.errors import DaytonaError
 
-    from .backends.daytona import client_config, translate_error
+    from .backends.daytona_api import client_config, translate_error
     from .config import DaytonaSettings, settings_from
     from .identity import owner_id
 
@@ -460,7 +460,7 @@ async def _check_daytona(config: DaytonaKernelConfig, checks: Checks) -> None:
     from daytona import AsyncDaytona, ListSandboxesQuery
     from daytona.common.errors import DaytonaError
 
-    from .backends.daytona import client_config, state_name, translate_error
+    from .backends.daytona_api import client_config, state_name, translate_error
     from .config import DaytonaSettings, settings_from
 
     then = "then run `daytona-kernel doctor` again"

@@ -1,0 +1,331 @@
+"""The toolbox of a Daytona sandbox: files, processes, git and the interpreter, as the daemon in the
+sandbox offers them (``apps/daemon/pkg/toolbox``).
+
+These calls need a started sandbox; which sandbox that is, and what to make of a failure (did the
+sandbox stop? was it deleted?), is the lifecycle's business (``daytona.py``). The toolbox reaches it
+through ``ToolboxHost``, so it does not import the lifecycle class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import posixpath
+import re
+import shlex
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+import aiohttp
+from daytona import FileDownloadRequest, FileUpload
+from daytona.common.errors import DaytonaError
+
+from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxGone, SandboxNotRunning, SandboxPaused
+from .base import Context, ExecResult, FileError, OutputCallback, RunError
+from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES
+
+log = logging.getLogger("daytona_kernel.daytona")
+T = TypeVar("T")
+
+GIT_DEFAULT_USERNAME = "x-access-token"  # GIT_TOKEN alone: hosts that take a token accept any username
+FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
+DEFAULT_CONTEXT_ID = "default"  # the daemon's own context (interpreter/manager.go); never a kernel's
+WS_DONE = 1000
+WS_GOING_AWAY = 1001  # the daemon: the worker process ended, or the context was deleted
+WS_TIMEOUT = 4008  # the daemon: timeout, or a KeyboardInterrupt escaped the code
+
+
+class ToolboxHost(Protocol):
+    """What the toolbox needs from the lifecycle that owns it."""
+
+    @property
+    def sdk_sandbox(self) -> Any:
+        """The SDK's sandbox in use (raises SandboxNotRunning before there is one)."""
+
+    async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
+        """Run an SDK call through the one retry loop and error translation."""
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id, for messages."""
+
+    async def refresh_state(self) -> str:
+        """The sandbox's state now (raises SandboxGone when it no longer exists)."""
+
+
+async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse[bool]:
+    """The interpreter websocket, opened exactly as the SDK's ``run_code`` opens it.
+
+    ``AsyncCodeInterpreter.run_code`` appends every stdout piece to one growing
+    string (quadratic in the output), so the kernel reads the socket itself. The
+    SDK has no public call for the socket's URL and auth headers, so this small
+    adapter takes them, and the HTTP session, from the SDK's own clients, as
+    ``daytona/_async/code_interpreter.py`` does (the same from 0.207.1 to 0.226.1).
+    """
+    try:
+        from daytona.internal.shared_session import http_session_of
+
+        api = sandbox.code_interpreter._api_client
+        _, url, headers, *_ = api._execute_interpreter_code_serialize(
+            _request_auth=None, _content_type=None, _headers=None, _host_index=None
+        )
+        session = http_session_of(api.api_client)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise BackendError(
+            f"This version of the daytona package opens the interpreter differently ({exc}). "
+            "Install a daytona release between 0.207.1 and 0.226.1, or report it to daytona-kernel."
+        ) from exc
+    return await session.ws_connect(re.sub(r"^http", "ws", url), headers=headers)
+
+
+class DaytonaContext(Context):
+    """An interpreter context in a Daytona sandbox."""
+
+    def __init__(self, toolbox: DaytonaToolbox, context: Any) -> None:
+        self._toolbox = toolbox
+        self._host = toolbox.host
+        self._context = context
+        self.id = context.id
+
+    async def run_code(
+        self,
+        code: str,
+        on_stdout: OutputCallback,
+        on_stderr: OutputCallback,
+        timeout: float | None = None,
+    ) -> RunError | None:
+        sandbox = self._host.sdk_sandbox
+        try:
+            ws = await open_interpreter_socket(sandbox)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran: find out why
+            raise await self._toolbox.why_unreachable(exc) from exc
+        # The daemon reads "timeout" as whole seconds (0 = none; absent = 10 minutes).
+        request = {"code": code, "contextId": self.id, "timeout": math.ceil(timeout) if timeout else 0}
+        error: RunError | None = None
+        try:
+            await ws.send_str(json.dumps(request))
+            while True:
+                msg = await ws.receive()
+                if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                    chunk = json.loads(msg.data)
+                    kind = chunk.get("type")
+                    if kind == "stdout":
+                        on_stdout(chunk.get("text", ""))
+                    elif kind == "stderr":
+                        on_stderr(chunk.get("text", ""))
+                    elif kind == "error":
+                        error = RunError(chunk.get("name", ""), chunk.get("value", ""), chunk.get("traceback") or "")
+                    continue
+                close_code = msg.data if msg.type == aiohttp.WSMsgType.CLOSE else ws.close_code
+                reason = msg.extra if msg.type == aiohttp.WSMsgType.CLOSE else None
+                break
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise await self._toolbox.why_cut_off(self.id, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if not ws.closed:
+                await ws.close()
+        if close_code in (WS_DONE, None):
+            return error
+        if close_code == WS_TIMEOUT:  # a KeyboardInterrupt escaped, or the daemon killed the worker
+            raise ContextTimeout("timeout")
+        if close_code == WS_GOING_AWAY:  # the worker process ended, or the context was deleted
+            raise ContextDied("the interpreter process ended")
+        raise await self._toolbox.why_cut_off(self.id, f"{reason or 'the websocket closed'} (close code {close_code})")
+
+    async def close(self) -> None:
+        self._toolbox.forget(self)
+        sandbox = self._host.sdk_sandbox
+        try:
+            await sandbox.code_interpreter.delete_context(self._context)
+        except DaytonaError as exc:
+            log.info("could not delete context %s (%s); it goes away with the sandbox", self.id, exc)
+
+
+class DaytonaToolbox:
+    """Files, processes, git and interpreter contexts in the sandbox its host has started."""
+
+    def __init__(self, host: ToolboxHost, workdir: str) -> None:
+        self.host = host
+        self.workdir = workdir
+        self.contexts: list[DaytonaContext] = []  # ours, deleted at shutdown and restart
+
+    def forget(self, context: DaytonaContext) -> None:
+        if context in self.contexts:
+            self.contexts.remove(context)
+
+    async def why_unreachable(self, exc: BaseException) -> BackendError:
+        """The interpreter websocket did not open, so no code ran. Say why.
+
+        A stopped sandbox refuses the handshake with 400, a vanished one with 404;
+        the sandbox's state says which (FACTS.md, "Sandbox state seen from the websocket").
+        """
+        try:
+            state = await self.host.refresh_state()
+        except BackendError as inner:
+            return inner
+        if state in PAUSED_STATES:
+            return SandboxPaused(f"The sandbox {self.host.id} is {state}.")
+        if state != "started":
+            return SandboxNotRunning(f"The sandbox {self.host.id} is {state}.")
+        status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
+        if status in (401, 403):
+            return AuthError(
+                f"Daytona refused to open the interpreter ({status}): check DAYTONA_API_KEY and DAYTONA_TARGET, "
+                "then restart the kernel."
+            )
+        if status is None or status == 429 or status >= 500:
+            return SandboxNotRunning(f"The sandbox {self.host.id} did not answer ({type(exc).__name__}: {exc}).")
+        return BackendError(f"Could not reach the interpreter in sandbox {self.host.id}: {exc}")
+
+    async def why_cut_off(self, context_id: str, detail: str) -> BackendError:
+        """A running cell's stream broke. Did the sandbox stop, the worker die, or just the connection?"""
+        try:
+            state = await self.host.refresh_state()
+        except SandboxGone:
+            return ContextDied("the sandbox was deleted")
+        except BackendError as inner:
+            return ConnectionLost(f"The connection to the sandbox was lost ({detail}) and it cannot be reached: {inner}")
+        if state in PAUSED_STATES:
+            return ConnectionLost(
+                f"The sandbox was paused while the cell ran ({detail}). The cell carries on when the sandbox resumes; "
+                "its further output is lost. Your variables are kept."
+            )
+        if state != "started":
+            return ContextDied(f"the sandbox stopped ({state})")
+        if not await self.is_active(context_id):
+            return ContextDied("the interpreter process is gone")
+        return ConnectionLost(
+            f"The connection to the sandbox was lost while the cell ran ({detail}). The cell may still be "
+            "running there; its further output is lost. Your variables are kept."
+        )
+
+    async def _list_contexts(self) -> list[Any]:
+        sandbox = self.host.sdk_sandbox
+        return await self.host.api("list interpreter contexts", lambda: sandbox.code_interpreter.list_contexts())
+
+    async def create_context(self) -> DaytonaContext:
+        sandbox = self.host.sdk_sandbox
+        context = await self.host.api(
+            "create an interpreter context", lambda: sandbox.code_interpreter.create_context(cwd=self.workdir)
+        )
+        ours = DaytonaContext(self, context)
+        self.contexts.append(ours)
+        return ours
+
+    async def is_active(self, context_id: str) -> bool:
+        """Whether the context still has a live worker process."""
+        return any(c.id == context_id and c.active for c in await self._list_contexts())
+
+    async def contexts_by_id(self) -> dict[str, Any]:
+        """The live contexts of every kernel, without the daemon's own."""
+        return {c.id: c for c in await self._list_contexts() if c.id != DEFAULT_CONTEXT_ID and c.active}
+
+    async def adopt_context(self, context_id: str) -> DaytonaContext:
+        found = (await self.contexts_by_id()).get(context_id)
+        if found is None:
+            raise ContextDied(f"the interpreter context {context_id} is gone")
+        ours = DaytonaContext(self, found)
+        self.contexts.append(ours)
+        return ours
+
+    async def end_context(self, context_id: str) -> None:
+        found = (await self.contexts_by_id()).get(context_id)
+        if found is not None:
+            sandbox = self.host.sdk_sandbox
+            await self.host.api("delete an interpreter context", lambda: sandbox.code_interpreter.delete_context(found))
+
+    async def close_contexts(self) -> None:
+        for context in list(self.contexts):
+            await context.close()
+
+    async def other_kernels(self) -> int:
+        """How many interpreter contexts in the sandbox are not ours: each live kernel keeps one."""
+        return sum(1 for c in await self._list_contexts() if c.id != DEFAULT_CONTEXT_ID)
+
+    async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        sandbox = self.host.sdk_sandbox
+        response = await self.host.api(
+            "run a command in the sandbox",
+            lambda: sandbox.process.exec(command, cwd=self.workdir, timeout=int(timeout) if timeout else None),
+            retry=False,
+        )
+        return ExecResult(int(response.exit_code or 0), response.result or "")
+
+    async def upload(self, files: list[tuple[bytes, str]]) -> None:
+        sandbox = self.host.sdk_sandbox
+        uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
+        await self.host.api("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
+
+    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
+        sandbox = self.host.sdk_sandbox
+        results = await self.host.api(
+            "download files from the sandbox",
+            lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
+        )
+        out: dict[str, bytes | FileError] = {}
+        for item in results:
+            if item.error:
+                status = item.error_details.status_code if item.error_details is not None else None
+                out[item.source] = FileError(str(item.error), retry=status is None or status >= 500 or status in (408, 429))
+            else:
+                out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
+        return out
+
+    async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
+        """Clone with the daemon's go-git (apps/daemon/pkg/git/clone.go): a ``branch`` is read as
+        refs/heads/<branch>, ``commit_id`` is checked out after cloning the default branch, and
+        credentials count only when both are given (so a token alone gets a default username)."""
+        sandbox = self.host.sdk_sandbox
+        path = posixpath.join(self.workdir, dest)
+        if password and not username:
+            username = GIT_DEFAULT_USERNAME
+
+        async def clone(branch: str | None = None, commit_id: str | None = None) -> None:
+            await self.host.api(
+                "clone the repository",
+                lambda: sandbox.git.clone(
+                    url=url, path=path, branch=branch, commit_id=commit_id, username=username, password=password
+                ),
+                retry=False,
+            )
+
+        if not ref:
+            await clone()
+        elif FULL_SHA.fullmatch(ref):
+            await clone(commit_id=ref)
+        else:
+            try:
+                await clone(branch=ref)
+                return
+            except AuthError:
+                raise
+            except BackendError as exc:
+                log.info("cloning %s as branch %s failed (%s); trying it as a tag or commit", url, ref, exc)
+            await clone()  # the default branch, with the tags that point into it
+            result = await self.exec(f"git -C {shlex.quote(dest)} checkout --quiet {shlex.quote(ref)}", API_REQUEST_TIMEOUT_S)
+            if result.exit_code:
+                raise BackendError(
+                    f"repo_ref {ref!r} is not a branch of {url}, and `git checkout {ref}` in the clone failed: "
+                    f"{result.output.strip()}. Give a branch, a tag on the default branch, or a full 40-character commit id."
+                )
+
+    async def remove(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        command = "rm -f -- " + " ".join(shlex.quote(p) for p in paths)
+        result = await self.exec(command, timeout=API_REQUEST_TIMEOUT_S)
+        if result.exit_code:
+            raise BackendError(f"Could not delete files in the sandbox: {result.output.strip()}")
+
+    async def disk_use(self) -> str:
+        """Use of the sandbox's own disk; stopped sandboxes keep counting against the organisation's quota."""
+        result = await self.exec("df -Pk /", timeout=API_REQUEST_TIMEOUT_S)
+        fields = result.output.strip().splitlines()[-1].split() if result.exit_code == 0 else []
+        if len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
+            return f"unknown ({result.output.strip()[:80]})"
+        used_gib, size_gib = int(fields[2]) / 2**20, int(fields[1]) / 2**20
+        return (
+            f"{used_gib:.1f} of {size_gib:.1f} GiB used; stopped sandboxes count against your quota too "
+            "(`daytona-kernel gc` lists them)"
+        )

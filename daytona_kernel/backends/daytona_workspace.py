@@ -1,0 +1,289 @@
+"""A workspace's sandbox on Daytona: found by the labels this kernel puts on it, or created with the
+configuration, with its volume ready first.
+
+Settings are fixed when a sandbox is created (``apps/api/src/sandbox/services/sandbox.service.ts``),
+so a sandbox that is found again is compared with the configuration (``drift_notice``), and the idle
+interval is chosen at creation (``create``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import time
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+from daytona import (
+    AsyncDaytona,
+    CreateSandboxFromImageParams,
+    CreateSandboxFromSnapshotParams,
+    ListSandboxesQuery,
+    Resources,
+    VolumeMount,
+)
+from daytona.common.errors import DaytonaError
+
+from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
+from ..errors import BackendError
+from ..identity import owner_id
+from .base import IdleMode, ProgressCallback, SandboxPolicy
+from .daytona_api import (
+    GONE_STATES,
+    LABEL_APP,
+    LABEL_KERNEL,
+    LABEL_OWNER,
+    LABEL_POLICY,
+    LABEL_WORKSPACE,
+    RETRY_BUDGET_S,
+    SANDBOX_START_TIMEOUT_S,
+    call_api,
+    client_config,
+    is_refused,
+    state_name,
+    translate_error,
+)
+
+log = logging.getLogger("daytona_kernel.daytona")
+T = TypeVar("T")
+
+VOLUME_READY_TIMEOUT_S = 120.0
+VOLUME_POLL_S = 0.5
+
+
+class ApiCall(Protocol):
+    async def __call__(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T: ...
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Is one of two sandbox folders the other, or inside it?"""
+    a, b = posixpath.normpath(a), posixpath.normpath(b)
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def volume_mount_path(configured: str) -> tuple[str, str]:
+    """Where to mount the volume, and a notice when the configured mount_path cannot be used.
+
+    The working directory is on the sandbox's disk; a volume mounted at it (or
+    above it) would put it back on mount-s3, so such a mount_path (what it
+    meant in earlier versions) is replaced by the default.
+    """
+    if not overlaps(configured, SANDBOX_WORKDIR):
+        return configured, ""
+    return DEFAULT_MOUNT_PATH, (
+        f"mount_path={configured} would put the working directory on the volume, where renames, appends and "
+        f"seeks fail. The working directory is now {SANDBOX_WORKDIR} on the sandbox's disk and the volume, which "
+        f"keeps a durable copy of it, is mounted at {DEFAULT_MOUNT_PATH}. Remove mount_path from your configuration.\n"
+    )
+
+
+class WorkspaceSandboxes:
+    """Finds the workspace's sandbox, or creates it; owns the SDK client."""
+
+    def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str, api: ApiCall, api_url: str) -> None:
+        self._config = config
+        self._key = workspace_key
+        self._owner_id = owner_id()
+        self._kernel_id = kernel_id
+        self._api = api
+        self._api_url = api_url
+        self._client: AsyncDaytona | None = None
+        self.notices: list[str] = []  # about the configuration, for the user's first cell
+        self.policy = SandboxPolicy(config.sandbox_policy)
+        if config.gpu > 0 and self.policy is not SandboxPolicy.EPHEMERAL:
+            # FACTS.md "Control plane": the API refuses a GPU sandbox without autoDeleteInterval=0.
+            self.policy = SandboxPolicy.EPHEMERAL
+            self.notices.append(
+                "GPU sandboxes must be ephemeral on Daytona: this kernel gets a sandbox of its own, kept across "
+                "restarts and deleted at shutdown (sandbox_policy 'reuse' does not apply). Files on the volume stay.\n"
+            )
+        self.mount_path, notice = volume_mount_path(config.mount_path)
+        if notice:
+            self.notices.append(notice)
+        self.idle_why = ""  # why the sandbox this kernel created stops rather than pauses
+
+    @property
+    def subpath(self) -> str:
+        """This workspace's sub-folder of the volume, inside this installation's own folder."""
+        return f"{self._owner_id}/{self._key}"
+
+    def _client_or_open(self) -> AsyncDaytona:
+        if self._client is None:
+            try:
+                self._client = AsyncDaytona(client_config(self._config))
+            except DaytonaError as exc:
+                raise translate_error(exc, "connect to Daytona") from exc
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def labels(self) -> dict[str, str]:
+        labels = dict(self._config.labels)
+        labels.update(
+            {
+                LABEL_APP: "true",
+                LABEL_WORKSPACE: self._key,
+                LABEL_OWNER: self._owner_id,
+                LABEL_KERNEL: self._kernel_id,
+                LABEL_POLICY: self.policy.value,
+            }
+        )
+        return labels
+
+    def _identity(self, mine: bool) -> dict[str, str]:
+        """The labels that find this folder's sandbox, or (``mine``) the one this kernel created."""
+        labels = self.labels()
+        keys = (LABEL_APP, LABEL_OWNER, LABEL_WORKSPACE) + ((LABEL_KERNEL,) if mine else ())
+        return {key: labels[key] for key in keys}
+
+    async def ready_volume(self, progress: ProgressCallback) -> Any:
+        client = self._client_or_open()
+        name = self._config.volume_name
+        volume = await self._api(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
+        deadline = time.monotonic() + VOLUME_READY_TIMEOUT_S
+        while state_name(volume) != "ready":
+            state = state_name(volume)
+            if state == "error":
+                raise BackendError(
+                    f"The volume {name!r} is in the error state ({volume.error_reason or 'no reason given'}). "
+                    "Delete it in the Daytona dashboard or set DaytonaKernel.volume_name to another name."
+                )
+            if time.monotonic() > deadline:
+                raise BackendError(f"The volume {name!r} did not become ready within {VOLUME_READY_TIMEOUT_S:g} s (state {state}).")
+            progress(f"waiting for volume {name}… ({state})")
+            await asyncio.sleep(VOLUME_POLL_S)
+            volume = await self._api(f"check the volume {name!r}", lambda: client.volume.get(name))
+        return volume
+
+    async def find(self) -> Any:
+        """'reuse': the folder's sandbox. 'ephemeral': the one this kernel made before a restart (the
+        Jupyter kernel id, in a label, is the same across a restart)."""
+        self.idle_why = ""  # set by create, when this kernel makes the sandbox
+        return await self._find_by(self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL))
+
+    async def _find_by(self, labels: dict[str, str]) -> Any:
+        client = self._client_or_open()
+        query = ListSandboxesQuery(labels=labels)
+
+        async def first() -> Any:
+            async for sandbox in client.list(query):
+                if state_name(sandbox) not in GONE_STATES:
+                    return sandbox
+            return None
+
+        return await self._api("look for this notebook's sandbox", first)
+
+    def why_not_pause(self) -> str:
+        """Why this kernel does not ask Daytona to pause its sandbox when idle ("" when it does)."""
+        if self._config.idle_action != IdleMode.PAUSE.value:
+            return "idle_action is 'stop'"
+        if self.policy is SandboxPolicy.EPHEMERAL:
+            return "ephemeral sandboxes cannot pause"
+        if not self._config.auto_pause_interval:
+            return "auto_pause_interval is 0"
+        return ""
+
+    async def create(self, volume: Any, progress: ProgressCallback) -> Any:
+        """Create the sandbox. To pause when idle it is created with neither idle interval: Daytona then
+        gives a class that can pause auto-pause (with auto-stop off) and any other class auto-stop
+        (CreateSandbox.autoPauseInterval), so nothing is refused; the configured minutes are set after."""
+        self.idle_why = self.why_not_pause()
+        sandbox = await self._create_with(volume, progress, self._config.auto_stop_interval if self.idle_why else None)
+        if not self.idle_why:
+            await self._set_idle_interval(sandbox)
+        return sandbox
+
+    async def _set_idle_interval(self, sandbox: Any) -> None:
+        """Set the configured auto-pause minutes, or, on a sandbox Daytona gave auto-stop, the auto-stop minutes."""
+        cfg = self._config
+        if sandbox.auto_pause_interval:
+            if sandbox.auto_pause_interval != cfg.auto_pause_interval:
+                try:
+                    await self._api("set the auto-pause interval", lambda: sandbox.set_auto_pause_interval(cfg.auto_pause_interval))
+                except BackendError as exc:
+                    if not is_refused(exc):
+                        raise
+                    log.warning("Daytona refused auto_pause_interval=%s (%s); it stays %s min", cfg.auto_pause_interval, exc, sandbox.auto_pause_interval)
+            return
+        self.idle_why = f"Daytona does not pause sandboxes of class {sandbox.sandbox_class or '(unknown)'}"
+        if (sandbox.auto_stop_interval or 0) != cfg.auto_stop_interval:
+            await self._api("set the auto-stop interval", lambda: sandbox.set_autostop_interval(cfg.auto_stop_interval))
+
+    async def _create_with(self, volume: Any, progress: ProgressCallback, auto_stop_interval: int | None) -> Any:
+        client = self._client_or_open()
+        cfg = self._config
+        common: dict[str, Any] = dict(
+            labels=self.labels(),
+            env_vars={k: v for k, v in cfg.env.items()},
+            auto_stop_interval=auto_stop_interval,  # None: Daytona's default for the sandbox's class
+            auto_archive_interval=cfg.auto_archive_interval,  # 0 = the API's maximum, as the help text says
+            auto_delete_interval=0 if self.policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=self.mount_path, subpath=self.subpath)],
+            network_block_all=cfg.network_block_all or None,
+        )
+        if cfg.image:
+            resources = Resources(cpu=cfg.cpu or None, memory=cfg.memory or None, disk=cfg.disk or None, gpu=cfg.gpu or None)
+            params: Any = CreateSandboxFromImageParams(image=cfg.image, resources=resources, **common)
+            progress(f"creating sandbox… (image {cfg.image}; building it can take minutes)")
+        else:
+            params = CreateSandboxFromSnapshotParams(snapshot=cfg.snapshot or None, **common)
+            progress(f"creating sandbox… (snapshot {cfg.snapshot or 'default'})")
+        # Create is not idempotent (FACTS.md "Control plane"): after a 5xx or a lost connection the
+        # sandbox may exist all the same, so it is looked up by this kernel's labels before trying again.
+        sandbox = await call_api(
+            "create a sandbox",
+            lambda: client.create(params, timeout=SANDBOX_START_TIMEOUT_S),
+            api_url=self._api_url,
+            progress=progress,
+            budget_s=RETRY_BUDGET_S,
+            done_anyway=lambda: self._find_by(self._identity(mine=True)),
+        )
+        log.info("created sandbox %s for workspace %s", sandbox.id, self._key)
+        return sandbox
+
+    def volume_dir_in(self, sb: Any, workdir: str) -> tuple[str, str]:
+        """Where the volume is mounted in this sandbox ("" for nowhere usable), and a notice when the
+        working directory cannot be on the sandbox's disk.
+
+        A sandbox made before the working directory moved to the disk has the volume mounted at it;
+        it keeps working there, without a separate copy (mounts are fixed at creation).
+        """
+        mounts = [v.mount_path for v in (sb.volumes or [])]
+        if any(overlaps(m, workdir) for m in mounts):
+            return "", (
+                f"This sandbox was made with the volume mounted at the working directory {workdir}, where "
+                "renames, appends, zip files and sqlite fail. Delete the sandbox (or `%daytona recreate`) to get the "
+                "working directory on the sandbox's disk.\n"
+            )
+        return (self.mount_path if self.mount_path in mounts else ""), ""
+
+    def drift_notice(self, sb: Any, volume: Any) -> str:
+        """Settings are fixed at creation (FACTS.md "Control plane"): name what a reused sandbox no
+        longer matches, once, with the way out ("" when it matches). A volume mounted elsewhere moves
+        the working directory there, so the kernel keeps working."""
+        cfg = self._config
+        drift = []
+        if cfg.snapshot and not cfg.image and sb.snapshot != cfg.snapshot:
+            drift.append(f"snapshot {sb.snapshot} (configured: {cfg.snapshot})")
+        for name, want, have in (("cpu", cfg.cpu, sb.cpu), ("memory", cfg.memory, sb.memory), ("disk", cfg.disk, sb.disk), ("gpu", cfg.gpu, sb.gpu)):
+            if cfg.image and want and want != have:
+                drift.append(f"{name} {have} (configured: {want})")
+        env = sb.env or {}
+        changed = sorted(k for k, v in cfg.env.items() if env.get(k) != v)
+        if changed:
+            drift.append(f"environment variables {', '.join(changed)}")
+        mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
+        if not mounts:
+            drift.append(f"no volume {cfg.volume_name}")
+        elif all(v.mount_path != self.mount_path for v in mounts):
+            drift.append(f"the volume mounted at {mounts[0].mount_path} (configured: {self.mount_path})")
+        if not drift:
+            return ""
+        return (
+            f"The sandbox {sb.id} was created with other settings: {'; '.join(drift)}. It keeps its old "
+            "settings; run `%daytona recreate` to rebuild it with the current configuration (variables and "
+            "the sandbox's own disk are lost; the volume is kept).\n"
+        )
