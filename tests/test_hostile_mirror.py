@@ -170,9 +170,9 @@ def test_local_symlinked_folder_is_not_written_through(folder: Path, sandbox: Ho
 
 
 def test_without_dir_fd_support_a_symlinked_folder_is_still_not_written_through(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import daytona_kernel.sync as sync_module
+    import daytona_kernel.localfs as localfs
 
-    monkeypatch.setattr(sync_module, "_DIR_FD", False)  # as on a platform without openat()
+    monkeypatch.setattr(localfs, "_DIR_FD", False)  # as on a platform without openat()
     outside = tmp_path / "outside"
     outside.mkdir()
     (folder / "data").symlink_to(outside)
@@ -623,16 +623,16 @@ def test_the_sync_manifest_is_private(folder: Path, sandbox: HostileSandbox, con
 
 
 def test_scanning_hashing_and_reading_run_off_the_event_loop(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from daytona_kernel import sync
+    from daytona_kernel import manifest, sync
 
     for i in range(5):
         (folder / f"f{i}.txt").write_text(str(i))
     mirror = mirror_of(folder, sandbox, config)
     asyncio.run(mirror.push())
     threads: set[str] = set()
-    real_scan, real_hash = sync.scan, sync._hash
+    real_scan, real_hash = sync.scan, manifest._hash
     monkeypatch.setattr(sync, "scan", lambda *a, **k: (threads.add(threading.current_thread().name), real_scan(*a, **k))[1])
-    monkeypatch.setattr(sync, "_hash", lambda p: (threads.add(threading.current_thread().name), real_hash(p))[1])
+    monkeypatch.setattr(manifest, "_hash", lambda p: (threads.add(threading.current_thread().name), real_hash(p))[1])
     for i in range(5):
         (folder / f"f{i}.txt").write_text(str(i + 10))  # same size, new mtime: hashed
     asyncio.run(mirror.push())

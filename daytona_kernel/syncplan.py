@@ -1,0 +1,259 @@
+"""What the mirror moves, decided without touching a file: pure functions of the change report, the
+scan and the settings, tested in-process. ``WorkdirMirror`` (sync.py) does the reading and writing.
+
+``why_not_down`` is the one place that decides whether a path the sandbox reports may be written
+into the notebook's folder.
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import MirrorSettings
+from .errors import MirrorError
+from .localfs import safe_relpath, shown
+from .runtime.pathrules import SECRET_REASON, MirrorRules
+
+Stat = tuple[int, int, int]  # size, mtime in ns, permission bits
+MB = 1024 * 1024
+MAX_REPORTED_PATHS = 100_000
+# Folders whose files editors and tools act on when the folder is opened (a devcontainer's
+# initializeCommand, an interpreter path, an auto-run task): they never come down by themselves.
+NEVER_DOWN = frozenset({".vscode", ".idea", ".devcontainer", ".fleet", ".zed", ".theia"})
+
+
+@dataclass
+class SyncReport:
+    """What one sync moved, and what it did not and why."""
+
+    up: list[str] = field(default_factory=list)
+    down: list[str] = field(default_factory=list)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    deleted: list[str] = field(default_factory=list)
+    conflicts: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)  # kept here because they look like secrets
+    secrets_down: list[str] = field(default_factory=list)  # left in the sandbox for the same reason
+    left_behind: list[tuple[str, str]] = field(default_factory=list)  # (path, why) not written here
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (reported path, why) never written
+
+    def summary(self) -> str:
+        parts = [
+            f"{len(self.up)} up ({size_text(self.bytes_up)})",
+            f"{len(self.down)} down ({size_text(self.bytes_down)})",
+            f"{len(self.conflicts)} conflicts",
+            f"{len(self.skipped) + len(self.secrets) + len(self.secrets_down)} skipped",
+        ]
+        if self.left_behind:
+            parts.append(f"{len(self.left_behind)} failed")
+        if self.deleted:
+            parts.append(f"{len(self.deleted)} deleted")
+        return "sync: " + ", ".join(parts)
+
+    def notices(self) -> str:
+        """Lines the user must see: conflicts, skipped and failed files, with the reason."""
+        lines = [
+            f"Conflict: {path} changed both here and in the sandbox; your copy is kept and the sandbox's is {copy}."
+            for path, copy in self.conflicts
+        ]
+        lines += [f"Not synced: {path}: {reason}" for path, reason in self.skipped]
+        if self.secrets:
+            first = min(self.secrets).rstrip("/")
+            lines.append(
+                f"Not sent to the sandbox because they look like secrets: {listing(self.secrets)}. "
+                f"To send one, add it to DaytonaKernel.sync_include (for example "
+                f"DAYTONA_KERNEL_SYNC_INCLUDE='[\"{first}\"]'), or send it once with %upload {first}"
+            )
+        if self.secrets_down:
+            lines.append(
+                f"Not copied from the sandbox because they look like secrets: {listing(self.secrets_down)}. "
+                f"Fetch one with %download {min(self.secrets_down)}"
+            )
+        lines += [f"Not copied from the sandbox: {path}: {reason}" for path, reason in self.left_behind]
+        lines += [f"Refused a path the sandbox reported: {path}: {reason}" for path, reason in self.refused]
+        return "".join(line + "\n" for line in lines)
+
+    def merge(self, other: SyncReport) -> None:
+        """Add a pull's report to a push's (for %sync)."""
+        self.down += other.down
+        self.bytes_down += other.bytes_down
+        self.conflicts += other.conflicts
+        self.skipped += other.skipped
+        self.secrets_down += other.secrets_down
+        self.left_behind += other.left_behind
+        self.refused += other.refused
+        self.deleted += other.deleted
+
+
+def size_text(n: int) -> str:
+    return f"{n / MB:.1f} MB" if n >= MB else f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} B"
+
+
+def listing(paths: list[str], limit: int = 20) -> str:
+    paths = sorted(paths)
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def conflict_name(rel: str) -> str:
+    """``data/table.csv`` -> ``data/table.sandbox-conflict.csv``."""
+    head, tail = posixpath.split(rel)
+    stem, dot, ext = tail.rpartition(".")
+    name = f"{stem}.sandbox-conflict.{ext}" if dot and stem else f"{tail}.sandbox-conflict"
+    return posixpath.join(head, name) if head else name
+
+
+def parse_stat(value: Any) -> Stat | None:
+    """A reported [size, mtime_ns, mode] (mode optional), or None when malformed."""
+    if not isinstance(value, (list, tuple)) or len(value) not in (2, 3):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return None
+    return (value[0], value[1], value[2] if len(value) == 3 else -1)
+
+
+@dataclass
+class UpPlan:
+    """What the next upload would do; computed without any request."""
+
+    todo: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)
+    total: int = 0  # bytes to upload
+
+
+class Refusal(enum.Enum):
+    """Why a file the sandbox reports is not written here."""
+
+    REFUSED = "refused"  # named in the notices as refused
+    SECRET = "secret"  # named once as a secret left in the sandbox
+    EXCLUDED = "excluded"  # excluded by the mirror's rules: acknowledged without a word
+
+
+def why_not_down(rel: str, rules: MirrorRules) -> tuple[Refusal, str] | None:
+    """May the sandbox's file ``rel`` (already through ``safe_relpath``) be written here? None if it may,
+    else what kind of refusal and why."""
+    if any(part.lower() in NEVER_DOWN for part in rel.split("/")[:-1]):
+        return Refusal.REFUSED, f"editor settings could run code here; fetch it with %download {rel} if you trust it"
+    reason = rules.check(rel, False)
+    if reason == SECRET_REASON:
+        return Refusal.SECRET, reason
+    if reason is not None:
+        return Refusal.EXCLUDED, reason
+    return None
+
+
+def parse_report(changes: Any, report: SyncReport) -> tuple[list[tuple[str, Stat]], list[str]]:
+    """(changed, deleted) from a change report; whatever is malformed is named and dropped."""
+    if not isinstance(changes, dict):
+        report.refused.append(("(change report)", "it is not a mapping; nothing was copied"))
+        return [], []
+    raw_changed = changes.get("changed", {})
+    raw_deleted = changes.get("deleted", [])
+    if not isinstance(raw_changed, dict) or not isinstance(raw_deleted, list):
+        report.refused.append(("(change report)", "its 'changed' or 'deleted' part is malformed; nothing was copied"))
+        return [], []
+    if len(raw_changed) + len(raw_deleted) > MAX_REPORTED_PATHS:
+        report.refused.append(("(change report)", f"it lists more than {MAX_REPORTED_PATHS} paths; nothing was copied"))
+        return [], []
+    changed = []
+    for rel, value in raw_changed.items():
+        parsed = parse_stat(value)
+        if parsed is None:
+            report.refused.append((shown(rel), "its size, time and mode are malformed"))
+            continue
+        changed.append((rel, parsed))
+    if changes.get("truncated"):
+        report.skipped.append(
+            ("(sandbox folder)", "too many files to scan after each cell; the rest was not looked at. Add sync_exclude patterns.")
+        )
+    return sorted(changed), [rel for rel in raw_deleted if isinstance(rel, str)]
+
+
+@dataclass
+class DownPlan:
+    """The files to download, and the reported changes decided without a download."""
+
+    wanted: list[tuple[str, str, Stat]] = field(default_factory=list)  # (path here, path reported, stat)
+    acked: list[tuple[str, Stat]] = field(default_factory=list)  # (path reported, stat): handled, not to be reported again
+
+
+def plan_down(
+    changed: list[tuple[str, Stat]],
+    report: SyncReport,
+    config: MirrorSettings,
+    rules: MirrorRules,
+    failed: dict[str, Stat],
+    secrets_noticed: set[str],
+) -> DownPlan:
+    """Decide what of a change report to download. ``failed``: files that failed before in a way a retry
+    would repeat (skipped while unchanged); ``secrets_noticed``: secrets already named to the user."""
+    max_file = int(config.sync_max_file_mb * MB)
+    budget = int(config.sync_max_total_mb * MB)
+    plan = DownPlan()
+    for raw, reported in changed:
+        try:
+            rel = safe_relpath(raw)
+        except MirrorError as exc:
+            report.refused.append((shown(raw), str(exc)))
+            plan.acked.append((raw, reported))
+            continue
+        if failed.get(raw) == reported:
+            continue  # failed before in a way a retry would repeat, and named then
+        refusal = why_not_down(rel, rules)
+        if refusal is not None:
+            kind, why = refusal
+            if kind is Refusal.REFUSED:
+                report.refused.append((rel, why))
+            elif kind is Refusal.SECRET and rel not in secrets_noticed and rel not in report.secrets_down:
+                report.secrets_down.append(rel)
+            plan.acked.append((raw, reported))
+            continue
+        if reported[0] > max_file:
+            report.skipped.append((rel, f"{size_text(reported[0])} is over sync_max_file_mb={config.sync_max_file_mb:g}"))
+            plan.acked.append((raw, reported))
+            continue
+        if reported[0] > budget:  # not acknowledged: it comes with a later cell
+            report.left_behind.append(
+                (rel, f"this sync would pass sync_max_total_mb={config.sync_max_total_mb:g}; it comes after a later cell")
+            )
+            continue
+        budget -= reported[0]
+        plan.wanted.append((rel, raw, reported))
+    return plan
+
+
+def choose_up(plan: UpPlan, changed: list[tuple[str, int]], config: MirrorSettings) -> None:
+    """Add to ``plan`` the changed local files (path, size) that fit the limits; name the others."""
+    max_file = int(config.sync_max_file_mb * MB)
+    budget = int(config.sync_max_total_mb * MB)
+    for rel, size in changed:
+        if size > max_file:
+            plan.skipped.append((rel, f"{size_text(size)} is over sync_max_file_mb={config.sync_max_file_mb:g}"))
+            continue
+        if size > budget:
+            plan.skipped.append((rel, f"the total of this sync would pass sync_max_total_mb={config.sync_max_total_mb:g}"))
+            continue
+        budget -= size
+        plan.todo.append(rel)
+        plan.total += size
+
+
+def describe_up(plan: UpPlan, mode: str, local_root: str, workdir: str, sync_deletes: bool) -> str:
+    """``%sync status``: the mode, and what the next upload would do."""
+    lines = [f"sync mode: {mode}; {local_root} <-> {workdir}"]
+    lines.append(f"would upload {len(plan.todo)} file(s)" + (": " + ", ".join(plan.todo[:20]) if plan.todo else ""))
+    if len(plan.todo) > 20:
+        lines.append(f"  ... and {len(plan.todo) - 20} more")
+    if plan.deleted:
+        verb = "would delete in the sandbox" if sync_deletes else "deleted here (sync_deletes is off, kept there)"
+        lines.append(f"{verb}: " + ", ".join(plan.deleted[:20]))
+    if plan.secrets:
+        lines.append(f"would keep here (they look like secrets; see sync_include): {listing(plan.secrets)}")
+    lines += [f"would skip {path}: {reason}" for path, reason in plan.skipped]
+    return "\n".join(lines) + "\n"
