@@ -37,12 +37,12 @@ class BasicShellMirror:
         return {}
 
     async def push(self, progress: Any = None) -> Any:
-        from daytona_kernel.sync import SyncReport
+        from daytona_kernel.syncplan import SyncReport
 
         return SyncReport()
 
     async def pull(self, changes: dict[str, Any]) -> Any:
-        from daytona_kernel.sync import SyncReport
+        from daytona_kernel.syncplan import SyncReport
 
         return SyncReport()
 

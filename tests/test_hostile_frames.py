@@ -41,12 +41,12 @@ class MirrorSpy:
         return {}
 
     async def push(self, progress: Any = None) -> Any:
-        from daytona_kernel.sync import SyncReport
+        from daytona_kernel.syncplan import SyncReport
 
         return SyncReport()
 
     async def pull(self, changes: dict[str, Any]) -> Any:
-        from daytona_kernel.sync import SyncReport
+        from daytona_kernel.syncplan import SyncReport
 
         self.pulled.append(changes)
         return SyncReport()

@@ -12,7 +12,7 @@ import pytest
 from kernels import Kernel
 
 from daytona_kernel.runtime.pathrules import PathRules, load_rules, scan
-from daytona_kernel.sync import conflict_name
+from daytona_kernel.syncplan import conflict_name
 
 UPLOAD = "POST /toolbox/{sid}/files/bulk-upload"
 WS = "GET /toolbox/{sid}/process/interpreter/execute"
