@@ -212,6 +212,15 @@ class DaytonaKernelConfig(Configurable):
         "%upload PATH sends one file once.",
     ).tag(config=True)
 
+    sync_code_down = Bool(
+        True,
+        help="Whether code a cell writes comes back with the mirror: source files and scripts (.py, .sh, .js ...), "
+        "notebooks, build and CI files (Makefile, pyproject.toml, .github/ ...) and anything executable. False: only "
+        "data comes back (tables, plots, models ...); what stays in the sandbox is named once, and %download fetches "
+        "it. Either way, what this machine would run by itself (Python environments, .pth files, git repositories, "
+        "editor and tool settings) never comes back: see docs/security.md.",
+    ).tag(config=True)
+
     sync_deletes = Bool(False, help="Propagate deletions in both directions (off: a deleted file stays on the other side).").tag(
         config=True
     )
@@ -474,6 +483,7 @@ class MirrorSettings:
     sync_exclude: list[str] = field(default_factory=list)
     sync_include: list[str] = field(default_factory=list)
     sync_deletes: bool = False
+    sync_code_down: bool = True
     sync_max_file_mb: float = 100.0
     sync_max_total_mb: float = 1024.0
 

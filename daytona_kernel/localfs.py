@@ -137,11 +137,12 @@ class LocalFolder:
         except FileNotFoundError:
             return None
 
-    def write(self, rel: str, content: bytes, mode: int) -> None:
+    def write(self, rel: str, content: bytes, mode: int, exclusive: bool = False) -> None:
         """Write a regular file atomically (temporary file, then rename), with permission bits ``mode``.
 
         A partial temporary file is removed on failure. The temporary name is
         short, so a name that fits the folder still fits while being written.
+        ``exclusive``: never replace a file that is there (FileExistsError): linked, not renamed.
         """
         parts = rel.split("/")
         tmp = f".dk-{secrets.token_hex(4)}.tmp"
@@ -152,7 +153,11 @@ class LocalFolder:
                 with open(tmp_path, "xb") as f:
                     f.write(content)
                 os.chmod(tmp_path, mode & 0o777)
-                os.replace(tmp_path, path)
+                if exclusive:
+                    os.link(tmp_path, path)
+                    tmp_path.unlink()
+                else:
+                    os.replace(tmp_path, path)
             except BaseException:
                 tmp_path.unlink(missing_ok=True)
                 raise
@@ -167,7 +172,11 @@ class LocalFolder:
                         view = view[os.write(fd, view) :]
                 finally:
                     os.close(fd)
-                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+                if exclusive:
+                    os.link(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                    os.unlink(tmp, dir_fd=dfd)
+                else:
+                    os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
                 try:
                     os.unlink(tmp, dir_fd=dfd)

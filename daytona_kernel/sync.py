@@ -50,16 +50,23 @@ from .manifest import SyncManifest
 from .localfs import NOFOLLOW, LocalFolder, safe_relpath, shown
 from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, load_rules, scan
 from .syncplan import (
+    ENV_MARKERS,
     MB,
+    Landing,
+    Refusal,
     Stat,
     SyncReport,
     UpPlan,
     choose_up,
+    code_refusal,
     conflict_name,
     describe_up,
+    folders_above,
     parse_report,
     plan_down,
+    sandbox_landing,
     size_text,
+    why_not_down,
 )
 
 BATCH_FILES = 500
@@ -143,6 +150,7 @@ class WorkdirMirror:
         self._gone: list[str] = []
         self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since then
         self._failed: dict[str, Stat] = {}  # sandbox files that failed in a way a retry would repeat
+        self._reported = Landing()  # the environments and repositories the last change report makes
         self._generation: int | None = None  # the sandbox the manifest describes (Sandbox.generation)
 
     @property
@@ -269,15 +277,21 @@ class WorkdirMirror:
             self._failed.clear()
         changed, deleted = parse_report(changes, report)
         self._rules.forget_gitignores()
-        plan = await asyncio.to_thread(plan_down, changed, report, self._config, self._rules, self._failed, self._secrets_noticed)
-        self._secrets_noticed.update(report.secrets_down)
+        self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
+        landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
+        plan = await asyncio.to_thread(
+            plan_down, changed, report, self._config, self._rules, self._failed, self._secrets_noticed, landing
+        )
+        self._secrets_noticed.update(report.secrets_down + report.code_kept)
         for raw, reported in plan.acked:
             self._ack(raw, reported)
         wanted = plan.wanted
+        max_file = int(self._config.sync_max_file_mb * MB)
         for start in range(0, len(wanted), BATCH_FILES):
             chunk = wanted[start : start + BATCH_FILES]
+            limits = {self.remote_path(rel): min(reported[0], max_file) for rel, _, reported in chunk}
             try:
-                contents = await self._sandbox.download([self.remote_path(rel) for rel, _, _ in chunk])
+                contents = await self._sandbox.download(list(limits), limits)
             except DaytonaKernelError as exc:
                 report.left_behind += [(rel, f"{exc}; it is tried again after the next cell") for rel, _, _ in chunk]
                 continue
@@ -292,14 +306,26 @@ class WorkdirMirror:
         self._acked[raw] = [reported[0], reported[1], reported[2]] if reported[2] >= 0 else [reported[0], reported[1]]
 
     def _write_batch(self, chunk: list[tuple[str, str, Stat]], contents: dict[str, Any], report: SyncReport) -> None:
+        max_file = int(self._config.sync_max_file_mb * MB)
         for rel, raw, reported in chunk:
             content = contents.get(self.remote_path(rel))
+            if isinstance(content, FileError) and content.over_limit:
+                why = f"it is more than the sandbox reported ({size_text(reported[0])})"
+                self._left_behind(rel, raw, reported, why if reported[0] <= max_file else content.message, False, report)
+                continue
             if isinstance(content, FileError) or not isinstance(content, bytes):
                 error = content if isinstance(content, FileError) else FileError("the sandbox sent nothing for it", retry=True)
                 self._left_behind(rel, raw, reported, error.message, error.retry, report)
                 continue
-            if len(content) > max(reported[0], int(self._config.sync_max_file_mb * MB)):
+            if len(content) > min(reported[0], max_file):  # a backend that ignored the limit
                 self._left_behind(rel, raw, reported, f"it is {size_text(len(content))}, more than the sandbox reported", False, report)
+                continue
+            landing = self._reported | local_landing(self._folder, [rel])
+            refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
+            if refusal is not None:  # the writer asks too: the folders here may have changed since the plan
+                if refusal[0] is Refusal.REFUSED:
+                    report.refused.append((rel, refusal[1]))
+                self._ack(raw, reported)
                 continue
             try:
                 _write_down(self._folder, self._manifest, rel, content, reported[2], report)
@@ -327,6 +353,11 @@ class WorkdirMirror:
             try:
                 rel = safe_relpath(raw)
                 if self._rules.check(rel, False) is not None:
+                    continue
+                why = "a notebook is never deleted from the sandbox" if rel.lower().endswith(".ipynb") else None
+                why = why or code_refusal(rel, local_landing(self._folder, [rel]))
+                if why is not None:
+                    report.refused.append((rel, f"not deleted here: {why}"))
                     continue
                 st = self._folder.lstat(rel)
                 if st is None or not stat.S_ISREG(st.st_mode) or self._manifest.locally_changed(rel, file_stat(st)):
@@ -466,7 +497,10 @@ def _read_for_upload(src: Path, target: str, include: list[str], workdir: str, r
 
 
 def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: bytes, mode: int, report: SyncReport) -> None:
-    """Write one downloaded file here, or a conflict copy beside it. Raises MirrorError or OSError."""
+    """Write one downloaded file here, or a conflict copy beside it. Raises MirrorError or OSError.
+
+    Modes only narrow: the sandbox's bits, without any the local file lacks (a 0600 file never
+    becomes readable by others). A notebook is never overwritten, nor is an earlier conflict copy."""
     mode = DEFAULT_FILE_MODE if mode < 0 else mode & 0o777
     digest = hashlib.sha256(content).hexdigest()
     st = folder.lstat(rel)
@@ -475,6 +509,7 @@ def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: 
             what = "folder" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "special file"
             raise MirrorError(f"a {what} is in its place here, and is not replaced")
         now = file_stat(st)
+        mode &= now[2]
         known = manifest.get(rel)
         locally_changed = manifest.locally_changed(rel, now)
         if known is not None and known[2] == digest and not locally_changed:
@@ -482,12 +517,71 @@ def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: 
                 folder.chmod(rel, mode)
                 manifest.record(rel, digest, folder.lstat(rel))
             return  # already the same here
-        if rel.endswith(".ipynb") or locally_changed:
-            copy = conflict_name(rel)
-            folder.write(copy, content, mode)
-            report.conflicts.append((rel, copy))
+        if rel.lower().endswith(".ipynb") or locally_changed:
+            report.conflicts.append((rel, _write_conflict_copy(folder, rel, content, mode)))
             return
     folder.write(rel, content, mode)
     manifest.record(rel, digest, folder.lstat(rel))
     report.down.append(rel)
     report.bytes_down += len(content)
+
+
+CONFLICT_COPIES = 100  # data.sandbox-conflict.csv, then data.sandbox-conflict-2.csv ... up to this many
+
+
+def _write_conflict_copy(folder: LocalFolder, rel: str, content: bytes, mode: int) -> str:
+    """Write the sandbox's version beside the local file under a name nothing has: an existing conflict copy
+    (which the user may be merging in) is never overwritten."""
+    first = conflict_name(rel)
+    stem, dot, ext = first.rpartition(".sandbox-conflict")
+    for n in range(1, CONFLICT_COPIES + 1):
+        copy = first if n == 1 else f"{stem}{dot}-{n}{ext}"
+        if folder.lstat(copy) is not None:
+            continue
+        try:
+            folder.write(copy, content, mode, exclusive=True)
+        except FileExistsError:
+            continue  # made meanwhile
+        return copy
+    raise MirrorError(f"{CONFLICT_COPIES} conflict copies of it are here already; merge or remove them")
+
+
+def _normalised(raws: list[str]) -> list[str]:
+    """The reported paths that are paths at all (``safe_relpath``); the others are refused by the planner."""
+    found = []
+    for raw in raws:
+        try:
+            found.append(safe_relpath(raw))
+        except MirrorError:
+            continue
+    return found
+
+
+def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
+    """Which folders on the way of these reported paths are, here, a Python environment (a pyvenv.cfg or a
+    conda-meta/ in it) or a folder git takes for a repository (HEAD beside objects/, refs/ or commondir)."""
+    envs: set[str] = set()
+    repos: set[str] = set()
+    looked: set[str] = set()
+    for rel in _normalised(raws):
+        for above in folders_above(rel):
+            if above in looked:
+                continue
+            looked.add(above)
+            entries = {name: _kind(folder, posixpath.join(above, name)) for name in (*ENV_MARKERS, "HEAD", "objects", "refs", "commondir")}
+            if entries["pyvenv.cfg"] == "file" or entries["conda-meta"] == "dir":
+                envs.add(above)
+            if entries["HEAD"] == "file" and (entries["commondir"] == "file" or "dir" in (entries["objects"], entries["refs"])):
+                repos.add(above)
+    return Landing(frozenset(envs), frozenset(repos))
+
+
+def _kind(folder: LocalFolder, rel: str) -> str:
+    """"file", "dir" or "" (nothing there, something else, or a symlink on the way)."""
+    try:
+        st = folder.lstat(rel)
+    except (OSError, MirrorError):
+        return ""
+    if st is None:
+        return ""
+    return "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else ""

@@ -20,9 +20,130 @@ from .runtime.pathrules import SECRET_REASON, MirrorRules
 Stat = tuple[int, int, int]  # size, mtime in ns, permission bits
 MB = 1024 * 1024
 MAX_REPORTED_PATHS = 100_000
-# Folders whose files editors and tools act on when the folder is opened (a devcontainer's
-# initializeCommand, an interpreter path, an auto-run task): they never come down by themselves.
-NEVER_DOWN = frozenset({".vscode", ".idea", ".devcontainer", ".fleet", ".zed", ".theia"})
+
+# -- the valve: code never comes down (docs/security.md, "What never comes down") --------------------------
+# Data flows both ways, code only up: nothing the sandbox writes may be run by this machine later without
+# the user choosing to. ``code_refusal`` decides it from the path and the ``Landing`` (what the folders on
+# its way are); no setting and no .gitignore can widen it. Names are compared case-insensitively.
+ENV_MARKERS = ("pyvenv.cfg", "conda-meta")  # a folder holding one of these is a Python environment
+# Folders whose files run when an editor, an agent or Python opens them: editor settings and tasks
+# (a devcontainer's initializeCommand, VS Code's runOn folderOpen, an interpreter path), agent settings
+# with hooks and MCP servers, bytecode caches and installed packages (imported instead of the source).
+CODE_FOLDERS = frozenset(
+    {
+        ".vscode", ".idea", ".devcontainer", ".fleet", ".zed", ".theia",
+        ".cursor", ".claude", ".gemini", ".continue", ".windsurf",
+        "__pycache__", "site-packages", "dist-packages", "conda-meta",
+        ".ipython", ".jupyter", ".mise",
+    }
+)  # fmt: skip
+# Files that run by their name alone: every Python runs .pth files and sitecustomize/usercustomize from
+# its site-packages; a pyvenv.cfg makes its folder an environment that editors and tools pick up and run;
+# direnv runs .envrc and loads .env (so do VS Code's Python extension and docker compose: an environment
+# variable such as PYTHONSTARTUP or LD_PRELOAD is code); pre-commit runs its config's hooks on every
+# commit; vim/neovim (exrc), Emacs (dir-locals), mise (hooks), npm and yarn (node-options, yarnPath)
+# read theirs from the project; VS Code opens workspaces and devcontainers; Claude Code reads .mcp.json.
+CODE_NAMES = frozenset(
+    {
+        "sitecustomize.py", "usercustomize.py", "pyvenv.cfg",
+        ".envrc", ".env", ".devcontainer.json", ".pre-commit-config.yaml",
+        ".exrc", ".nvimrc", ".nvim.lua", ".dir-locals.el", ".dir-locals-2.el",
+        ".mise.toml", "mise.toml", ".npmrc", ".yarnrc", ".yarnrc.yml", ".mcp.json",
+    }
+)  # fmt: skip
+# .pth (run at start), bytecode (imported in place of a source with the same header), compiled extension
+# modules (imported before a .py of the same name), editor workspaces.
+CODE_SUFFIXES = (".pth", ".pyc", ".pyo", ".so", ".pyd", ".code-workspace", ".sublime-project")
+CODE_PREFIXES = (".env.",)
+
+
+# With sync_code_down off, only data comes back: these are code (sources, scripts, notebooks, pages that
+# run scripts, build and CI files), and so is anything with an execute bit.
+# fmt: off
+CODE_EXTENSIONS = frozenset([
+    "py", "pyw", "pyx", "pxd", "pyi", "ipynb", "sh", "bash", "zsh", "fish", "ksh", "csh", "ps1", "psm1", "bat", "cmd",
+    "vbs", "js", "mjs", "cjs", "ts", "tsx", "jsx", "rb", "pl", "pm", "php", "lua", "r", "jl", "go", "rs", "c", "h", "cc",
+    "cpp", "hpp", "java", "kt", "scala", "swift", "mk", "cmake", "gradle", "nix", "exe", "dll", "dylib", "jar", "whl",
+    "egg", "command", "desktop", "applescript", "scpt", "appimage", "run", "deb", "rpm", "msi", "pkg", "dmg", "html",
+    "htm", "xhtml",
+])
+BUILD_NAMES = frozenset([
+    "makefile", "gnumakefile", "dockerfile", "containerfile", "justfile", "rakefile", "gemfile", "procfile",
+    "vagrantfile", "jenkinsfile", "snakefile", "build", "build.bazel", "workspace", "pyproject.toml", "setup.cfg",
+    "tox.ini", "package.json", "cargo.toml", ".gitattributes", ".gitmodules", ".gitlab-ci.yml", ".travis.yml",
+    "azure-pipelines.yml",
+])
+# fmt: on
+CI_FOLDERS = frozenset({".github", ".circleci", ".gitlab"})
+
+
+def data_only_refusal(rel: str, mode: int) -> str | None:
+    """Why ``rel`` (with the reported permission bits ``mode``, -1 unknown) is code rather than data."""
+    parts = rel.lower().split("/")
+    name = parts[-1]
+    if mode > 0 and mode & 0o111:
+        return "it is executable"
+    if name.rpartition(".")[2] in CODE_EXTENSIONS and "." in name or name in BUILD_NAMES:
+        return "it is code"
+    if any(part in CI_FOLDERS for part in parts[:-1]):
+        return "it is a CI setting"
+    return None
+
+
+@dataclass(frozen=True)
+class Landing:
+    """What the folders a path comes down into are, here or (from the change report) in the sandbox:
+    relative folder paths, "" for the mirrored folder itself."""
+
+    envs: frozenset[str] = frozenset()  # Python environments: a pyvenv.cfg or a conda-meta/ in them
+    repos: frozenset[str] = frozenset()  # folders git takes for a repository: HEAD with objects/, refs/ or commondir
+
+    def __or__(self, other: Landing) -> Landing:
+        return Landing(self.envs | other.envs, self.repos | other.repos)
+
+
+def folders_above(rel: str) -> list[str]:
+    """``a/b/c.txt`` -> ``["", "a", "a/b"]``."""
+    parts = rel.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts))]
+
+
+def sandbox_landing(paths: list[str]) -> Landing:
+    """The environments and repositories the sandbox's own files make, from the paths it reports: a folder
+    that gets a pyvenv.cfg or a conda-meta/, or a HEAD beside objects/, refs/ or commondir."""
+    envs: set[str] = set()
+    heads: set[str] = set()
+    git_parts: dict[str, set[str]] = {}
+    for path in paths:
+        parts = path.split("/")
+        for i, part in enumerate(parts):
+            folder, name, last = "/".join(parts[:i]), part.lower(), i == len(parts) - 1
+            if (last and name == "pyvenv.cfg") or (not last and name == "conda-meta"):
+                envs.add(folder)
+            if last and name == "head":
+                heads.add(folder)
+            if (not last and name in ("objects", "refs")) or (last and name == "commondir"):
+                git_parts.setdefault(folder, set()).add(name)
+    return Landing(frozenset(envs), frozenset(f for f in heads if git_parts.get(f)))
+
+
+def code_refusal(rel: str, landing: Landing) -> str | None:
+    """Why the sandbox's file ``rel`` would be code this machine may run later, so it is never written
+    here (nor deleted by the sandbox), whatever any setting or .gitignore says; None if it is not."""
+    for folder in folders_above(rel):
+        where = f"{folder}/" if folder else "the mirrored folder"
+        if folder in landing.envs:
+            return f"{where} is a Python environment, and every python from it would run it"
+        if folder in landing.repos:
+            return f"{where} is a git repository, and git runs its hooks and config"
+    parts = rel.lower().split("/")
+    code_folder = next((part for part in parts[:-1] if part in CODE_FOLDERS), None)
+    if code_folder is not None:
+        return f"{code_folder}/ holds files that editors, tools or Python run when they open it"
+    name = parts[-1]
+    if name in CODE_NAMES or name.endswith(CODE_SUFFIXES) or name.startswith(CODE_PREFIXES):
+        return "editors, tools or Python run a file with this name by themselves"
+    return None
 
 
 @dataclass
@@ -38,6 +159,7 @@ class SyncReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)  # kept here because they look like secrets
     secrets_down: list[str] = field(default_factory=list)  # left in the sandbox for the same reason
+    code_kept: list[str] = field(default_factory=list)  # code left in the sandbox: sync_code_down is off
     left_behind: list[tuple[str, str]] = field(default_factory=list)  # (path, why) not written here
     refused: list[tuple[str, str]] = field(default_factory=list)  # (reported path, why) never written
 
@@ -46,7 +168,7 @@ class SyncReport:
             f"{len(self.up)} up ({size_text(self.bytes_up)})",
             f"{len(self.down)} down ({size_text(self.bytes_down)})",
             f"{len(self.conflicts)} conflicts",
-            f"{len(self.skipped) + len(self.secrets) + len(self.secrets_down)} skipped",
+            f"{len(self.skipped) + len(self.secrets) + len(self.secrets_down) + len(self.code_kept)} skipped",
         ]
         if self.left_behind:
             parts.append(f"{len(self.left_behind)} failed")
@@ -73,6 +195,11 @@ class SyncReport:
                 f"Not copied from the sandbox because they look like secrets: {listing(self.secrets_down)}. "
                 f"Fetch one with %download {min(self.secrets_down)}"
             )
+        if self.code_kept:
+            lines.append(
+                f"Not copied from the sandbox because they are code and sync_code_down is off: {listing(self.code_kept)}. "
+                f"Fetch one with %download {min(self.code_kept)}"
+            )
         lines += [f"Not copied from the sandbox: {path}: {reason}" for path, reason in self.left_behind]
         lines += [f"Refused a path the sandbox reported: {path}: {reason}" for path, reason in self.refused]
         return "".join(line + "\n" for line in lines)
@@ -84,6 +211,7 @@ class SyncReport:
         self.conflicts += other.conflicts
         self.skipped += other.skipped
         self.secrets_down += other.secrets_down
+        self.code_kept += other.code_kept
         self.left_behind += other.left_behind
         self.refused += other.refused
         self.deleted += other.deleted
@@ -133,18 +261,26 @@ class Refusal(enum.Enum):
     REFUSED = "refused"  # named in the notices as refused
     SECRET = "secret"  # named once as a secret left in the sandbox
     EXCLUDED = "excluded"  # excluded by the mirror's rules: acknowledged without a word
+    CODE = "code"  # code, with sync_code_down off: named once, like a secret
 
 
-def why_not_down(rel: str, rules: MirrorRules) -> tuple[Refusal, str] | None:
+def why_not_down(
+    rel: str, rules: MirrorRules, landing: Landing, data_only: bool = False, mode: int = -1
+) -> tuple[Refusal, str] | None:
     """May the sandbox's file ``rel`` (already through ``safe_relpath``) be written here? None if it may,
-    else what kind of refusal and why."""
-    if any(part.lower() in NEVER_DOWN for part in rel.split("/")[:-1]):
-        return Refusal.REFUSED, f"editor settings could run code here; fetch it with %download {rel} if you trust it"
+    else what kind of refusal and why. The planner and the writer both ask it; ``landing`` says what the
+    folders on the way are (``sandbox_landing`` of the report, and what they are here)."""
     reason = rules.check(rel, False)
     if reason == SECRET_REASON:
         return Refusal.SECRET, reason
     if reason is not None:
-        return Refusal.EXCLUDED, reason
+        return Refusal.EXCLUDED, reason  # excluded anyway (.git, a default exclude ...): nothing to say
+    why = code_refusal(rel, landing)
+    if why is not None:
+        return Refusal.REFUSED, f"it could run code here: {why}. Fetch it with %download {rel} if you trust it"
+    why = data_only_refusal(rel, mode) if data_only else None
+    if why is not None:
+        return Refusal.CODE, f"{why}, and sync_code_down is off; fetch it with %download {rel}"
     return None
 
 
@@ -190,6 +326,7 @@ def plan_down(
     rules: MirrorRules,
     failed: dict[str, Stat],
     secrets_noticed: set[str],
+    landing: Landing = Landing(),
 ) -> DownPlan:
     """Decide what of a change report to download. ``failed``: files that failed before in a way a retry
     would repeat (skipped while unchanged); ``secrets_noticed``: secrets already named to the user."""
@@ -205,13 +342,13 @@ def plan_down(
             continue
         if failed.get(raw) == reported:
             continue  # failed before in a way a retry would repeat, and named then
-        refusal = why_not_down(rel, rules)
+        refusal = why_not_down(rel, rules, landing, not config.sync_code_down, reported[2])
         if refusal is not None:
             kind, why = refusal
             if kind is Refusal.REFUSED:
                 report.refused.append((rel, why))
-            elif kind is Refusal.SECRET and rel not in secrets_noticed and rel not in report.secrets_down:
-                report.secrets_down.append(rel)
+            elif kind in (Refusal.SECRET, Refusal.CODE) and rel not in secrets_noticed and rel not in report.secrets_down:
+                (report.secrets_down if kind is Refusal.SECRET else report.code_kept).append(rel)
             plan.acked.append((raw, reported))
             continue
         if reported[0] > max_file:

@@ -177,8 +177,18 @@ class FakeSandbox(Sandbox):
         for content, path in files:
             self.files[path] = content
 
-    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
-        return {p: self.files[p] if p in self.files else FileError("no such file in the fake sandbox", retry=False) for p in paths}
+    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
+        limits = limits or {}
+        out: dict[str, bytes | FileError] = {}
+        for p in paths:
+            content = self.files.get(p)
+            if content is None:
+                out[p] = FileError("no such file in the fake sandbox", retry=False)
+            elif len(content) > limits.get(p, len(content)):
+                out[p] = FileError("over its limit", retry=False, over_limit=True)
+            else:
+                out[p] = content
+        return out
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
         self.commands.append(f"clone {url} {ref} {dest}")

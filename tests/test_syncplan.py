@@ -6,12 +6,14 @@ from daytona_kernel.config import MirrorSettings
 from daytona_kernel.runtime.pathrules import MirrorRules
 from daytona_kernel.syncplan import (
     MB,
+    Landing,
     Refusal,
     SyncReport,
     UpPlan,
     choose_up,
     parse_report,
     plan_down,
+    sandbox_landing,
     why_not_down,
 )
 
@@ -19,11 +21,33 @@ RULES = MirrorRules("/nonexistent-notebook-folder", gitignore=False)
 
 
 def test_the_one_decision_names_editor_settings_secrets_and_excluded_paths() -> None:
-    assert why_not_down("results/table.csv", RULES) is None
-    assert why_not_down(".vscode/tasks.json", RULES)[0] is Refusal.REFUSED  # type: ignore[index]
-    assert why_not_down("sub/.devcontainer/devcontainer.json", RULES)[0] is Refusal.REFUSED  # type: ignore[index]
-    assert why_not_down(".env", RULES)[0] is Refusal.SECRET  # type: ignore[index]
-    assert why_not_down("__pycache__/x.pyc", RULES)[0] is Refusal.EXCLUDED  # type: ignore[index]
+    nothing = Landing()
+    assert why_not_down("results/table.csv", RULES, nothing) is None
+    assert why_not_down(".vscode/tasks.json", RULES, nothing)[0] is Refusal.REFUSED  # type: ignore[index]
+    assert why_not_down("sub/.devcontainer/devcontainer.json", RULES, nothing)[0] is Refusal.REFUSED  # type: ignore[index]
+    assert why_not_down(".env", RULES, nothing)[0] is Refusal.SECRET  # type: ignore[index]
+    assert why_not_down("__pycache__/x.pyc", RULES, nothing)[0] is Refusal.EXCLUDED  # type: ignore[index]
+
+
+def test_code_never_comes_down_and_no_gitignore_or_setting_widens_that() -> None:
+    """The valve (issue 20): environments, files every Python runs, repositories and files tools run on open."""
+    everything = MirrorRules("/nonexistent-notebook-folder", defaults=(), secrets=(), gitignore=False)  # excludes nothing
+    reported = ["myenv/pyvenv.cfg", "myenv/bin/python", "conda/conda-meta/history", "r/HEAD", "r/objects/ab/cd", "r/refs/x"]
+    landing = sandbox_landing(reported) | Landing(envs=frozenset({"env"}), repos=frozenset({"vendored"}))
+    assert landing.envs == {"myenv", "conda", "env"} and landing.repos == {"r", "vendored"}
+    refused = [
+        *reported, "env/lib/python3.12/site-packages/x.py", "vendored/config", "a/b/zz.PTH", "SiteCustomize.py",
+        "lib/usercustomize.py", "x/__pycache__/m.cpython-312.pyc", "m.cpython-312-x86_64-linux-gnu.so", "lib/site-packages/y.py",
+        ".devcontainer.json", "p.code-workspace", ".VSCODE/tasks.json", ".idea/x.xml", ".envrc", ".env", ".env.local",
+        ".pre-commit-config.yaml", "sub/.exrc", ".dir-locals.el", ".mcp.json", ".claude/settings.json", ".npmrc",
+    ]  # fmt: skip
+    for rel in refused:
+        refusal = why_not_down(rel, everything, landing)
+        assert refusal is not None and refusal[0] is Refusal.REFUSED, rel
+        assert f"%download {rel}" in refusal[1]
+    for rel in ("results/table.csv", "refs/paper.bib", "HEAD.txt", "objects/list.json", "helpers.py", "env.yaml", "notes/.env-ideas.md"):
+        assert why_not_down(rel, everything, landing) is None, rel
+    assert sandbox_landing(["data/HEAD", "data/notes.txt"]).repos == frozenset()  # HEAD alone is not a repository
 
 
 def test_a_malformed_report_is_named_and_nothing_is_planned() -> None:
@@ -64,3 +88,26 @@ def test_choose_up_keeps_to_the_file_and_total_limits() -> None:
     choose_up(plan, [("big.bin", 3 * MB), ("a", MB), ("b", MB), ("c", 10)], MirrorSettings(sync_max_file_mb=2, sync_max_total_mb=1.5))
     assert plan.todo == ["a", "c"] and plan.total == MB + 10
     assert [path for path, _ in plan.skipped] == ["big.bin", "b"]
+
+
+def test_with_sync_code_down_off_only_data_comes_back_and_code_is_named_once() -> None:
+    config = MirrorSettings(sync_code_down=False)
+    changed = [
+        ("analysis.py", (1, 1, 0o644)),
+        ("out/report.ipynb", (1, 1, 0o644)),
+        ("run", (1, 1, 0o755)),
+        ("Makefile", (1, 1, 0o644)),
+        (".github/workflows/ci.yml", (1, 1, 0o644)),
+        ("plot.png", (1, 1, 0o644)),
+        ("results/table.csv", (1, 1, 0o644)),
+        ("model.pkl", (1, 1, 0o644)),
+    ]
+    report = SyncReport()
+    plan = plan_down(changed, report, config, RULES, failed={}, secrets_noticed=set())
+    assert [rel for rel, _, _ in plan.wanted] == ["plot.png", "results/table.csv", "model.pkl"]
+    assert sorted(report.code_kept) == [".github/workflows/ci.yml", "Makefile", "analysis.py", "out/report.ipynb", "run"]
+    assert "sync_code_down is off" in report.notices() and "%download .github/workflows/ci.yml" in report.notices()
+    again = SyncReport()
+    plan_down(changed, again, config, RULES, failed={}, secrets_noticed=set(report.code_kept))
+    assert again.code_kept == []  # named once
+    assert [rel for rel, _, _ in plan_down(changed, SyncReport(), MirrorSettings(), RULES, {}, set()).wanted] == [r for r, _ in changed]

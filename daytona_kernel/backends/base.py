@@ -58,6 +58,7 @@ class FileError:
 
     message: str
     retry: bool  # True: a later attempt may work (5xx, timeout); False: it fails the same way again
+    over_limit: bool = False  # the sandbox sent more bytes than the download's limit allowed
 
 
 @dataclass(frozen=True)
@@ -184,11 +185,14 @@ class Sandbox(abc.ABC):
         """Write (content, sandbox path) pairs, in as few requests as possible."""
 
     @abc.abstractmethod
-    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
+    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
         """Read sandbox paths, in as few requests as possible.
 
         A file that cannot be read is a ``FileError`` in the result; the call
-        raises only when the whole request failed.
+        raises only when the whole request failed. ``limits``: the most bytes
+        to take of a path; the sandbox decides what it sends, so a file over
+        its limit is stopped there (never held whole in memory) and is a
+        ``FileError`` with ``over_limit``.
         """
 
     @abc.abstractmethod

@@ -293,8 +293,8 @@ class DaytonaSandbox(Sandbox):
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
         await self.toolbox.upload(files)
 
-    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
-        return await self.toolbox.download(paths)
+    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
+        return await self.toolbox.download(paths, limits)
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
         await self.toolbox.clone(url, ref, dest, username, password)

@@ -12,9 +12,11 @@ import asyncio
 import json
 import logging
 import math
+import os
 import posixpath
 import re
 import shlex
+import tempfile
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import aiohttp
@@ -27,6 +29,7 @@ from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
+DOWNLOAD_WATCH_S = 0.05  # how often a limited download's files are measured while they arrive
 
 GIT_DEFAULT_USERNAME = "x-access-token"  # GIT_TOKEN alone: hosts that take a token accept any username
 FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
@@ -257,20 +260,47 @@ class DaytonaToolbox:
         uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
         await self.host.api("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
 
-    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
+    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
+        """One bulk request. With ``limits``, the SDK streams each file into a private temporary file (so
+        the kernel's memory holds none of it) and the download is stopped as soon as a file passes its limit:
+        what the sandbox sends is counted in bytes, never taken from its report."""
         sandbox = self.host.sdk_sandbox
-        results = await self.host.api(
-            "download files from the sandbox",
-            lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
-        )
+        if not limits:
+            results = await self.host.api(
+                "download files from the sandbox",
+                lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
+            )
+            return {item.source: _download_result(item) for item in results}
         out: dict[str, bytes | FileError] = {}
-        for item in results:
-            if item.error:
-                status = item.error_details.status_code if item.error_details is not None else None
-                out[item.source] = FileError(str(item.error), retry=status is None or status >= 500 or status in (408, 429))
-            else:
-                out[item.source] = item.result if isinstance(item.result, bytes) else item.result.getvalue()
+        rest = list(paths)
+        while rest:  # a file over its limit stops the request; the others are asked for again without it
+            over = await self._download_limited(sandbox, rest, limits, out)
+            if over is None:
+                break
+            out[over] = FileError(f"it is more than {limits[over]} bytes", retry=False, over_limit=True)
+            rest = [p for p in rest if p not in out]
         return out
+
+    async def _download_limited(self, sandbox: Any, paths: list[str], limits: dict[str, int], out: dict[str, bytes | FileError]) -> str | None:
+        """One bulk request into temporary files, watched; returns the path that passed its limit (the
+        request was then stopped and ``out`` is left alone), or None with ``out`` filled in."""
+        with tempfile.TemporaryDirectory(prefix="daytona-kernel-download-") as tmp:
+            dests = {path: os.path.join(tmp, str(i)) for i, path in enumerate(paths)}
+            requests = [FileDownloadRequest(source=p, destination=dests[p]) for p in paths]
+            task = asyncio.ensure_future(self.host.api("download files from the sandbox", lambda: sandbox.fs.download_files(requests)))
+            while not task.done():
+                await asyncio.wait({task}, timeout=DOWNLOAD_WATCH_S)
+                over = next((p for p in paths if p in limits and _file_size(dests[p]) > limits[p]), None)
+                if over is not None and not task.done():
+                    task.cancel()
+                    await asyncio.wait({task})
+                    return over
+            for item in task.result():
+                if item.error or item.source not in dests:
+                    out[item.source] = _download_result(item)
+                else:
+                    out[item.source] = await asyncio.to_thread(_read_limited, dests[item.source], limits.get(item.source))
+            return None
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
         """Clone with the daemon's go-git (apps/daemon/pkg/git/clone.go): a ``branch`` is read as
@@ -329,3 +359,29 @@ class DaytonaToolbox:
             f"{used_gib:.1f} of {size_gib:.1f} GiB used; stopped sandboxes count against your quota too "
             "(`daytona-kernel gc` lists them)"
         )
+
+
+def _download_result(item: Any) -> bytes | FileError:
+    if item.error:
+        status = item.error_details.status_code if item.error_details is not None else None
+        return FileError(str(item.error), retry=status is None or status >= 500 or status in (408, 429))
+    return item.result if isinstance(item.result, bytes) else item.result.getvalue()
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _read_limited(path: str, limit: int | None) -> bytes | FileError:
+    """A downloaded temporary file's bytes, at most ``limit`` (one byte more tells it is over)."""
+    try:
+        with open(path, "rb") as f:
+            content = f.read() if limit is None else f.read(limit + 1)
+    except OSError as exc:
+        return FileError(f"the downloaded copy could not be read: {exc.strerror or exc}", retry=True)
+    if limit is not None and len(content) > limit:
+        return FileError(f"it is more than {limit} bytes", retry=False, over_limit=True)
+    return content

@@ -413,11 +413,12 @@ class LocalSandbox(Sandbox):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
 
-    async def download(self, paths: list[str]) -> dict[str, bytes | FileError]:
-        return await asyncio.to_thread(lambda: {p: self._read_file(p) for p in paths})
+    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
+        limits = limits or {}
+        return await asyncio.to_thread(lambda: {p: self._read_file(p, limits.get(p)) for p in paths})
 
-    def _read_file(self, path: str) -> bytes | FileError:
-        """A regular file's bytes: never through a final symlink, never blocking on a FIFO."""
+    def _read_file(self, path: str, limit: int | None = None) -> bytes | FileError:
+        """A regular file's bytes, at most ``limit``: never through a final symlink, never blocking on a FIFO."""
         try:
             fd = os.open(self._local_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -427,9 +428,12 @@ class LocalSandbox(Sandbox):
                 os.close(fd)
                 return FileError("not a regular file", retry=False)
             with os.fdopen(fd, "rb") as f:
-                return f.read()
+                content = f.read() if limit is None else f.read(limit + 1)
         except OSError as exc:
             return FileError(f"{exc.strerror or exc}", retry=False)
+        if limit is not None and len(content) > limit:
+            return FileError(f"it is more than {limit} bytes", retry=False, over_limit=True)
+        return content
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
         argv = ["git", "clone", "--quiet"] + (["--branch", ref] if ref else []) + [url, dest]
