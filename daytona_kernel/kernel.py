@@ -40,6 +40,7 @@ IOPUB_TYPES = {
     "error": "error",
 }
 SHUTDOWN_TIMEOUT_S = 60.0
+STATUS_REPLAY_OUTPUTS = 20  # stream outputs a status line's clear_output may show again (notices)
 STDIN_POLL_S = 0.01
 
 
@@ -343,31 +344,52 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
 class KernelFrontend:
     """The session's Frontend for one execute request: iopub output under the request's
-    parent, a transient status line for provisioning, and input() through the stdin channel."""
+    parent, a transient status line for provisioning, and input() through the stdin channel.
+
+    A status line must leave nothing in a saved notebook: nbclient (papermill) keeps every
+    display_data, even one updated to nothing, and drops only what ``clear_output`` clears.
+    So the line goes with a ``clear_output``, and the few stream outputs the request had
+    shown (notices before the cell ran) are shown again after it. A request that already
+    showed anything else (a cell's own output) keeps a blanked line instead."""
 
     def __init__(self, kernel: DaytonaKernel, parent: dict[str, Any]) -> None:
         self._kernel = kernel
         self._parent = parent
-        self._status_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
-        self._status_shown = False
+        self._status_id = ""
+        self._shown: list[dict[str, Any]] | None = []  # the request's streams so far; None: more than streams
         self.last_result: str | None = None  # the text of the last execute_result, for history
 
     def emit(self, kind: str, content: dict[str, Any]) -> None:
         if kind == "result":
             self.last_result = content["data"].get("text/plain", "")
+        if self._shown is not None:
+            if kind == "stream" and len(self._shown) < STATUS_REPLAY_OUTPUTS:
+                self._shown.append(content)
+            else:
+                self._shown = None
         self._kernel._emit(kind, content, self._parent)
 
     def progress(self, text: str) -> None:
-        """One output, updated in place, blanked at the end."""
-        if not text and not self._status_shown:
+        """One output, updated in place, removed at the end (see the class docstring)."""
+        if not text:
+            if self._status_id:
+                self._end_status()
             return
-        content = {
-            "data": {"text/plain": f"⏳ {text}" if text else ""},
-            "metadata": {},
-            "transient": {"display_id": self._status_id},
-        }
-        self._kernel._emit("update" if self._status_shown else "display", content, self._parent)
-        self._status_shown = True
+        shown = bool(self._status_id)
+        if not shown:
+            self._status_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
+        content = {"data": {"text/plain": f"⏳ {text}"}, "metadata": {}, "transient": {"display_id": self._status_id}}
+        self._kernel._emit("update" if shown else "display", content, self._parent)
+
+    def _end_status(self) -> None:
+        if self._shown is None:
+            content = {"data": {"text/plain": ""}, "metadata": {}, "transient": {"display_id": self._status_id}}
+            self._kernel._emit("update", content, self._parent)
+        else:
+            self._kernel._emit("clear", {"wait": False}, self._parent)
+            for stream in self._shown:
+                self._kernel._emit("stream", stream, self._parent)
+        self._status_id = ""
 
     async def ask(self, prompt: str, password: bool) -> str:
         return await self._kernel._ask_frontend(prompt, password)

@@ -201,7 +201,7 @@ def test_request_counts(emulator, monkeypatch, tmp_path: Path) -> None:  # type:
         assert 1 <= emulator.count(UPLOAD) <= 2
         progress = [m["content"]["data"]["text/plain"] for m in run.outputs if "display" in m["msg_type"]]
         assert any(text.startswith("⏳ syncing 1000 files") for text in progress), progress
-        assert progress[-1] == ""  # the progress line is blanked when the sync is done
+        assert run.outputs[-2]["msg_type"] == "clear_output"  # the progress line goes when the sync is done
         emulator.reset_counts()
         k.execute("x = 1")
         assert dict(emulator.counts) == {WS: 1}
