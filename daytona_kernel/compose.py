@@ -20,7 +20,8 @@ from .config import DaytonaKernelConfig, MirrorSettings, SessionSettings, settin
 from .fanout import Spawn, WorkerPool
 from .outputs import OutputPolicy
 from .session import RuntimeSession
-from .sync import WorkdirMirror, mirror_root, open_mirror
+from .project import project_root
+from .sync import WorkdirMirror, open_mirror
 
 KERNEL_FILE_PREFIX = "kernel-"
 NOTEBOOK_ENV = "JPY_SESSION_NAME"  # jupyter_server gives a kernel its notebook's path here
@@ -31,10 +32,11 @@ def build_session(
 ) -> RuntimeSession:
     """The session for a notebook in ``folder``; ``mirror=False`` leaves the folder alone (doctor).
 
-    The folder mirrored (and keyed) is the enclosing git repository's root, else ``folder``;
-    cells start in the notebook's sub-folder of it, as they would with ipykernel.
+    The folder mirrored (and keyed) is the project's root (``project.project_root``: ``sync_root``,
+    the git root, a project marker, else ``folder``); cells start in the notebook's sub-folder of it,
+    as they would with ipykernel.
     """
-    root, start_in = mirror_root(folder)
+    root, start_in = project_root(folder, config.sync_root)
     sandbox = open_sandbox(config, root, kernel_id)
     workdir_mirror = open_mirror(config, sandbox, root, log, start_in) if mirror else None
     identity = KernelIdentity(kernel_id, os.environ.get(NOTEBOOK_ENV, ""))

@@ -195,6 +195,14 @@ class DaytonaKernelConfig(Configurable):
         "'up' (local changes go to the sandbox), 'down' (files cells write come back) or 'off'.",
     ).tag(config=True)
 
+    sync_root = Unicode(
+        "",
+        help="The project folder to mirror (absolute, ~, or relative to the notebook's folder; it must contain "
+        "the notebook). Empty: the git repository's root, else the nearest folder with a project marker "
+        "(pyproject.toml, setup.py, setup.cfg, requirements.txt, environment.yml, Pipfile, .project-root, .here), "
+        "else the notebook's folder; never the home folder or one that holds it.",
+    ).tag(config=True)
+
     sync_exclude = List(
         Unicode(),
         default_value=[],

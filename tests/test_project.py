@@ -204,3 +204,69 @@ def test_the_cell_file_name_hash_is_ipykernels() -> None:
     assert get_tmp_hash_seed() == CELL_HASH_SEED
     for text in ("", "a", "ab", "abc", "abcd", "def g():\n    return 1 / 0", "é漢字🙂x", "x" * 1001):
         assert murmur2_x86(text, CELL_HASH_SEED) == ipykernels(text, CELL_HASH_SEED), text
+
+
+# -- the project root ------------------------------------------------------------------------------------
+
+
+def test_the_project_root_is_the_git_root_else_the_nearest_marked_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    import pytest
+
+    from daytona_kernel.errors import ConfigError
+    from daytona_kernel.project import PROJECT_MARKERS, project_root
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "requirements.txt").write_text("")  # git wins over a nearer marker
+    (tmp_path / "plain" / "nb").mkdir(parents=True)
+    assert project_root(str(tmp_path / "repo" / "a" / "b")) == (str(tmp_path / "repo"), "a/b")
+    assert project_root(str(tmp_path / "repo")) == (str(tmp_path / "repo"), "")
+    assert project_root(str(tmp_path / "plain" / "nb")) == (str(tmp_path / "plain" / "nb"), "")
+    for marker in PROJECT_MARKERS:
+        proj = tmp_path / "marked" / marker.strip(".")
+        (proj / "notebooks" / "deep").mkdir(parents=True)
+        (proj / marker).write_text("")
+        assert project_root(str(proj / "notebooks" / "deep")) == (str(proj), "notebooks/deep"), marker
+    home = tmp_path / "home"
+    (home / "work" / "nb").mkdir(parents=True)
+    (home / "requirements.txt").write_text("")
+    (home / ".git").mkdir()
+    (tmp_path / "pyproject.toml").write_text("")  # above home: never
+    assert project_root(str(home / "work" / "nb")) == (str(home / "work" / "nb"), "")  # never home, nor above it
+    assert project_root(str(home / "work" / "nb"), "..") == (str(home / "work"), "nb")  # sync_root overrides
+    assert project_root(str(home / "work" / "nb"), str(home / "work")) == (str(home / "work"), "nb")
+    with pytest.raises(ConfigError, match="does not contain the notebook's folder"):
+        project_root(str(home / "work" / "nb"), str(tmp_path / "plain"))
+    with pytest.raises(ConfigError, match="is not a folder"):
+        project_root(str(home / "work" / "nb"), "missing")
+
+
+OUTSIDE_STEPS = [
+    "open('../data/x.csv').read()",
+    "import os\nos.makedirs('../results', exist_ok=True)\nopen('../results/out.csv', 'w').write('r,1\\n')",
+    "open('../../outside.csv').read()",
+    "open('../../written.csv', 'w').write('lost')",
+]
+
+
+def test_a_project_without_git_is_found_by_its_marker_and_paths_outside_it_say_so(kernel_name: str, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "notebooks").mkdir(parents=True)
+    (proj / "data").mkdir()
+    (proj / "requirements.txt").write_text("pandas\n")
+    (proj / "data" / "x.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "outside.csv").write_text("far away")
+    with Kernel(kernel_name, cwd=str(proj / "notebooks")) as k:
+        read, write, outside, lost = (k.execute(code) for code in OUTSIDE_STEPS)
+    assert answer(read) == ("ok", repr("a,b\n1,2\n"))
+    assert write.status == "ok" and (proj / "results" / "out.csv").read_text() == "r,1\n"  # brought down
+    assert outside.errors[0]["ename"] == "FileNotFoundError"
+    note = plain(outside.errors[0]["traceback"])
+    assert f"{tmp_path / 'outside.csv'} is outside the project folder mirrored into the sandbox ({proj})" in note
+    assert "DaytonaKernel.sync_root" in note
+    assert lost.status == "ok" and not (tmp_path / "written.csv").exists()
+    notice = lost.text("stderr")
+    assert f"this cell wrote {tmp_path / 'written.csv'} outside the project folder" in notice and "sync_root" in notice
+    with Kernel(kernel_name, cwd=str(proj / "notebooks"), env={"DAYTONA_KERNEL_SYNC_ROOT": str(tmp_path)}) as k:
+        assert answer(k.execute(OUTSIDE_STEPS[2])) == ("ok", "'far away'")  # sync_root takes the folder above

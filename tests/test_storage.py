@@ -282,17 +282,6 @@ def test_a_scan_stops_at_its_time_budget(tmp_path: Path) -> None:
     assert (files, complete) == ({}, False)
 
 
-def test_the_mirrored_folder_is_the_repository_root(tmp_path: Path) -> None:
-    from daytona_kernel.sync import mirror_root
-
-    (tmp_path / "repo" / ".git").mkdir(parents=True)
-    (tmp_path / "repo" / "a" / "b").mkdir(parents=True)
-    (tmp_path / "plain" / "nb").mkdir(parents=True)
-    assert mirror_root(str(tmp_path / "repo" / "a" / "b")) == (str(tmp_path / "repo"), "a/b")
-    assert mirror_root(str(tmp_path / "repo")) == (str(tmp_path / "repo"), "")
-    assert mirror_root(str(tmp_path / "plain" / "nb")) == (str(tmp_path / "plain" / "nb"), "")
-
-
 def test_a_cloned_repository_comes_back_in_a_new_sandbox(kernel_name: str, tmp_path: Path) -> None:
     """The clone is on the sandbox's disk and not on the volume: a new sandbox clones again, nothing half-restored."""
     repo = tmp_path / "src" / "project"

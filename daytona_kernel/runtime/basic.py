@@ -122,6 +122,7 @@ class BasicShell(object):
 
     def show_error(self, etype, evalue, tb):
         sys.last_type, sys.last_value, sys.last_traceback = etype, evalue, tb  # pdb.pm() works
+        self.runtime.explain(evalue)
         if issubclass(etype, UsageError):  # as IPython shows it: one line on stderr, the reply says error
             sys.stderr.write("UsageError: %s\n" % evalue)
             sys.stderr.flush()

@@ -9,6 +9,7 @@ directory from the volume and keeps the volume's copy; ``save_checkpoint`` and
 
 import hashlib
 import os
+import sys
 import time
 import types
 
@@ -120,6 +121,95 @@ def rewritten_in_place(workdir, racy, now, changed, started_ns):
         if recent:
             still_racy[rel] = (stat, digest)
     return rewritten, still_racy
+
+
+OUTSIDE_LISTED = 5  # paths named in the notice of writes outside the mirrored folder
+_watcher = None  # the process's OutsideTheMirror, seen by the audit hook (installed once per process)
+
+
+def _on_audit(event, args):
+    if event == "open" and _watcher is not None:
+        _watcher.opened(*args[:3])
+
+
+class OutsideTheMirror(object):
+    """Paths a cell reaches outside the working directory, which is the mirrored project folder.
+
+    A read there fails (the file is not in the sandbox): ``explain`` adds a note to the error
+    naming the user's path and the setting. A write there succeeds in the sandbox but never
+    comes back: ``opened`` (an audit hook on ``open``) records it and ``take_notice`` says so
+    after the cell. Only relative paths count: they are the user's own (``../results/x.csv``);
+    libraries and the runtime write absolute paths (temporary files, caches, the journal).
+    """
+
+    def __init__(self, workdir, local_root):
+        global _watcher
+        self.workdir = os.path.realpath(workdir)
+        self.local_root = local_root
+        self._written = []
+        if _watcher is None:
+            sys.addaudithook(_on_audit)
+        _watcher = self
+
+    def _outside(self, path):
+        """(the path as text, its absolute sandbox path) when it is outside the working directory, else None."""
+        try:
+            path = os.fsdecode(path)
+        except TypeError:
+            return None  # a file descriptor
+        if not path:
+            return None
+        full = os.path.normpath(os.path.join(os.getcwd(), path))
+        if full == self.workdir or full.startswith(self.workdir + os.sep):
+            return None
+        return path, full
+
+    def _shown(self, path, full):
+        """The path as the user knows it: on their machine, for a relative one."""
+        if os.path.isabs(path):
+            return path
+        return os.path.normpath(os.path.join(self.local_root, os.path.relpath(full, self.workdir)))
+
+    def opened(self, path, mode, flags):
+        if isinstance(flags, int):
+            writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        else:
+            writes = isinstance(mode, str) and any(c in mode for c in "wax+")
+        found = self._outside(path) if writes else None
+        if found is None or os.path.isabs(found[0]) or len(self._written) >= 1000:
+            return
+        shown = self._shown(*found)
+        if shown not in self._written:
+            self._written.append(shown)
+
+    def explain(self, exc):
+        """Add a note to a FileNotFoundError (or NotADirectoryError) for a path outside the mirrored folder."""
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            return
+        found = self._outside(exc.filename) if exc.filename is not None else None
+        if found is None or os.path.exists(found[1]):
+            return
+        note = (
+            "daytona-kernel: %s is outside the project folder mirrored into the sandbox (%s), so it is not here. "
+            "Set DaytonaKernel.sync_root to a folder that contains it." % (self._shown(*found), self.local_root)
+        )
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = exc.__notes__ = []
+        if note not in notes:
+            notes.append(note)
+
+    def take_notice(self):
+        """After a cell: the writes outside the mirrored folder, once."""
+        written, self._written = self._written, []
+        if not written:
+            return ""
+        more = " and %d more" % (len(written) - OUTSIDE_LISTED) if len(written) > OUTSIDE_LISTED else ""
+        return (
+            "daytona-kernel: this cell wrote %s%s outside the project folder mirrored back from the sandbox (%s); "
+            "it stays in the sandbox. Set DaytonaKernel.sync_root to a folder that contains it.\n"
+            % (", ".join(written[:OUTSIDE_LISTED]), more, self.local_root)
+        )
 
 
 def _file_digest(path):

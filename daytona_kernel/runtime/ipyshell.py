@@ -182,6 +182,14 @@ class SandboxShell(InteractiveShell):
     def set_next_input(self, text, replace=False):
         self.payload_manager.write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
+    def showtraceback(self, exc_tuple=None, *args, **kwargs):
+        """IPython's, after the runtime's note on a path outside the mirrored folder."""
+        try:
+            self.runtime.explain(self._get_exc_info(exc_tuple)[1])
+        except ValueError:
+            pass  # no exception to show: IPython says so
+        super().showtraceback(exc_tuple, *args, **kwargs)
+
     def _showtraceback(self, etype, evalue, stb):
         sys.stdout.flush()
         sys.stderr.flush()

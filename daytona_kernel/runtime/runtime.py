@@ -121,6 +121,8 @@ class Runtime(object):
             excludes, includes = self.options.get("sync_excludes") or (), self.options.get("sync_includes") or ()
             rules = _pathrules.MirrorRules(self.workdir, excludes, includes, secrets=())
         self.watch = _files.WorkdirWatch(self.workdir, rules)
+        local_root = self.options.get("local_root")  # the user's project folder, mirrored here
+        self.outside = _files.OutsideTheMirror(self.workdir, local_root) if local_root else None
         if threading.current_thread() is threading.main_thread():
             # Python's own SIGINT handler, as under ipykernel: the worker's (a Python function) would
             # add its frame (local_worker.py on_sigint, the daemon's sigint_handler) to the cell's traceback.
@@ -328,6 +330,8 @@ class Runtime(object):
                 if user_expressions:
                     self.send(Kind.USER_EXPRESSIONS, self.shell.expressions_reply(user_expressions))
                 self.err.write(self.watch.take_notice())
+                if self.outside is not None:
+                    self.err.write(self.outside.take_notice())
                 changes = self.watch.changes()
                 if changes:  # the cell's new, changed and deleted files, for the kernel to download
                     self.send(Kind.FILES, changes)
@@ -382,6 +386,11 @@ class Runtime(object):
         """Load the variables of a checkpoint back into the namespace (relative: in the working directory)."""
         with self.session():
             self.send(Kind.REPLY, _files.load_checkpoint(os.path.join(self.workdir, path), self.user_ns))
+
+    def explain(self, exc):
+        """Before a cell's error is shown: say so when it is about a path outside the mirrored folder."""
+        if self.outside is not None:
+            self.outside.explain(exc)
 
     def _widgets_notice(self, module):
         if not self._widgets_noticed:
