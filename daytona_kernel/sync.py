@@ -76,28 +76,6 @@ SCAN_BUDGET_S = 2.0  # the scan of the notebook folder before each cell
 DEFAULT_FILE_MODE = 0o644
 
 
-def mirror_root(folder: str) -> tuple[str, str]:
-    """The folder to mirror for a notebook in ``folder``, and the notebook's sub-folder of it.
-
-    The enclosing git repository's root, so that ``../data/x.csv`` from
-    ``repo/notebooks`` works as with ipykernel; else the notebook's folder. A
-    repository at the home folder or above it counts as no repository (too broad).
-
-    Examples:
-        >>> mirror_root("/work/repo/notebooks")  # doctest: +SKIP
-        ('/work/repo', 'notebooks')
-    """
-    start = Path(os.path.abspath(folder))
-    home = Path.home()
-    for candidate in (start, *start.parents):
-        if candidate == home or candidate in home.parents:
-            break
-        if (candidate / ".git").exists():
-            sub = start.relative_to(candidate).as_posix()
-            return str(candidate), "" if sub == "." else sub
-    return str(start), ""
-
-
 def open_mirror(
     config: DaytonaKernelConfig, sandbox: Sandbox, folder: str, log: logging.Logger, start_in: str = ""
 ) -> WorkdirMirror:
