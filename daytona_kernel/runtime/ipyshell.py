@@ -199,7 +199,7 @@ class SandboxShell(InteractiveShell):
 
     def show_usage_error(self, exc):
         """As ipykernel: one ``UsageError: ...`` line on stderr, no error output; the reply still says error."""
-        super().show_usage_error(exc)
+        sys.stderr.write("UsageError: %s\n" % exc)  # IPython's line, in one write
         sys.stderr.flush()
         self.runtime.send(Kind.ERROR, {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [], "reply_only": True})
 
