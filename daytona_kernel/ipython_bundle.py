@@ -4,16 +4,28 @@ The archive holds IPython, matplotlib-inline and every package they require (for
 sandbox's Python version), taken from the kernel's environment as installed, with their
 ``.dist-info`` folders so ``importlib.metadata`` works there too. Compiled files are left
 out: the shipped code must run on any CPU; a package that is nothing without them
-(``NATIVE_ONLY``) is left out whole, and IPython imports it only on demand.
+(``NATIVE_ONLY``) is left out whole, and IPython imports it only on demand. jedi's stubs of
+third-party packages are left out too (``LEFT_OUT``): they were 60% of the archive's bytes and
+70% of its files, and without them completion reads those packages' own source, as it does for
+any package without stubs.
+
+An archive is built once per IPython version, sandbox Python and set of packages, and kept
+in the kernel machine's Jupyter data folder (``cache_path``): the next kernel that ships
+the same one reads it instead of compressing 15 MB again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata as metadata
 import io
+import logging
+import os
 import tarfile
 from pathlib import Path
+
+from jupyter_core.paths import jupyter_data_dir
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -21,6 +33,10 @@ from packaging.specifiers import SpecifierSet
 ROOTS = ("ipython", "matplotlib-inline")
 NATIVE_ONLY = frozenset({"psutil"})  # IPython imports it lazily (%kitty); no pure-Python form exists
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".pyc")
+LEFT_OUT = ("jedi/third_party/typeshed/stubs/", "jedi/third_party/django-stubs/")
+FORMAT = "2"  # part of the cache key: bump it when what goes into an archive changes
+
+log = logging.getLogger("daytona_kernel.ipython_bundle")
 
 
 def ipython_version() -> str:
@@ -65,16 +81,42 @@ def distributions(python: str) -> list[metadata.Distribution]:
     return sorted(found.values(), key=lambda d: _key(d.metadata["Name"]))
 
 
+def cache_path(python: str, dists: list[metadata.Distribution]) -> Path:
+    """Where the archive for ``dists`` on a sandbox Python ``python`` is kept on this machine."""
+    packages = ",".join(f"{_key(d.metadata['Name'])}=={d.version}" for d in dists)
+    digest = hashlib.sha256(f"{FORMAT}|{packages}|{LEFT_OUT}".encode()).hexdigest()[:16]
+    major_minor = ".".join(python.split(".")[:2])
+    return Path(jupyter_data_dir()) / "daytona-kernel" / "ipython" / f"ipython-{ipython_version()}-py{major_minor}-{digest}.tar.gz"
+
+
 @functools.lru_cache(maxsize=4)
 def archive(python: str) -> bytes:
-    """A gzipped tar of the packages, paths relative to a site-packages folder."""
+    """A gzipped tar of the packages, paths relative to a site-packages folder (from the cache when it is there)."""
+    dists = distributions(python)
+    path = cache_path(python, dists)
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    data = _build(dists)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_bytes(data)
+        os.replace(part, path)
+    except OSError as exc:  # a read-only or full disk: the next kernel builds it again
+        log.info("could not keep the IPython archive in %s: %s", path.parent, exc)
+    return data
+
+
+def _build(dists: list[metadata.Distribution]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for dist in distributions(python):
+        for dist in dists:
             for file in dist.files or ():
                 rel = str(file)
-                if rel.startswith("..") or "__pycache__" in rel or rel.endswith(COMPILED_SUFFIXES):
-                    continue  # scripts outside site-packages, bytecode and compiled code stay here
+                if rel.startswith("..") or "__pycache__" in rel or rel.endswith(COMPILED_SUFFIXES) or rel.startswith(LEFT_OUT):
+                    continue  # scripts outside site-packages, bytecode, compiled code and jedi's other stubs stay here
                 path = Path(file.locate())
                 if path.is_file():
                     tar.add(str(path), arcname=rel, recursive=False)

@@ -126,8 +126,8 @@ class ContextSupervisor:
         context = await self.sandbox.create_context()
         token, hello = await self._bootstrap(context)
         if self._wants_ipython(hello) and await self._ship_ipython(context, hello):
-            await self.close_quietly(context)  # a new context finds the shipped IPython
-            context = await self.sandbox.create_context()
+            old = context  # a new context finds the shipped IPython; the old one goes meanwhile
+            context, _ = await asyncio.gather(self.sandbox.create_context(), self.close_quietly(old))
             token, hello = await self._bootstrap(context)
         self.live = Live(context, token, hello.pid, hello.python)
         if self._settings.repo_url and self._repo_staged_in != self.sandbox.generation:

@@ -42,6 +42,17 @@ def unpack_ipython_code(archive: str, folder: str) -> str:
     removes the archive, its partial folder if the unpacking fails (a full disk), and what earlier
     attempts left behind (``STALE_SHIPPING_S``): nothing accumulates on the sandbox's disk."""
     return (
+        "def __dk_untar(archive, part):  # the system's tar unpacks the 1,800 files about twice as fast as tarfile\n"
+        "    import os, shutil, subprocess\n"
+        "    tar = shutil.which('tar')\n"
+        "    if tar is None:\n"
+        "        return False\n"
+        "    os.makedirs(part)\n"
+        "    args = [tar, '-xzf', archive, '-C', part, '--no-same-owner']\n"
+        "    if subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:\n"
+        "        return True\n"
+        "    shutil.rmtree(part, ignore_errors=True)  # tarfile tries again, and says why if it fails too\n"
+        "    return False\n"
         "def __dk_unpack(archive, folder):\n"
         "    import glob, os, shutil, tarfile, time\n"
         "    for stale in glob.glob(glob.escape(folder) + '.part-*') + glob.glob(glob.escape(folder) + '.*tar.gz'):\n"
@@ -52,8 +63,9 @@ def unpack_ipython_code(archive: str, folder: str) -> str:
         "            pass\n"
         "    part = folder + '.part-' + os.urandom(4).hex()\n"
         "    try:\n"
-        "        with tarfile.open(archive) as tar:\n"
-        "            tar.extractall(part, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))\n"
+        "        if not __dk_untar(archive, part):\n"
+        "            with tarfile.open(archive) as tar:\n"
+        "                tar.extractall(part, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))\n"
         "        try:\n"
         "            os.rename(part, folder)\n"
         "        except OSError:  # another kernel unpacked it first\n"
@@ -67,7 +79,7 @@ def unpack_ipython_code(archive: str, folder: str) -> str:
         "        except OSError:\n"
         "            pass\n"
         f"__dk_unpack({archive!r}, {folder!r})\n"
-        "del __dk_unpack\n"
+        "del __dk_unpack, __dk_untar\n"
     )
 
 
