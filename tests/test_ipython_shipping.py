@@ -50,6 +50,8 @@ def test_an_offline_sandbox_without_ipython_gets_the_kernels(
         assert (name, version) == ("SandboxShell", ipython_bundle.ipython_version())
         assert where.startswith(str(home / ".cache" / "daytona-kernel"))
         assert result_text(k.execute("%who_ls")) == "['IPython']"
+        code = "import json\njson.JSONDec"  # jedi's stdlib stubs are shipped (its third-party ones are not)
+        assert "JSONDecoder" in k.request("complete", code, len(code))["matches"]
         assert [s.spec.get("networkBlockAll") for s in bare_emulator.sandboxes.values()] == [True]
         uploads = bare_emulator.counts[UPLOAD]
         assert uploads >= 1
