@@ -143,6 +143,70 @@ def interrupt_latency(k: Kernel, reps: int) -> dict[str, float]:
     return ms(stats(samples))
 
 
+SLIDER = (
+    "import time, ipywidgets as w\ns = w.IntSlider()\n"
+    "s.observe(lambda change: print(time.time(), flush=True), 'value')\ns"
+)
+STOP_LOOP = "clicked.clear()\nwhile not clicked:\n    await asyncio.sleep(0.005)\nprint(time.time(), flush=True)"
+
+
+def _widget_id(run: Any) -> str:
+    return str(run.of_type("execute_result")[0]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"])
+
+
+def slider_to_observer(k: Kernel, reps: int) -> dict[str, float]:
+    """From the frontend's slider update to the observer's output in the kernel's iopub."""
+    slider = _widget_id(k.execute(SLIDER))
+    samples = []
+    for i in range(reps + 2):
+        time.sleep(0.1)  # one update, as after a pause: not held by the 50 ms spacing of the one before
+        t0 = time.perf_counter()
+        sent = k.comm("comm_msg", {"comm_id": slider, "data": {"method": "update", "state": {"value": i + 1}, "buffer_paths": []}})
+        k.wait_for(lambda m, sent=sent: m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == sent)
+        if i >= 2:
+            samples.append(time.perf_counter() - t0)
+    return ms(stats(samples))
+
+
+def click_to_awaiting_loop(k: Kernel, reps: int) -> dict[str, float]:
+    """From a Button click to the awaiting loop in the running cell seeing it (its print's timestamp)."""
+    button = _widget_id(k.execute("import asyncio, time, ipywidgets as w\nclicked = []\nb = w.Button()\nb.on_click(clicked.append)\nb"))
+    samples = []
+    for i in range(reps + 1):
+        msg_id = k.kc.execute(STOP_LOOP)
+        k.wait_for(lambda m, msg_id=msg_id: m["msg_type"] == "status" and m["content"]["execution_state"] == "busy" and m["parent_header"].get("msg_id") == msg_id)
+        time.sleep(0.2)  # the loop is awaiting
+        clicked_at = time.time()
+        k.comm("comm_msg", {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}})
+        seen = k.wait_for(lambda m, msg_id=msg_id: m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == msg_id)
+        k.wait_for(lambda m, msg_id=msg_id: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" and m["parent_header"].get("msg_id") == msg_id)
+        if i >= 1:
+            samples.append(float(seen["content"]["text"].split()[0]) - clicked_at)
+    return ms(stats(samples))
+
+
+def tqdm_notebook_loop(k: Kernel, reps: int) -> dict[str, float]:
+    """The loop's own time in the kernel's (or sandbox's) Python: what the progress widget's updates cost it."""
+    k.execute("import time\nfrom tqdm.notebook import tqdm")
+    code = "t0 = time.perf_counter()\nfor i in tqdm(range(10_000)):\n    pass\nprint(time.perf_counter() - t0)"
+    return stats([float(k.execute(code).text().split()[-1]) for _ in range(reps)])
+
+
+def widget_figures(stock: Kernel, local: Kernel, remote: Kernel, raw_noop: dict[str, float], few: int) -> list[Figure]:
+    base_click = click_to_awaiting_loop(stock, few)
+    base_tqdm = tqdm_notebook_loop(stock, few)
+    return [
+        Figure("slider update to its observer, daytona (emulator) vs one raw run_code", "ms", slider_to_observer(remote, few * 2), raw_noop,
+               "AsyncSandbox.code_interpreter.run_code('pass')", "≤ baseline + 50 ms",
+               note="while idle, a batch of frontend messages is one short call of its own"),
+        Figure("Button click to an awaiting loop, daytona-local vs ipykernel", "ms", click_to_awaiting_loop(local, few), base_click, "ipykernel", "≤ 200 ms",
+               note="while a cell runs, a batch is one file upload to the runtime's inbox, polled every 20 ms"),
+        Figure("Button click to an awaiting loop, daytona (emulator) vs ipykernel", "ms", click_to_awaiting_loop(remote, few), base_click, "ipykernel"),
+        Figure("tqdm.notebook loop of 10,000 iterations, daytona-local vs ipykernel", "s", tqdm_notebook_loop(local, few), base_tqdm, "ipykernel", "≤ 1.5×"),
+        Figure("tqdm.notebook loop of 10,000 iterations, daytona (emulator) vs ipykernel", "s", tqdm_notebook_loop(remote, few), base_tqdm, "ipykernel", "≤ 1.5×"),
+    ]
+
+
 def start_to_first_result(name: str, reps: int, env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, float]:
     samples = []
     for _ in range(reps):
@@ -465,6 +529,7 @@ def run(quick: bool) -> Report:
         add(Figure("restart to first result, daytona (emulator), reused sandbox", "s", restart_to_first_result(remote, few), base_restart, "ipykernel", "≤ 1 s",
                    note=f"the emulator's stop takes {STOPPING_S:g} s and its start {STARTING_S:g} s, as on Daytona: a restart keeps the sandbox running"))
         emu.transition_s.update(stopping=TRANSITION_S, starting=TRANSITION_S)
+        report.figures += widget_figures(stock, local, remote, raw_noop, few)
         for k in (stock, local, remote):
             k.close()
         base_start = start_to_first_result("python3", few)

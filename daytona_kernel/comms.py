@@ -101,8 +101,11 @@ class FrontendQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, msg: dict[str, Any]) -> None:
+    def add(self, msg: dict[str, Any]) -> str | None:
+        """Queue a message; returns the id of a message that will not be sent (superseded, or this one
+        when the queue is full), else None."""
         state = value_update(msg)
+        gone = None
         if state is not None:
             for i in range(len(self._items) - 1, -1, -1):
                 older = value_update(self._items[i])
@@ -110,12 +113,13 @@ class FrontendQueue:
                     break  # an event: nothing merges across it
                 if self._items[i]["content"].get("comm_id") == msg["content"].get("comm_id"):
                     if set(older) <= set(state):
-                        del self._items[i]
+                        gone = self._items.pop(i)["header"]["msg_id"]
                     break
         if len(self._items) >= self._limit:
             self.dropped += 1
-            return
+            return str(msg["header"]["msg_id"])
         self._items.append(msg)
+        return gone
 
     def take(self) -> list[dict[str, Any]]:
         items, self._items = self._items, []
@@ -204,6 +208,8 @@ class CommBridge:
         self.seq = 0  # the last inbox batch uploaded
         self._acked = 0
         self._drain = False  # fetch what the sandbox holds (a background thread's updates, an unread batch)
+        self._handled: dict[str, asyncio.Future[None] | None] = {}  # frontend messages the sandbox has not handled yet
+        self._uploads: list[tuple[int, list[str]]] = []  # inbox batches not acknowledged: (seq, message ids)
         self._sender: asyncio.Future[None] | None = None
 
     # -- requests ------------------------------------------------------------------
@@ -306,33 +312,54 @@ class CommBridge:
 
     def ack(self, event: CommAck) -> None:
         self._acked = max(self._acked, event.seq)
+        for seq, ids in [u for u in self._uploads if u[0] <= self._acked]:
+            self._uploads.remove((seq, ids))
+            self.handled(ids)
         if event.more or self._acked < self.seq:
             self._drain = True
             self._wake()
 
     # -- frontend to sandbox ---------------------------------------------------------
 
-    def from_frontend(self, msg: dict[str, Any]) -> None:
-        """A comm_open, comm_msg or comm_close from the frontend: queued for the sandbox."""
+    def from_frontend(self, msg: dict[str, Any]) -> asyncio.Future[None] | None:
+        """A comm_open, comm_msg or comm_close from the frontend: queued for the sandbox. Returns what
+        resolves once the sandbox handled it (or will not), as ipykernel's idle follows a handler's output:
+        JupyterLab's Output widget captures only while the message's request is not done."""
         msg_type = msg["header"]["msg_type"]
         content = msg.get("content") or {}
         comm_id = content.get("comm_id")
         if not isinstance(comm_id, str):
-            return
+            return None
         if msg_type == "comm_open":
             target = str(content.get("target_name", ""))
             if not self.policy.frontend_target(target):
                 self._publisher.publish_comm("comm_close", {"comm_id": comm_id, "data": {}}, {}, [], msg)
-                return
+                return None
             self.comms[comm_id] = OpenComm(target, from_frontend=True)
         elif comm_id not in self.comms:
             self._log.debug("dropped a %s for comm %s, which is not open", msg_type, comm_id)
-            return
+            return None
         elif msg_type == "comm_close":
             del self.comms[comm_id]
-        self._remember(msg["header"]["msg_id"], msg)
-        self.queue.add(wire_message(msg))
+        msg_id = str(msg["header"]["msg_id"])
+        self._remember(msg_id, msg)
+        handled = self._handled[msg_id] = asyncio.get_running_loop().create_future() if self.transport else None
+        gone = self.queue.add(wire_message(msg))
+        if gone is not None:
+            self.handled([gone])
         self._wake()
+        return handled
+
+    def handled(self, msg_ids: list[str]) -> None:
+        """The sandbox handled these frontend messages (or never will)."""
+        for msg_id in msg_ids:
+            future = self._handled.pop(msg_id, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def uploaded(self, seq: int, batch: list[dict[str, Any]]) -> None:
+        """A batch went to the running cell's inbox as number ``seq``; the cell's acknowledgement settles it."""
+        self._uploads.append((seq, [m["header"]["msg_id"] for m in batch]))
 
     def _wake(self) -> None:
         if self.transport is not None and (self._sender is None or self._sender.done()):
@@ -353,6 +380,7 @@ class CommBridge:
                 await self.transport.deliver_comms(batch, self)
             except DaytonaKernelError as exc:
                 self._log.warning("could not pass %d widget message(s) to the sandbox: %s", len(batch), exc)
+                self.handled([m["header"]["msg_id"] for m in batch])
             pause = DRAIN_INTERVAL_S if drain and not batch else BATCH_S
             await asyncio.sleep(max(0.0, pause - (loop.time() - started)))
 
@@ -378,3 +406,5 @@ class CommBridge:
                 self._publisher.publish_comm("comm_close", {"comm_id": comm_id, "data": {}}, {}, [], self.request_parent)
         self.comms.clear()
         self.seq = self._acked = 0
+        self._uploads.clear()
+        self.handled(list(self._handled))

@@ -126,7 +126,9 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         """comm_open, comm_msg, comm_close from the frontend. ipykernel's base class dispatches them
         even while a cell runs, so they reach an awaiting cell at once."""
         if self._comms is not None:
-            self._comms.from_frontend(parent)
+            handled = self._comms.from_frontend(parent)
+            if handled is not None:  # idle follows the output of the sandbox's handler, as with ipykernel
+                await handled
         elif parent["header"]["msg_type"] == "comm_open":  # no sandbox: close it, as for an unknown target
             self.publish_comm("comm_close", {"comm_id": parent["content"].get("comm_id"), "data": {}}, {}, [], parent)
 

@@ -235,6 +235,8 @@ class Request:
         if self._comms is None:  # a session without the bridge (doctor): widgets show their text
             return
         if isinstance(event, ParentSwitch):
+            if self._under is not None:  # the sandbox is done with that message
+                self._comms.handled([str(self._under.get("header", {}).get("msg_id", ""))])
             self._under = self._comms.parent_for(event.msg_id) if event.msg_id else None
         elif isinstance(event, CommMessage):
             self._comms.from_sandbox(event, self._under, self._budget)

@@ -295,6 +295,7 @@ class RuntimeSession:
                     bridge.seq += 1
                     path = posixpath.join(self._cell_inbox, f"comms-{bridge.seq}.json")
                     await self.sandbox.upload([(json.dumps(batch).encode(), path)])
+                    bridge.uploaded(bridge.seq, batch)
                 return
             if not self.in_cell and not self._run_lock.locked():
                 break
@@ -316,6 +317,7 @@ class RuntimeSession:
             finally:
                 self._current = None
                 request.finish()
+                bridge.handled([m["header"]["msg_id"] for m in batch])
         if runtime_missing(error):
             bridge.closed_all()  # the interpreter was replaced: its widgets are gone
         elif error is not None:

@@ -272,3 +272,59 @@ def test_jupyterlab_with_daytona_on_the_emulator(browser, emulator, tmp_path: Pa
         _user_journey(browser, lab, "remote.ipynb", "jupyterlab-daytona.png", docs_screenshot=False, scripts_run=False)
     finally:
         lab.close()
+
+
+WIDGETS = (
+    "import asyncio, ipywidgets as w\n"
+    "speed = w.IntSlider(value=3, max=10, description='speed')\n"
+    "out = w.Output()\n"
+    "def moved(change):\n"
+    "    with out:\n"
+    "        print('speed is now', change['new'])\n"
+    "speed.observe(moved, 'value')\n"
+    "stop = w.Button(description='Stop', button_style='danger')\n"
+    "stopped = []\n"
+    "stop.on_click(stopped.append)\n"
+    "w.VBox([speed, stop, out])"
+)
+
+
+def test_widgets_in_jupyterlab_with_daytona_on_the_emulator(browser, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A slider moved with the keyboard reaches its observer in the sandbox, whose output the Output
+    widget shows; a Stop button ends an awaiting loop; tqdm.notebook draws its bar."""
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(root, emulator.env())
+    context = None
+    try:
+        lab.create_notebook("widgets.ipynb", "daytona")
+        context, page, nb = _open(browser, lab, "widgets.ipynb")
+        cell = nb.run(WIDGETS)
+        handle = cell.locator(".widget-slider .noUi-handle, .widget-hslider .noUi-handle").first
+        handle.wait_for()
+        handle.focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        cell.locator(".widget-output", has_text="speed is now 5").wait_for()
+        loop = nb.run("n = 0\nwhile not stopped:\n    n += 1\n    await asyncio.sleep(0.05)\nprint('stopped after', n, 'steps')", wait=False)
+        loop.locator(".jp-InputPrompt").filter(has_text="*").wait_for()
+        time.sleep(1)
+        cell.locator("button.jupyter-button", has_text="Stop").click()
+        nb.wait_for_prompt(loop)
+        assert "stopped after" in nb.output_text(loop)
+        bar = nb.run("import time\nfrom tqdm.notebook import tqdm\nfor i in tqdm(range(50), desc='training'):\n    time.sleep(0.01)")
+        bar.locator(".widget-hprogress, .widget-progress").first.wait_for()
+        assert "50/50" in nb.output_text(bar)
+        ARTIFACTS.mkdir(exist_ok=True)
+        cell.scroll_into_view_if_needed()
+        shot = DOCS / "widgets.png" if UPDATE_DOCS_SCREENSHOT else ARTIFACTS / "widgets.png"
+        page.locator(".jp-NotebookPanel").screenshot(path=str(shot))
+    except Exception:
+        if context is not None:
+            ARTIFACTS.mkdir(exist_ok=True)
+            context.pages[0].screenshot(path=str(ARTIFACTS / "failed-widgets.png"), full_page=True)
+        raise
+    finally:
+        if context is not None:
+            context.close()
+        lab.close()

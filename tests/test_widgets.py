@@ -57,10 +57,11 @@ def test_a_slider_shows_and_its_value_round_trips(kernel_name: str, workdir: Any
         assert (state["_model_name"], state["value"]) == ("IntSliderModel", 3)
 
         sent = update(k, slider, value=7)
-        echo = k.wait_for(under(sent, "comm_msg"))
-        assert echo["content"]["data"]["method"] == "echo_update" and echo["content"]["data"]["state"] == {"value": 7}
-        printed = k.wait_for(under(sent, "stream"))  # the observer's output goes under the message that caused it
-        assert printed["content"]["text"] == "saw 7\n"
+        handling = finish(k, sent)  # as ipykernel: busy, the handler's messages, then idle (JupyterLab's Output widget needs that)
+        assert [m["msg_type"] for m in handling] == ["status", "comm_msg", "stream", "status"]
+        echo, printed = handling[1]["content"], handling[2]["content"]
+        assert echo["data"]["method"] == "echo_update" and echo["data"]["state"] == {"value": 7}
+        assert printed["text"] == "saw 7\n"  # the observer's output goes under the message that caused it
         assert result_text(k.execute("seen, s.value")) == "([7], 7)"
 
         changed = k.execute("s.value = 11")  # a change in the kernel reaches the frontend under the cell
