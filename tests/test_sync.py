@@ -31,7 +31,8 @@ def test_rules_follow_gitignore_semantics() -> None:
 
 
 def test_scan_skips_defaults_gitignore_and_virtualenvs(tmp_path: Path) -> None:
-    for rel in ("a.py", "sub/b.csv", ".git/config", "__pycache__/x.pyc", "env/pyvenv.cfg", "env/lib/x.py", "ignored.dat"):
+    for rel in ("a.py", "sub/b.csv", ".git/config", "__pycache__/x.pyc", "env/pyvenv.cfg", "env/lib/x.py", "ignored.dat",
+                "conda/conda-meta/history", "conda/lib/y.py"):  # fmt: skip
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
     (tmp_path / ".gitignore").write_text("*.dat\n")

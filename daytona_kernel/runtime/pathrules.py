@@ -18,7 +18,7 @@ file beats a shallower one, and nothing inside an excluded folder comes back.
   case. Skipped unless the user lists them in ``sync_include``.
 - ``DEFAULT_EXCLUDES``: caches and virtualenvs, below every .gitignore (a
   ``!pattern`` there brings one back). ``sync_exclude`` patterns are above them.
-Folders holding a ``pyvenv.cfg`` (virtualenvs) are always skipped.
+Python environments (a folder holding a ``pyvenv.cfg`` or a ``conda-meta/``) are always skipped.
 
 Examples:
     >>> rules = PathRules(["*.log", "build/", "!keep.log"])
@@ -454,6 +454,12 @@ def file_stat(st):
     return (st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
 
 
+def is_environment(folder):
+    """A Python environment (a virtualenv's pyvenv.cfg, or a conda environment's conda-meta/): never scanned,
+    in either direction, whatever its name."""
+    return os.path.exists(os.path.join(folder, "pyvenv.cfg")) or os.path.isdir(os.path.join(folder, "conda-meta"))
+
+
 def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
     """{relative path: (size, mtime_ns, mode)} of the regular files under root that the rules keep.
 
@@ -491,7 +497,7 @@ def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
                         skipped.append(rel + "/" if is_dir else rel)
                     continue
                 if is_dir:
-                    if not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+                    if not is_environment(entry.path):
                         stack.append((rel, levels))
                     continue
                 st = entry.stat(follow_symlinks=False)
