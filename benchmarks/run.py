@@ -431,6 +431,53 @@ def session_layer_noop(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float
     return asyncio.run(go())
 
 
+def session_layer_png(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """The 2 MB PNG display at the session layer (no Jupyter messages), its large string in a file fetched
+    with one download, and the same through the line protocol (``blob_chars`` 0), against a bare
+    ``run_code`` printing the same bytes in a plain context of the same sandbox; taken in turns."""
+    import logging
+
+    from daytona_kernel.cell import Cell, Recorder
+    from daytona_kernel.compose import build_session
+    from daytona_kernel.config import DaytonaKernelConfig
+
+    os.environ.update(emu.env())
+    display = "display({'image/png': png}, raw=True)"
+
+    async def go() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        config = DaytonaKernelConfig(sandbox_policy="ephemeral", workspace_key="bench-layer-png")
+        session = build_session(config, tempfile.mkdtemp(), "bench", logging.getLogger())
+        await session.ready()
+        lines = build_session(config, tempfile.mkdtemp(), "bench-lines", logging.getLogger())
+        lines.supervisor._runtime_options["blob_chars"] = 0  # every byte through the daemon's lines
+        await lines.ready()
+        plain = await session.sandbox.create_context()
+        for s in (session, lines):
+            await s.execute(Cell(MAKE_PNG, 1), Recorder())
+        await plain.run_code(MAKE_PNG, lambda text: None, lambda text: None)
+        samples: dict[str, list[float]] = {"file": [], "lines": [], "raw": []}
+        for i in range(reps + 1):
+            for name, s in (("file", session), ("lines", lines)):
+                front = Recorder()
+                t0 = time.perf_counter()
+                await s.execute(Cell(display, i + 2), front)
+                if i:
+                    samples[name].append(time.perf_counter() - t0)
+                assert len(front.outputs[0][1]["data"]["image/png"]) == 2796204, "lost output"
+            got: list[str] = []
+            t0 = time.perf_counter()
+            await plain.run_code(PRINT_PNG, got.append, got.append)
+            if i:
+                samples["raw"].append(time.perf_counter() - t0)
+            assert sum(map(len, got)) == 2796204, "lost output"
+        await plain.close()
+        for s in (session, lines):
+            await s.shutdown()
+        return ms(stats(samples["file"])), ms(stats(samples["lines"])), ms(stats(samples["raw"]))
+
+    return asyncio.run(go())
+
+
 def raw_bulk_upload(emu: DaytonaEmulator, files: list[tuple[bytes, str]]) -> float:
     from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, DaytonaConfig, FileUpload
 
@@ -506,6 +553,12 @@ def run(quick: bool) -> Report:
         add(Figure("2 MB PNG display, daytona (emulator) vs raw run_code printing the same bytes", "ms", remote_png, raw_sdk_print(emu, few * 2),
                    "run_code printing the 2.7 MB of base64 in 256 KiB pieces", "≤ 1.3×",
                    note="the raw run_code pays no Jupyter message: the kernel's own JSON encoding and signing of the 2.7 MB display, and the client's decoding, are in ours only"))
+        png_file, png_lines, png_raw = session_layer_png(emu, few * 2)
+        add(Figure("2 MB PNG display at the session layer (its string in a file, one download) vs raw run_code printing the same bytes", "ms",
+                   png_file, png_raw, "the backend's run_code printing them in a plain context", "≤ 1.3×",
+                   note="what the kernel adds before Jupyter: the runtime, the file, the download, the output policy"))
+        add(Figure("2 MB PNG display at the session layer, through the daemon's lines (blob_chars 0) vs a file and one download", "ms",
+                   png_lines, png_file, "the same display through a file"))
         base_int = interrupt_latency(stock, few)
         add(Figure("interrupt to error reply, daytona-local vs ipykernel", "ms", interrupt_latency(local, few), base_int, "ipykernel", "≤ 1 s"))
         add(Figure("interrupt to error reply, daytona (emulator) vs ipykernel", "ms", interrupt_latency(remote, few), base_int, "ipykernel", "≤ 1 s"))
