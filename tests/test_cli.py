@@ -415,3 +415,15 @@ def test_help_links_point_at_pages_that_exist() -> None:
     urls = [link["url"] for link in DaytonaKernel.help_links]
     assert "https://www.daytona.io/docs/" in urls
     assert not [u for u in urls if "pypi.org/project/daytona-kernel" in u]  # not published there
+
+
+def test_the_security_threat_list_names_tests_that_exist() -> None:
+    """docs/security.md's threat table stays in step with the tests it names."""
+    import re
+
+    text = (ROOT / "docs" / "security.md").read_text()
+    table = text[text.index("## Threats and the tests that hold them") :]
+    named = set(re.findall(r"::(test_\w+)", table))
+    assert len(named) >= 15
+    defined = {m for path in (ROOT / "tests").glob("test_*.py") for m in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
+    assert named <= defined, sorted(named - defined)
