@@ -8,6 +8,7 @@ to its end, and takes over the namespace and the execution count.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -301,3 +302,24 @@ def test_attach_to_a_forged_running_session_can_be_interrupted(daytona_env: Any,
         assert result_text(second.execute("'x' in globals()")) == "False"  # not attached
         again = second.execute("%daytona status")
         assert "detached" in again.text(), again.text()  # given back: still attachable
+
+
+def test_a_pid_reused_after_the_sandbox_stopped_is_not_a_session_still_running(daytona_env: Any, tmp_path: Path) -> None:
+    """Issue 23, item 3: a stop starts the sandbox's pids again, so the pid in a journal written before it
+    may name another process afterwards. The journal stays on disk; the session does not."""
+    first = Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path))
+    first.execute("x = 41")
+    [context] = live_contexts(daytona_env, tmp_path)
+    [sandbox] = [s for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"]
+    kill(first)
+    daytona_env.stop_sandbox(sandbox.id)
+    meta = sandbox.home / ".daytona-kernel" / "journal" / context / "meta.json"
+    forged = json.loads(meta.read_text())
+    forged.update(state="running", pid=os.getpid())  # the pid now names a live process: a reused pid
+    meta.write_text(json.dumps(forged))
+    with Kernel("daytona", env=NOTEBOOK, cwd=str(tmp_path)) as second:
+        run = second.execute("'x' in globals()")
+        assert result_text(run) == "False"
+        assert "still running" not in run.text("stderr") and "%daytona attach" not in run.text("stderr")
+        assert "none detached" in second.execute("%daytona status").text()
+    assert not meta.exists()  # pruned by the next runtime's hello
