@@ -32,6 +32,7 @@ NO_KEY = (
 # Sandbox states gc may act on. Anything else is a transition (starting, stopping, archiving,
 # creating, pausing, resuming, restoring ...), and stopping or deleting then races the platform.
 SETTLED_STATES = frozenset({"started", "stopped", "archived", "paused", "error", "build_failed"})
+PAUSED_MAX_AGE_S = 7 * 86400.0  # gc stops a sandbox paused (idle) this long: as long as Daytona keeps a stopped one unarchived
 GONE_STATES = frozenset({"destroyed", "destroying"})
 
 
@@ -139,10 +140,12 @@ def running_kernel_ids() -> set[str]:
 
 
 async def find_orphans(
-    client: Any, older_than_s: float, owner: str, delete_stopped: bool = False
+    client: Any, older_than_s: float, owner: str, delete_stopped: bool = False, paused_older_than_s: float | None = PAUSED_MAX_AGE_S
 ) -> tuple[list[Orphan], list[Skipped]]:
     """This installation's kernel sandboxes whose kernel is gone, or idle past the threshold; with
-    ``delete_stopped``, also stopped or archived ones idle past it (they count against the disk quota)."""
+    ``delete_stopped``, also stopped or archived ones idle past it (they count against the disk quota);
+    paused ones idle past ``paused_older_than_s`` (None: never) are stopped: Daytona never archives or
+    deletes a paused sandbox, which holds its disk (billed, and counted against the quota) for good."""
     from daytona import ListSandboxesQuery
 
     from .backends.daytona_api import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time, state_name
@@ -167,6 +170,11 @@ async def find_orphans(
             reason = f"idle for {idle / 3600:.1f} h"
         elif delete_stopped and idle is not None and idle > older_than_s and state in ("stopped", "archived"):
             reason, action = f"{state} for {idle / 86400:.1f} d (stopped sandboxes count against the disk quota)", "delete"
+        elif paused_older_than_s is not None and idle is not None and idle > paused_older_than_s and state == "paused":
+            reason = (
+                f"paused for {idle / 86400:.1f} d (its disk is billed and held against the quota, and Daytona never "
+                "archives or deletes a paused sandbox; stopping keeps its files, its variables are lost)"
+            )
         else:
             continue
         if state not in SETTLED_STATES:
@@ -201,17 +209,27 @@ async def reclaim_sessions(client: Any, owner: str, config: DaytonaKernelConfig,
 
 
 async def gc(
-    older_than_s: float, dry_run: bool, out: Out, volumes_older_than_s: float = 30 * 86400, delete_stopped: bool = False
+    older_than_s: float,
+    dry_run: bool,
+    out: Out,
+    volumes_older_than_s: float = 30 * 86400,
+    delete_stopped: bool = False,
+    paused_older_than_s: float | None = PAUSED_MAX_AGE_S,
 ) -> int:
     """Clean up after kernels that are gone: Daytona sandboxes, or the local backend's leftovers."""
     config = load_config()
     if config.backend == "local":
         return gc_local(older_than_s, volumes_older_than_s, dry_run, out, config)
-    return await gc_daytona(config, older_than_s, dry_run, out, delete_stopped)
+    return await gc_daytona(config, older_than_s, dry_run, out, delete_stopped, paused_older_than_s)
 
 
 async def gc_daytona(
-    config: DaytonaKernelConfig, older_than_s: float, dry_run: bool, out: Out, delete_stopped: bool = False
+    config: DaytonaKernelConfig,
+    older_than_s: float,
+    dry_run: bool,
+    out: Out,
+    delete_stopped: bool = False,
+    paused_older_than_s: float | None = PAUSED_MAX_AGE_S,
 ) -> int:
     from daytona import AsyncDaytona
     from daytona.common.errors import DaytonaError
@@ -240,7 +258,7 @@ async def gc_daytona(
     try:
         try:
             holding = await reclaim_sessions(client, owner, config, dry_run, out)
-            orphans, skipped = await find_orphans(client, older_than_s, owner, delete_stopped)
+            orphans, skipped = await find_orphans(client, older_than_s, owner, delete_stopped, paused_older_than_s)
         except DaytonaError as exc:
             out(f"error: {translate_error(exc, 'list sandboxes', then)}")
             return 1

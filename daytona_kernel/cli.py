@@ -148,10 +148,16 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30m, 1h, 2d)") from None
 
 
+def _duration_or_never(text: str) -> float | None:
+    return None if text == "never" else _duration(text)
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from . import admin
 
-    return admin.run(admin.gc(args.older_than, args.dry_run, print, args.volumes_older_than, args.delete_stopped))
+    return admin.run(
+        admin.gc(args.older_than, args.dry_run, print, args.volumes_older_than, args.delete_stopped, args.paused_older_than)
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -232,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "gc", help="clean up after kernels that are gone",
         description="Daytona backend: stop (or delete, if ephemeral) this installation's sandboxes whose kernel is "
-        "gone or that sat idle; sandboxes in a transition are left alone. Local backend "
+        "gone or that sat idle, and paused ones idle past --paused-older-than; sandboxes in a transition are left alone. Local backend "
         "(DAYTONA_KERNEL_BACKEND=local): remove leftover sandboxes, input() inboxes and old working copies.",
     )
     p.add_argument("--older-than", type=_duration, default=3600.0, metavar="AGE",
@@ -243,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete-stopped", action="store_true",
                    help="Daytona: also delete stopped or archived sandboxes idle longer than --older-than (e.g. "
                    "--older-than 7d); they count against the disk quota. Their own disk goes; the volume stays")
+    p.add_argument("--paused-older-than", type=_duration_or_never, default=7 * 86400.0, metavar="AGE",
+                   help="Daytona: stop paused sandboxes idle this long (default 7d; 'never' keeps them). Daytona "
+                   "never archives or deletes a paused sandbox, and its disk is billed and counts against the quota; "
+                   "stopping keeps its files (then auto-archive applies) but loses its variables")
     p.add_argument("--dry-run", action="store_true", help="only list what would be done")
     p.set_defaults(func=cmd_gc)
 

@@ -136,3 +136,32 @@ def test_gc_leaves_the_sandbox_of_a_running_kernel_alone(daytona_env, tmp_path: 
         assert code == 0, lines
         assert mine.state == "started", lines
         assert k.execute("2").status == "ok"
+
+
+def test_gc_stops_a_sandbox_paused_longer_than_the_age_and_keeps_a_recent_one(daytona_env, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Daytona never archives or deletes a paused sandbox (sandbox.manager.ts: only STOPPED ones), and a paused
+    sandbox's disk is billed and held against the quota (usage.service.ts): a forgotten one lasts for ever."""
+    import time
+
+    monkeypatch.setattr(daytona_env, "sandbox_class", "linux-vm")
+    old, recent = make_sandbox(daytona_env, owner_id()), make_sandbox(daytona_env, owner_id())
+    for sandbox in (old, recent):
+        daytona_env.pause_sandbox(sandbox)
+        daytona_env.wait_for_state(sandbox, "paused")
+    daytona_env.sandboxes[old].last_activity = time.time() - 8 * 86400
+    daytona_env.sandboxes[recent].last_activity = time.time() - 86400
+    code, lines = run_gc(dry_run=True)
+    assert code == 0, lines
+    assert [line for line in lines if old in line] == [
+        f"would stop {old}: paused for 8.0 d (its disk is billed and held against the quota, and Daytona never archives "
+        "or deletes a paused sandbox; stopping keeps its files, its variables are lost)"
+    ]
+    assert daytona_env.sandboxes[old].state == "paused"
+    code, lines = run_gc()
+    assert code == 0, lines
+    assert daytona_env.sandboxes[old].state == "stopped"  # its disk, and the files on it, are kept
+    assert daytona_env.sandboxes[recent].state == "paused" and not [line for line in lines if recent in line]
+    daytona_env.sandboxes[recent].last_activity = time.time() - 30 * 86400
+    lines = []
+    assert admin.run(admin.gc(3600.0, False, lines.append, paused_older_than_s=None)) == 0  # --paused-older-than never
+    assert daytona_env.sandboxes[recent].state == "paused"
