@@ -345,6 +345,9 @@ class RuntimeSession:
     async def _recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
         generation = self.sandbox.generation
         live = await self.supervisor.recover(cause, frontend.progress)
+        notices = self.supervisor.notices  # what bringing it back took (a recovery from an error ...)
+        while notices:
+            frontend.emit("stream", stderr(notices.pop(0)))
         if self.sandbox.generation != generation:  # gone (deleted, ephemeral auto-stop): another sandbox now
             frontend.emit(
                 "stream",

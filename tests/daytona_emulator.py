@@ -308,6 +308,7 @@ class DaytonaEmulator:
         self.git_credentials: dict[str, tuple[str, str]] = {}  # url -> (username, password) a private repo wants
         self.git_auth_seen: list[tuple[str | None, str | None]] = []  # (username, password) of each clone
         self._faults: list[list[Any]] = []  # [route substring, status, remaining]
+        self._before: list[tuple[str, Any]] = []  # (route substring, what happens first) for the next such request
         self._background: set[asyncio.Future[Any]] = set()
         self._drop_ws_after: int | None = None
         self._lock = threading.Lock()
@@ -430,6 +431,12 @@ class DaytonaEmulator:
         with self._lock:
             self._faults.append([route_part, status, times])
 
+    def before_next(self, route_part: str, action: str) -> None:
+        """Just before the next request whose ``METHOD /route`` contains route_part, its sandbox is paused
+        (``action="pause"``) or starts stopping (``"stop"``): who wins a race with auto-pause or the dashboard."""
+        with self._lock:
+            self._before.append((route_part, action))
+
     def drop_next_websocket(self, after_frames: int = 1) -> None:
         """Cut the next interpreter websocket abruptly after it sent ``after_frames`` frames."""
         with self._lock:
@@ -549,12 +556,23 @@ class DaytonaEmulator:
             fault = next((f for f in self._faults if f[0] in key and f[2] > 0), None)
             if fault is not None:
                 fault[2] -= 1
+            before = next((b for b in self._before if b[0] in key), None)
+            if before is not None:
+                self._before.remove(before)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return self._error(401, "Invalid credentials")
         if fault is not None:
             return self._error(fault[1], f"injected fault {fault[1]}")
+        if before is not None:
+            sandbox = self._sandbox(request)
+            if before[1] == "pause":
+                self._pause(sandbox)
+                while sandbox.state == "pausing":
+                    await asyncio.sleep(0.01)
+            else:
+                await self._stop(sandbox)
         if request.path.startswith("/toolbox/"):
             self._touch(request.match_info.get("sid", ""))
         try:

@@ -216,6 +216,72 @@ def test_a_pause_daytona_refuses_at_shutdown_becomes_a_stop(pausing: Any, tmp_pa
     assert sandbox.state in ("stopping", "stopped")
 
 
+def test_a_shutdown_that_lost_the_race_with_a_pause_leaves_the_sandbox_paused(pausing: Any, tmp_path: Path) -> None:
+    """Auto-pause, or a pause from the dashboard, came first: pause() answers 400 (not started), which is
+    not "this class cannot pause"; stopping now would throw the memory away."""
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.before_next("/pause", "pause")  # auto-pause gets there just before the kernel's own pause
+    assert pausing.count(PAUSE) == 1 and pausing.count(STOP) == 0
+    assert sandbox.state == "paused"
+
+
+def test_a_shutdown_during_a_pending_stop_does_not_stop_it_again(pausing: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pausing.transition_s, "stopping", 3.0)
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.before_next("/pause", "stop")  # a stop from the dashboard is pending: pause() is a 409
+    assert pausing.count(PAUSE) == 1 and pausing.count(STOP) == 0
+    assert sandbox.state in ("stopping", "stopped")
+
+
+def test_a_failed_pause_is_recovered_by_the_next_cell_not_deleted(pausing: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.fail_next_pause("pause timed out on the runner", recoverable=True)
+        pausing.pause_sandbox(sandbox.id)  # auto-pause, whose job fails
+        pausing.wait_for_state(sandbox.id, "error")
+        (tmp_path / "data.txt").write_text("still synced")
+        run = k.execute("print(open('data.txt').read()); x", timeout=60)
+        stderr = run.text("stderr")
+        assert "delete the sandbox" not in stderr and "delete the sandbox" not in str(run.errors), (stderr, run.errors)
+        assert "error state (pause timed out on the runner); Daytona recovered it" in stderr, stderr
+        assert "fresh interpreter: variables were reset" in stderr, stderr
+        assert run.text() == "still synced\n", (run.errors, stderr)
+        assert [e["ename"] for e in run.errors] == ["NameError"]  # a fresh interpreter: said, not hidden
+        assert sandbox.state == "started"
+        assert result_text(k.execute("6 * 7")) == "42"
+
+
+def test_a_failed_pause_at_shutdown_is_left_for_the_next_kernel_to_recover(pausing: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.fail_next_pause("pause timed out on the runner", recoverable=True)
+    assert sandbox.state == "error" and pausing.count(STOP) == 0
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        run = k.execute("6 * 7", timeout=60)
+        assert result_text(run) == "42", (run.errors, run.text("stderr"))
+        assert "Daytona recovered it" in run.text("stderr")
+        assert only_sandbox(pausing, tmp_path) is sandbox and sandbox.state == "started"
+
+
+def test_an_error_that_cannot_be_recovered_still_says_what_to_do(pausing: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("1")
+        sandbox = only_sandbox(pausing, tmp_path)
+        pausing.fail_next_pause("the runner lost the sandbox", recoverable=False)
+        pausing.pause_sandbox(sandbox.id)
+        pausing.wait_for_state(sandbox.id, "error")
+        run = k.execute("1", timeout=60)
+        text = str(run.errors)
+        assert "error state (the runner lost the sandbox)" in text and "delete the sandbox" in text, text
+    sandbox.state = "destroyed"  # out of the way of the other tests
+
+
 def test_status_shows_the_pause_mode_activity_and_resources(pausing: Any, tmp_path: Path) -> None:
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("1")
@@ -232,7 +298,7 @@ def test_status_leaves_a_paused_sandbox_paused_and_sync_resumes_it(pausing: Any,
         pausing.pause_sandbox(sandbox.id)
         pausing.wait_for_state(sandbox.id, "paused")
         text = k.execute("%daytona status").text()
-        assert "paused now; the next cell resumes it" in text and "(held now: memory and disk)" in text, text
+        assert "paused now; the next cell resumes it" in text and "(held now: disk only; its memory and processes are kept, not billed)" in text, text
         assert sandbox.state == "paused"
         (tmp_path / "data.txt").write_text("up")
         run = k.execute("%sync")

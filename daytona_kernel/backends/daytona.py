@@ -17,10 +17,16 @@ Idle mode (``IdleMode``, docs/idle.md): with ``idle_action='pause'`` a reused
 sandbox whose class can pause gets an auto-pause interval (and auto-stop off)
 at creation, so Daytona pauses it when idle even after this process is gone,
 and a shutdown pauses it. Any other sandbox (a class that cannot pause,
-ephemeral sandboxes, ``idle_action='stop'``) stops, as before, and a pause
-that Daytona refuses (400) becomes a stop. A paused sandbox
+ephemeral sandboxes, ``idle_action='stop'``) stops, as before. Of the pause's
+refusals (``pause()`` in sandbox.service.ts) only a 422 (the class cannot
+pause) becomes a stop; after a 400 (not started: auto-pause or the dashboard
+paused it first) or a 409 (a change is pending) the state is read again and a
+sandbox that is no longer started is left as it is, never stopped: that would
+throw away the memory the user was promised. A paused sandbox
 (``pausing``/``paused``/``resuming``) is ``SandboxPaused``: it is resumed with
-``start()`` and its contexts carry on with their variables.
+``start()`` and its contexts carry on with their variables. A sandbox in
+``error`` that Daytona marks ``recoverable`` (a pause job that failed) is
+brought back with ``recover()``.
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ from .daytona_api import (
     RetriesExhausted,
     api_url_of,
     call_api,
-    is_refused,
     quiet,
     state_name,
     status_of,
@@ -215,6 +220,9 @@ class DaytonaSandbox(Sandbox):
                 return
             if state in GONE_STATES:
                 raise SandboxGone(f"The sandbox {sandbox.id} was deleted ({state}).")
+            if state == "error" and sandbox.recoverable:
+                await self._recover(progress)
+                continue
             if state in FAILED_STATES:
                 raise BackendError(
                     f"The sandbox {sandbox.id} is in the {state} state ({sandbox.error_reason or 'no reason given'}). "
@@ -234,6 +242,17 @@ class DaytonaSandbox(Sandbox):
                 progress(f"waiting for sandbox {sandbox.id}: {state} ({waited:.0f} s)…")
             await asyncio.sleep(STATE_POLL_S)
             await self.refresh_state()
+
+    async def _recover(self, progress: ProgressCallback) -> None:
+        """A recoverable error (a pause job that failed, job-state-handler.service.ts): ``recover()`` starts
+        the sandbox again; its disk is kept, its processes are new."""
+        sandbox = self._sandbox
+        reason = sandbox.error_reason or "no reason given"
+        progress(f"recovering sandbox {sandbox.id} from an error ({reason})…")
+        log.warning("sandbox %s is in a recoverable error (%s); recovering it", sandbox.id, reason)
+        await self.api("recover the sandbox", lambda: sandbox.recover(timeout=SANDBOX_START_TIMEOUT_S), retry=False)
+        self._notices.append(f"The sandbox {sandbox.id} was in the error state ({reason}); Daytona recovered it.\n")
+        await self.refresh_state()
 
     async def _start_or_conflict(self, timeout_s: float) -> bool:
         """Start the sandbox and wait for ``started``; False if its state is already changing (409)."""
@@ -319,7 +338,7 @@ class DaytonaSandbox(Sandbox):
                 await self.toolbox.close_contexts()
                 if self._policy is SandboxPolicy.EPHEMERAL:
                     await self.api("delete the sandbox", lambda: self._sandbox.delete(timeout=API_REQUEST_TIMEOUT_S))
-                elif self._state() == "started":
+                elif await self._state_now() == "started":  # Daytona or the dashboard may have paused it meanwhile
                     others = await self.toolbox.other_kernels()
                     if others:
                         log.info("sandbox %s left running: %d other kernel context(s) use it", self.id, others)
@@ -329,17 +348,33 @@ class DaytonaSandbox(Sandbox):
             await self._close_client()
 
     async def _pause_or_stop(self) -> None:
-        """Pause the sandbox in pause mode (stop it if Daytona refuses), else stop it."""
+        """Pause the sandbox in pause mode, else stop it. Only a 422 (its class cannot pause) makes a pause a
+        stop; after any other failure the state is read again, and a sandbox that is no longer started (paused
+        by Daytona or the dashboard first, stopping, or in error after a failed pause) is left as it is."""
         sandbox = self._sandbox
         if self.idle_mode is IdleMode.PAUSE:
             try:
                 await self.api("pause the sandbox", lambda: sandbox.pause(timeout=API_REQUEST_TIMEOUT_S))
                 return
             except BackendError as exc:
-                if not is_refused(exc):
+                if status_of(exc.__cause__) != 422:
+                    state = await self._state_now()
+                    if state != "started":
+                        log.info("sandbox %s not paused (%s): it is %s now; left as it is", self.id, exc, state)
+                        return
                     raise
-                log.warning("Daytona refused to pause sandbox %s (%s); stopping it instead", self.id, exc)
+                log.warning("Daytona cannot pause sandbox %s (%s); stopping it instead", self.id, exc)
         await self.api("stop the sandbox", lambda: sandbox.stop(timeout=API_REQUEST_TIMEOUT_S))
+
+    async def _state_now(self) -> str:
+        """The state as Daytona reports it now (``destroyed`` if it is gone, ``unknown`` if it cannot be read)."""
+        try:
+            return await self.refresh_state()
+        except SandboxGone:
+            return "destroyed"
+        except BackendError as exc:
+            log.warning("the state of sandbox %s could not be read: %s", self.id, exc)
+            return "unknown"
 
     async def resume_if_paused(self, progress: ProgressCallback) -> bool:
         if self._sandbox is None or await self.refresh_state() not in PAUSED_STATES:

@@ -9,7 +9,14 @@ from ..config import DaytonaSettings
 from .base import IdleMode, SandboxPolicy
 from .daytona_api import PAUSED_STATES, parse_time
 
-HELD = {"started": "all of it", "paused": "memory and disk", "stopped": "disk only", "archived": "none (in object storage)"}
+# What the sandbox holds and is billed for in each state (usage.service.ts: a paused sandbox's usage periods record
+# its disk only; its memory and processes are kept but not billed).
+HELD = {
+    "started": "all of it",
+    "paused": "disk only; its memory and processes are kept, not billed",
+    "stopped": "disk only",
+    "archived": "none (in object storage)",
+}
 
 
 def duration(seconds: float) -> str:
@@ -40,7 +47,10 @@ def status_lines(sb: Any, state: str, cfg: DaytonaSettings, policy: SandboxPolic
 def idle_text(sb: Any, cfg: DaytonaSettings, idle_mode: IdleMode, why_stops: str) -> str:
     """The idle mode in effect and why."""
     if idle_mode is IdleMode.PAUSE:
-        text = f"pause after {sb.auto_pause_interval} min idle and at shutdown: variables survive; memory is billed while paused"
+        text = (
+            f"pause after {sb.auto_pause_interval} min idle and at shutdown: variables survive; only the disk is billed "
+            "while paused, and Daytona never archives a paused sandbox (`daytona-kernel gc` stops old ones)"
+        )
         if cfg.idle_action != IdleMode.PAUSE.value:
             text += " (configured: idle_action 'stop'; `%daytona recreate` applies it)"
         return text
