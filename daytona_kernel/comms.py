@@ -350,6 +350,16 @@ class CommBridge:
         self._wake()
         return handled
 
+    def unreachable(self, batch: list[dict[str, Any]]) -> None:
+        """The sandbox has no interpreter for these messages (it is still starting): a fresh one has no
+        comm target registered, so a comm_open is closed, as ipykernel closes one for an unknown target."""
+        for msg in batch:
+            comm_id = msg["content"].get("comm_id")
+            if msg["header"].get("msg_type") == "comm_open" and self.comms.pop(comm_id, None) is not None:
+                parent = self._parents.get(msg["header"]["msg_id"], self.request_parent)
+                self._publisher.publish_comm("comm_close", {"comm_id": comm_id, "data": {}}, {}, [], parent)
+        self.handled([m["header"]["msg_id"] for m in batch])
+
     def handled(self, msg_ids: list[str]) -> None:
         """The sandbox handled these frontend messages (or never will)."""
         for msg_id in msg_ids:

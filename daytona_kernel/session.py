@@ -29,7 +29,7 @@ from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges
 from .request import InputBridge, Request, fetcher
 from .runtime import call_source, journal_call_source
-from .supervisor import RUNTIME_CALL_TIMEOUT_S, ContextSupervisor, Live, runtime_missing
+from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
 
 if TYPE_CHECKING:
@@ -300,28 +300,36 @@ class RuntimeSession:
             if not self.in_cell and not self._run_lock.locked():
                 break
             await asyncio.sleep(COMM_WAIT_S)
+        live = self.supervisor.live
+        if live is None:  # no interpreter yet (or a new one is starting): no comm target is registered there
+            bridge.unreachable(batch)
+            return
         async with self._run_lock:
-            live = await self.supervisor.ready()
-            parent = bridge.request_parent
-            budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
-            self._current = request = Request(
-                live.token, lambda kind, content: bridge.output(kind, content, parent), None, self.outputs, budget, bridge
-            )
             try:
-                error = await live.context.run_code(
-                    call_source("deliver", batch, self._comm_options(live)),
-                    request.on_stdout,
-                    request.on_stderr,
-                    self._timeout() or RUNTIME_CALL_TIMEOUT_S,
-                )
+                try:
+                    error = await self._deliver_once(live, batch, bridge)
+                except SandboxPaused:  # a widget moved after the sandbox paused itself: resume it, as a cell would
+                    await self.supervisor.resume(None)
+                    error = await self._deliver_once(live, batch, bridge)
             finally:
-                self._current = None
-                request.finish()
                 bridge.handled([m["header"]["msg_id"] for m in batch])
         if runtime_missing(error):
             bridge.closed_all()  # the interpreter was replaced: its widgets are gone
         elif error is not None:
             self._log.warning("widget messages failed in the sandbox: %s: %s", error.name, error.value)
+
+    async def _deliver_once(self, live: Live, batch: list[dict[str, Any]], bridge: CommBridge) -> RunError | None:
+        parent = bridge.request_parent
+        budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+        self._current = request = Request(
+            live.token, lambda kind, content: bridge.output(kind, content, parent), None, self.outputs, budget, bridge
+        )
+        try:  # a callback may run as long as a cell may (an interrupt stops it)
+            code = call_source("deliver", batch, self._comm_options(live))
+            return await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
+        finally:
+            self._current = None
+            request.finish()
 
     def _timeout(self) -> float | None:
         return self._settings.cell_timeout or None

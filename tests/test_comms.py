@@ -225,3 +225,12 @@ def test_each_message_is_handled_under_its_own_id_and_once(tmp_path: Path) -> No
     assert handled == ["c1", "c2"]
     assert [p["msg_id"] for k, p in rt.frames if k == Kind.PARENT] == ["c1", "c2", ""]
     assert bridge.get_parent()["header"]["msg_id"] == "cell-3"
+
+
+def test_a_comm_opened_before_the_sandbox_has_an_interpreter_is_closed() -> None:
+    publisher = Publisher()
+    bridge = CommBridge(publisher, WidgetPolicy(OutputPolicy(False)), LOG)
+    msg = {"header": {"msg_id": "o1", "msg_type": "comm_open"}, "content": {"comm_id": "control", "target_name": "jupyter.widget.control"}}
+    bridge.from_frontend(msg)
+    bridge.unreachable(bridge.queue.take())
+    assert publisher.comms == [("comm_close", {"comm_id": "control", "data": {}})] and bridge.info(None) == {}

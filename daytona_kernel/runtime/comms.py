@@ -106,6 +106,7 @@ class Bridge(object):
         self.cell_ended = 0.0
         self.kernel_side = False
         self.lock = threading.RLock()
+        self._inbox_lock = threading.Lock()
         self._poller = None
         self.facade = KernelFacade(self)
 
@@ -262,6 +263,10 @@ class Bridge(object):
 
     def take_inbox(self):
         """The frontend messages in the inbox's complete batch files, in order; the files are removed."""
+        with self._inbox_lock:  # the poller and the end of a cell both read it
+            return self._take_inbox()
+
+    def _take_inbox(self):
         if not self.inbox:
             return []
         try:
