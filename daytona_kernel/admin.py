@@ -495,7 +495,7 @@ async def _check_daytona(config: DaytonaKernelConfig, checks: Checks) -> None:
         try:
             async for _ in client.list(ListSandboxesQuery(limit=1)):
                 break
-            checks.ok(f"API reachable at {config.api_url or os.environ.get('DAYTONA_API_URL') or DEFAULT_API_URL}")
+            checks.ok(f"API reachable at {masked(config.api_url or os.environ.get('DAYTONA_API_URL') or DEFAULT_API_URL)}")
         except DaytonaError as exc:
             checks.fail(f"API: {translate_error(exc, 'list sandboxes', then)}", "check DAYTONA_API_KEY, DAYTONA_API_URL and your network")
             return
