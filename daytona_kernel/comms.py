@@ -35,6 +35,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_TARGET = "jupyter.widget"
 CONTROL_TARGET = "jupyter.widget.control"  # the frontend asks it for every widget's state (a page reload)
 STANDARD_MODULES = frozenset({"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"})
+MODULE_KEYS = frozenset({"_model_module", "_view_module"})
 HTML_MODELS = frozenset({"HTMLModel", "HTMLMathModel"})  # their views set innerHTML from ``value`` unsanitised
 BATCH_S = 0.05  # frontend messages go into the sandbox at most this often
 DRAIN_INTERVAL_S = 0.25  # how often a background thread's updates are fetched while no cell runs
@@ -173,11 +174,13 @@ class WidgetPolicy:
             self.notices.append(BLOCKED_NOTICE.format(what=what))
 
     def state(self, model_name: str, state: dict[str, Any]) -> dict[str, Any]:
-        """A widget state fit to show: the HTML widgets' markup cleaned, the Output widget's outputs under the policy."""
+        """A widget state fit to show: modules only from the allowed ones (a later update may not swap in
+        another module's view), the HTML widgets' markup cleaned (whatever model the state claims to be),
+        the Output widget's outputs under the policy."""
         if self.trusted:
             return state
-        state = dict(state)
-        if model_name in HTML_MODELS and isinstance(state.get("value"), str):
+        state = {k: v for k, v in state.items() if k not in MODULE_KEYS or v is None or v in self.allowed}
+        if {model_name, state.get("_model_name")} & HTML_MODELS and isinstance(state.get("value"), str):
             state["value"] = sanitize_html(state["value"])
         if isinstance(state.get("outputs"), list):
             state["outputs"] = [self._output(o) for o in state["outputs"] if isinstance(o, dict)]
@@ -299,8 +302,13 @@ class CommBridge:
         states = data.get("states") if isinstance(data.get("states"), dict) else {}
         kept = {}
         for model_id, entry in states.items():
-            if model_id in self.comms and isinstance(entry, dict) and isinstance(entry.get("state"), dict):
-                kept[model_id] = dict(entry, state=self.policy.state(self.comms[model_id].model_name, entry["state"]))
+            if model_id not in self.comms or not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
+                continue
+            if not self.policy.trusted and entry.get("model_module") not in self.policy.allowed:
+                continue  # the frontend would load that module to make the model
+            claimed = entry.get("model_name")
+            model = claimed if claimed in HTML_MODELS else self.comms[model_id].model_name
+            kept[model_id] = dict(entry, state=self.policy.state(model, entry["state"]))
         paths = data.get("buffer_paths") if isinstance(data.get("buffer_paths"), list) else []
         keep = [i for i, path in enumerate(paths) if i < len(buffers) and isinstance(path, list) and path and path[0] in kept]
         data = dict(data, states=kept, buffer_paths=[paths[i] for i in keep])

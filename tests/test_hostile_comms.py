@@ -124,7 +124,7 @@ def test_the_reload_reply_holds_only_open_allowed_widgets_and_their_buffers() ->
     comms, browser = bridge()
     run(comms, widget("ok1", "ImageModel"), widget("bad1", "AnyModel", module="anywidget"))
     comms.from_frontend({"header": {"msg_id": "f1", "msg_type": "comm_open"}, "content": {"comm_id": "c1", "target_name": CONTROL_TARGET}})
-    states = {m: {"model_name": "X", "state": {}} for m in ("ok1", "bad1", "never-opened")}
+    states = {m: {"model_name": "X", "model_module": "@jupyter-widgets/controls", "state": {}} for m in ("ok1", "bad1", "never-opened")}
     paths = [["bad1", "value"], ["ok1", "value"], ["never-opened", "value"]]
     buffers = [base64.b64encode(b).decode() for b in (b"evil", b"png", b"other")]
     run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": paths}, buffers))
@@ -189,3 +189,27 @@ def test_a_flood_of_opens_stops_at_the_table_limit(monkeypatch: Any) -> None:
     run(comms, *[widget(f"s{i}", "IntSliderModel") for i in range(20)])
     assert len(comms.comms) == 5 and len(browser.comms) == 5
     assert "more than 5 widgets" in comms.take_notices()[0]
+
+
+def test_an_update_may_not_swap_in_another_modules_view_or_pose_as_another_model() -> None:
+    comms, browser = bridge()
+    bad = "<img src=x onerror=alert(1)>"
+    run(
+        comms,
+        widget("s1", "IntSliderModel"),
+        message("s1", {"method": "update", "state": {"_view_module": "anywidget", "_view_name": "AnyView", "value": 4}}),
+        message("s1", {"method": "update", "state": {"_model_name": "HTMLModel", "value": bad}}),
+    )
+    first, second = browser.comms[1][1]["data"]["state"], browser.comms[2][1]["data"]["state"]
+    assert "_view_module" not in first and first["value"] == 4
+    assert "onerror" not in second["value"]
+    control = {"comm_id": "c1", "target_name": CONTROL_TARGET, "data": {}}
+    comms.from_frontend({"header": {"msg_id": "f1", "msg_type": "comm_open"}, "content": control, "metadata": {}})
+    states = {
+        "s1": {"model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls", "state": {"value": bad}},
+    }
+    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
+    assert "onerror" not in browser.comms[-1][1]["data"]["states"]["s1"]["state"]["value"]
+    states["s1"]["model_module"] = "anywidget"
+    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
+    assert browser.comms[-1][1]["data"]["states"] == {}
