@@ -22,10 +22,11 @@ BACKENDS = ["daytona-local"]
 
 
 def project(root: Path) -> Path:
-    """A project shaped like a user's: a git repository with notebooks/ beside data/."""
+    """A project shaped like a user's: a git repository with notebooks/ (and helpers.py) beside data/."""
     (root / "data").mkdir(parents=True)
     (root / "data" / "numbers.txt").write_text("41\n")
     (root / "notebooks").mkdir()
+    (root / "notebooks" / "helpers.py").write_text("def double(x):\n    return 2 * x\n")
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     return root / "notebooks"
 
@@ -96,13 +97,12 @@ def wait_until(check: Any, timeout: float = 20.0) -> bool:
 def test_each_worker_is_a_sandbox_of_its_own_with_rank_world_and_the_projects_files(kernel: Kernel) -> None:
     ok(kernel.execute("%daytona map --close"))
     main_pid = int(result_text(kernel.execute("os.getpid()")))
-    run = ok(
-        kernel.execute("%%daytona map 3\nimport os\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip())")
-    )
+    code = "%%daytona map 3\nimport os\nfrom helpers import double\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip(), double(rank))"
+    run = ok(kernel.execute(code))
     assert "starting 3 workers; each is " in run.text("stderr")  # said once, before they start
     seen = {rank: out[0].split() for rank, out in lines(run).items()}
     assert sorted(seen) == [0, 1, 2]
-    assert all(words[:2] == [str(rank), "3"] and words[3] == "41" for rank, words in seen.items())
+    assert all(words[:2] == [str(rank), "3"] and words[3:] == ["41", str(2 * rank)] for rank, words in seen.items())
     worker_pids = {int(words[2]) for words in seen.values()}
     assert len(worker_pids) == 3 and main_pid not in worker_pids
     status = run.status_lines
