@@ -311,8 +311,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _inbox_in_use(path: Path) -> bool:
-    """An input() inbox is named daytona-kernel-inbox-<pid of its interpreter>-<random>."""
-    match = re.fullmatch(r"daytona-kernel-inbox-(\d+)-.*", path.name)
+    """An input() inbox is named daytona-kernel-inbox-<pid of its interpreter>-<random>; the folder of a
+    kernel's %%daytona map workers' mirror records daytona-kernel-fanout-<pid of the kernel>-<random>."""
+    match = re.fullmatch(r"daytona-kernel-(?:inbox|fanout)-(\d+)-.*", path.name)
     return match is not None and _pid_alive(int(match.group(1)))
 
 
@@ -357,7 +358,12 @@ def gc_local(older_than_s: float, volumes_older_than_s: float, dry_run: bool, ou
     for place in places:
         if any(place.is_relative_to(whole) for whole in removed_whole):
             continue  # inside a sandbox that goes as a whole
-        for pattern, what in (("daytona-kernel-inbox-*", "input() inbox"), ("daytona-kernel-doctor-*", "doctor folder")):
+        patterns = (
+            ("daytona-kernel-inbox-*", "input() inbox"),
+            ("daytona-kernel-doctor-*", "doctor folder"),
+            ("daytona-kernel-fanout-*", "map workers' mirror records"),
+        )
+        for pattern, what in patterns:
             for path in place.glob(pattern):
                 try:
                     mine = path.lstat().st_uid == os.getuid()
@@ -365,7 +371,7 @@ def gc_local(older_than_s: float, volumes_older_than_s: float, dry_run: bool, ou
                     continue  # gone while we looked
                 if not mine or _inbox_in_use(path):
                     continue
-                if re.fullmatch(r"daytona-kernel-inbox-\d+-.*", path.name) or _age_s(path) > older_than_s:
+                if re.fullmatch(r"daytona-kernel-(?:inbox|fanout)-\d+-.*", path.name) or _age_s(path) > older_than_s:
                     candidates.append((path, what))
     if not candidates:
         out(f"Nothing to clean up for the local backend (under {root} and {tmp}).")

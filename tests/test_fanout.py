@@ -239,25 +239,28 @@ def test_shutdown_ends_the_workers_and_deletes_their_folders(tmp_path: Path) -> 
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_workers_of_a_sigkilled_kernel_die_with_it_and_gc_removes_their_folders(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"  # its own: gc --older-than 0 must not touch another test's sandboxes
-    k = Kernel("daytona-local", cwd=str(tmp_path), env={"JUPYTER_DATA_DIR": str(data_dir)})
+def test_the_workers_of_a_sigkilled_kernel_die_with_it_and_gc_removes_what_they_left(tmp_path: Path) -> None:
+    data_dir, scratch = tmp_path / "data", tmp_path / "tmp"  # its own: gc --older-than 0 touches nothing of another test
+    scratch.mkdir()
+    notebook = tmp_path / "nb"
+    notebook.mkdir()
+    (notebook / "data.csv").write_text("a,b\n")  # a file to copy into the workers: their mirror keeps a record
+    k = Kernel("daytona-local", cwd=str(notebook), env={"JUPYTER_DATA_DIR": str(data_dir), "TMPDIR": str(scratch)})
     try:
         worker_pids = pids(k, 2)
         os.kill(k.km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
         assert wait_until(lambda: not any(alive(pid) for pid in worker_pids.values()))
+        assert wait_until(lambda: not k.km.is_alive())  # reaped, so its pid counts as gone
     finally:
         k.kc.stop_channels()
         k.km.cleanup_resources()
     assert len(local_workers(data_dir)) == 2
+    assert len(list(scratch.glob("daytona-kernel-fanout-*"))) == 1
     env = {key: v for key, v in os.environ.items() if not key.startswith("DAYTONA_")}
-    env.update(DAYTONA_KERNEL_BACKEND="local", JUPYTER_DATA_DIR=str(data_dir))
+    env.update(DAYTONA_KERNEL_BACKEND="local", JUPYTER_DATA_DIR=str(data_dir), TMPDIR=str(scratch))
     gc = subprocess.run(
-        [sys.executable, "-m", "daytona_kernel.cli", "gc", "--older-than", "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "daytona_kernel.cli", "gc", "--older-than", "0"], env=env, capture_output=True, text=True, timeout=120
     )
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert local_workers(data_dir) == set()
+    assert not list(scratch.glob("daytona-kernel-fanout-*")), gc.stdout
