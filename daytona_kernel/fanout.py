@@ -236,10 +236,10 @@ class WorkerPool:
             self.workers.remove(worker)
         if failed:
             await asyncio.gather(*(self._end(w) for w, _ in failed))
-            self._say_short(n, [r for _, r in failed], frontend)
-        for exc in (r for _, r in failed):
-            if not isinstance(exc, Exception):
-                raise exc  # a cancellation goes on, once the half-started workers are gone
+            for _, exc in failed:
+                if not isinstance(exc, Exception):
+                    raise exc  # a cancellation goes on, once the half-started workers are gone
+            self._say_short(n, [exc for _, exc in failed], frontend)
 
     def _new_worker(self) -> Worker:
         sandbox, mirror = self._spawn(self._serials)
@@ -261,23 +261,23 @@ class WorkerPool:
         return report
 
     def _say_short(self, wanted: int, failures: list[BaseException], frontend: Frontend) -> None:
-        """One line: how many workers run, and why the others did not start."""
-        reasons = list(dict.fromkeys(str(exc).strip().splitlines()[0] for exc in failures if isinstance(exc, Exception)))
-        quota = any(isinstance(exc, QuotaExceeded) for exc in failures)
-        why = "the organisation's quota is used up" if quota else "they could not start"
+        """One line: how many workers run, and why the others did not start; raises when none does."""
+        reasons = list(dict.fromkeys(_first_line_of(exc) for exc in failures if isinstance(exc, Exception)))
+        if not self.workers:
+            first = failures[0]
+            raise first if isinstance(first, DaytonaKernelError) else BackendError(f"No worker could start: {reasons[0]}")
+        why = (
+            "the organisation's quota is used up"
+            if any(isinstance(e, QuotaExceeded) for e in failures)
+            else "the others could not start"
+        )
+        n = len(self.workers)
         frontend.emit(
             "stream",
             stderr(
-                f"daytona-kernel: {len(self.workers)} of {wanted} workers started; {why}: {'; '.join(reasons)}. "
-                f"The cell runs on {len(self.workers)} (world = {len(self.workers)}).\n"
+                f"daytona-kernel: {n} of {wanted} workers started; {why}: {'; '.join(reasons)}. The cell runs on {n} (world = {n}).\n"
             ),
         )
-        if not self.workers:
-            raise (
-                failures[0]
-                if isinstance(failures[0], DaytonaKernelError)
-                else BackendError(reasons[0] if reasons else "no worker started")
-            )
 
     async def _end(self, worker: Worker) -> None:
         """Delete a worker's sandbox (stop its process), whatever state its start reached."""
@@ -573,6 +573,11 @@ def combined_error(failed: list[WorkerRun], world: int, interrupted: bool) -> di
         traceback.append(f"[{run.rank}:execute] {run.error['ename']}: {_first_line(run.error)}")
         traceback.extend(run.error.get("traceback") or [])
     return {"ename": ename, "evalue": evalue, "traceback": traceback}
+
+
+def _first_line_of(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _first_line(error: dict[str, Any]) -> str:

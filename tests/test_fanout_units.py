@@ -199,3 +199,73 @@ def test_the_envelope_is_plain_pickle_around_each_values_own_pickle(tmp_path: Pa
     path = tmp_path / "g.pkl"
     sandbox_side.dump(worker, ["total"], str(path))
     assert pickle.loads(pickle.loads(path.read_bytes())["total"]) == 3
+
+
+def pool_of(sandboxes: list[Any], **settings: Any) -> Any:
+    import logging
+
+    from daytona_kernel.config import SessionSettings
+    from daytona_kernel.fanout import WorkerPool
+    from daytona_kernel.outputs import OutputPolicy
+
+    made = iter(sandboxes)
+    return WorkerPool(
+        lambda serial: (next(made), None), SessionSettings(**settings), logging.getLogger("test"), OutputPolicy(True)
+    )
+
+
+async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_deletes_the_refused() -> None:
+    from fakes import FakeSandbox
+
+    from daytona_kernel.cell import Recorder
+    from daytona_kernel.errors import QuotaExceeded
+
+    sandboxes = [FakeSandbox() for _ in range(4)]
+    for refused in sandboxes[2:]:
+        refused.start_errors = [
+            QuotaExceeded("Total CPU limit exceeded. Maximum allowed: 3.\nTo increase concurrency limits ...")
+        ]
+    pool, front = pool_of(sandboxes), Recorder()
+    await pool.resize(4, "a sandbox", front)
+    assert [w.sandbox for w in pool.workers] == sandboxes[:2]
+    lines = front.text("stderr").splitlines()
+    assert lines[0].startswith("daytona-kernel: starting 4 workers; each is a sandbox.")
+    assert lines[1:] == [
+        "daytona-kernel: 2 of 4 workers started; the organisation's quota is used up: Total CPU limit exceeded. "
+        "Maximum allowed: 3. The cell runs on 2 (world = 2)."
+    ]
+    assert [s.shut_down for s in sandboxes] == [False, False, True, True]  # nothing half-made is left
+
+
+async def test_a_pool_that_cannot_start_any_worker_fails_with_the_reason() -> None:
+    from fakes import FakeSandbox
+
+    from daytona_kernel.cell import Recorder
+    from daytona_kernel.errors import QuotaExceeded
+
+    sandbox = FakeSandbox()
+    sandbox.start_errors = [QuotaExceeded("Total CPU limit exceeded. Maximum allowed: 1.")]
+    pool = pool_of([sandbox])
+    with pytest.raises(QuotaExceeded, match="Total CPU limit exceeded"):
+        await pool.resize(1, "a sandbox", Recorder())
+    assert pool.workers == [] and sandbox.shut_down
+
+
+async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest() -> None:
+    from fakes import FakeSandbox
+
+    from daytona_kernel.cell import Recorder
+
+    sandboxes = [FakeSandbox() for _ in range(3)]
+    pool, front = pool_of(sandboxes), Recorder()
+    await pool.resize(3, "a sandbox", front)
+    await pool.resize(1, "a sandbox", front)
+    assert [w.sandbox for w in pool.workers] == sandboxes[:1] and [s.shut_down for s in sandboxes] == [False, True, True]
+    assert await pool.close() == "closed 1 worker\n" and sandboxes[0].shut_down
+
+
+async def test_n_over_fan_out_max_is_a_usage_error_that_names_the_setting() -> None:
+    from daytona_kernel.cell import Recorder
+
+    with pytest.raises(UsageError, match="at most fan_out_max=2 workers"):
+        await pool_of([], fan_out_max=2).resize(3, "a sandbox", Recorder())
