@@ -40,7 +40,7 @@ from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import SyncReport, WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
-TRANSFER_FOLDER = ".daytona-kernel-fanout"  # beside the working directory: never mirrored, never on the volume
+TRANSFER_FOLDER = ".daytona-kernel/fanout"  # in the working directory, where neither the mirror nor the volume's copy looks
 MAP_USAGE = (
     "Usage: %%daytona map N [--scatter NAME[,NAME...]] [--gather NAME[,NAME...]] (first line of a cell), or %daytona map --close"
 )
@@ -161,10 +161,14 @@ class WorkerRun:
     interrupted: bool = False
 
 
-def transfer_path(sandbox: Sandbox, name: str) -> str:
-    """Where a pickle in transit lives in a sandbox: beside its working directory, so neither the mirror
-    nor the volume's copy sees it."""
-    return posixpath.join(posixpath.dirname(sandbox.workdir.rstrip("/")), TRANSFER_FOLDER, name)
+def in_transit(token: str, what: str, rank: int) -> str:
+    """A pickle in transit, relative to a sandbox's working directory (as the runtime takes it)."""
+    return posixpath.join(TRANSFER_FOLDER, f"{token}-{what}-{rank}.pkl")
+
+
+def full_path(sandbox: Sandbox, rel: str) -> str:
+    """The same file for the files API."""
+    return posixpath.join(sandbox.workdir, rel)
 
 
 class WorkerPool:
@@ -254,7 +258,13 @@ class WorkerPool:
 
     async def _start(self, worker: Worker, frontend: Frontend) -> SyncReport:
         """Start a worker's sandbox and runtime, and give it the project's files."""
-        await worker.supervisor.ready()
+
+        def show(text: str) -> None:  # what the worker waits for (creating, a rate limit ...) in the status line
+            if text:
+                worker.state = text.rstrip("…")
+                self._show_states(frontend)
+
+        await worker.supervisor.ready(show)
         report = await worker.mirror.push() if worker.mirror is not None else SyncReport()
         worker.state = "ready"
         self._show_states(frontend)
@@ -307,6 +317,7 @@ class WorkerPool:
         self._interrupted = False
         self._running = True
         try:
+            await main.ready(frontend.progress)  # workers are made like the main sandbox, so it comes first
             await self.resize(spec.workers, main.sandbox.size_text, frontend)
             if self._interrupted:
                 return _interrupted_before_start(frontend)
@@ -407,15 +418,15 @@ class MapCell:
     async def _scatter(self, main: ContextSupervisor) -> dict[int, bytes]:
         """Pickle each rank's chunks in the main sandbox and bring them here (as bytes, never unpickled)."""
         await main.ready()
-        paths = [transfer_path(main.sandbox, f"{self.token}-scatter-{rank}.pkl") for rank in range(self.world)]
+        paths = [in_transit(self.token, "scatter", rank) for rank in range(self.world)]
         reply = await main.call_code("scatter", fanout_call_source("scatter", list(self.spec.scatter), paths))
         if reply.get("error"):
             raise UsageError(str(reply["error"]))
-        got = await main.sandbox.download(paths)
+        got = await main.sandbox.download([full_path(main.sandbox, p) for p in paths])
         await self._remove_quietly(main.sandbox, paths)
         blobs = {}
         for rank, path in enumerate(paths):
-            value = got.get(path)
+            value = got.get(full_path(main.sandbox, path))
             if not isinstance(value, bytes):
                 raise BackendError(
                     f"--scatter: could not read the pickled chunks back from the sandbox ({getattr(value, 'message', 'missing')})."
@@ -425,17 +436,17 @@ class MapCell:
 
     async def _gather(self, runs: list[WorkerRun], main: ContextSupervisor) -> None:
         """Bring each worker's pickled values into the main sandbox, where they become lists in rank order."""
-        got = await asyncio.gather(*(w.sandbox.download([r.dump]) for w, r in zip(self.workers, runs)))
+        got = await asyncio.gather(*(w.sandbox.download([full_path(w.sandbox, r.dump)]) for w, r in zip(self.workers, runs)))
         paths, files = [], []
-        for run, contents in zip(runs, got):
-            blob = contents.get(run.dump)
+        for run, worker, contents in zip(runs, self.workers, got):
+            blob = contents.get(full_path(worker.sandbox, run.dump))
             if not isinstance(blob, bytes):
                 raise BackendError(
                     f"--gather: could not read worker {run.rank}'s values ({getattr(blob, 'message', 'missing')})."
                 )
-            path = transfer_path(main.sandbox, f"{self.token}-gather-{run.rank}.pkl")
+            path = in_transit(self.token, "gather", run.rank)
             paths.append(path)
-            files.append((blob, path))
+            files.append((blob, full_path(main.sandbox, path)))
         await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(self.workers, runs)))
         await main.ready()
         await main.sandbox.upload(files)
@@ -444,6 +455,7 @@ class MapCell:
             raise BackendError(str(reply["error"]))
 
     async def _remove_quietly(self, sandbox: Sandbox, paths: list[str]) -> None:
+        """Delete files in transit (paths relative to the working directory)."""
         try:
             await sandbox.remove(paths)
         except DaytonaKernelError as exc:
@@ -468,10 +480,10 @@ class MapCell:
             synced = await self._push(worker, out)
             chunk = ""
             if rank in self._scattered:
-                chunk = transfer_path(worker.sandbox, f"{self.token}-scatter-{rank}.pkl")
-                await worker.sandbox.upload([(self._scattered[rank], chunk)])
+                chunk = in_transit(self.token, "scatter", rank)
+                await worker.sandbox.upload([(self._scattered[rank], full_path(worker.sandbox, chunk))])
             if self.spec.gather:
-                result.dump = transfer_path(worker.sandbox, f"{self.token}-gather-{rank}.pkl")
+                result.dump = in_transit(self.token, "gather", rank)
             request = await self._execute(worker, live, self._code(rank, chunk, result.dump, synced), out)
             result.error = request.error
             if result.error is None and self.spec.gather:

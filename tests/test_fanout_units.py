@@ -131,6 +131,7 @@ class StandInRuntime:
 
     def __init__(self, **user_ns: Any) -> None:
         self.user_ns = dict(user_ns)
+        self.workdir = "/"  # the tests give absolute paths
         self.replies: list[Any] = []
 
     def session(self) -> Any:

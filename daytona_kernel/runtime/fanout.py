@@ -4,7 +4,9 @@ Values travel between the main sandbox and the workers as pickles (cloudpickle
 when the sandbox has it, else pickle) written to files, which the kernel moves
 with the files API without ever unpickling them. Each function is called by a
 short code string (``daytona_kernel.runtime.fanout_call_source``) with the
-context's ``Runtime``. Standard library only, Python 3.9+.
+context's ``Runtime``. Paths are relative to the working directory (the kernel puts them under
+``.daytona-kernel/``, which neither the mirror nor the volume's copy takes). Standard library only,
+Python 3.9+.
 """
 
 import os
@@ -49,7 +51,7 @@ def scatter(rt: Any, names: List[str], paths: List[str]) -> None:
     """Split each named sequence of the namespace into ``len(paths)`` chunks and pickle rank R's
     chunks, as ``{name: chunk}``, to ``paths[R]``. The reply says what went, or what is wrong."""
     with rt.session():
-        rt.send(Kind.REPLY, _scatter(rt.user_ns, names, paths))
+        rt.send(Kind.REPLY, _scatter(rt.user_ns, names, [os.path.join(rt.workdir, p) for p in paths]))
 
 
 def _scatter(user_ns: Dict[str, Any], names: List[str], paths: List[str]) -> Dict[str, Any]:
@@ -85,6 +87,7 @@ def prelude(rt: Any, rank: int, world: int, path: str) -> None:
     rt.user_ns["rank"], rt.user_ns["world"] = rank, world
     if not path:
         return
+    path = os.path.join(rt.workdir, path)
     with open(path, "rb") as f:
         blobs = _pickle.loads(f.read())
     os.remove(path)
@@ -94,7 +97,7 @@ def prelude(rt: Any, rank: int, world: int, path: str) -> None:
 def dump(rt: Any, names: List[str], path: str) -> None:
     """After a worker's cell: pickle ``{name: value}`` of the gathered names to ``path``."""
     with rt.session():
-        rt.send(Kind.REPLY, _dump(rt.user_ns, names, path))
+        rt.send(Kind.REPLY, _dump(rt.user_ns, names, os.path.join(rt.workdir, path)))
 
 
 def _dump(user_ns: Dict[str, Any], names: List[str], path: str) -> Dict[str, Any]:
@@ -116,7 +119,7 @@ def gather(rt: Any, names: List[str], paths: List[str]) -> None:
     """In the main sandbox: set each name to the list of the workers' values, in rank order
     (``paths[R]`` holds rank R's ``{name: value}``; the files are removed)."""
     with rt.session():
-        rt.send(Kind.REPLY, _gather(rt.user_ns, names, paths))
+        rt.send(Kind.REPLY, _gather(rt.user_ns, names, [os.path.join(rt.workdir, p) for p in paths]))
 
 
 def _gather(user_ns: Dict[str, Any], names: List[str], paths: List[str]) -> Dict[str, Any]:
