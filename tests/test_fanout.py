@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 from kernels import Kernel, Run, result_text
 
-BACKENDS = ["daytona-local"]
+BACKENDS = ["daytona-local", "daytona"]
 
 
 def project(root: Path) -> Path:

@@ -55,6 +55,6 @@ def open_worker_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str
 
         settings = replace(settings_from(LocalSettings, config), sandbox_policy=SandboxPolicy.EPHEMERAL.value)
         return LocalSandbox(settings, workspace_key(config, folder), volume=False)
-    from ..errors import UsageError
+    from .daytona import DaytonaSandbox
 
-    raise UsageError("%%daytona map runs on the local backend for now; the daytona backend's workers come next.")
+    return DaytonaSandbox(settings_from(DaytonaSettings, config), workspace_key(config, folder), kernel_id, worker=serial)

@@ -70,14 +70,15 @@ T = TypeVar("T")
 class DaytonaSandbox(Sandbox):
     """A Daytona sandbox found by its workspace labels (``reuse``) or made for this kernel."""
 
-    def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str) -> None:
+    def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str, worker: int | None = None) -> None:
+        """``worker``: a ``%%daytona map`` worker of this kernel (see ``WorkspaceSandboxes``)."""
         self._config = config
         self._kernel_id = kernel_id
         self._sandbox: Any = None
         self._progress: ProgressCallback = quiet
         self._degraded = False  # the last call exhausted its retries: fail fast until Daytona answers
         self.api_url = api_url_of(config)
-        self._workspace = WorkspaceSandboxes(config, workspace_key, kernel_id, self.api, self.api_url)
+        self._workspace = WorkspaceSandboxes(config, workspace_key, kernel_id, self.api, self.api_url, worker)
         self._policy = self._workspace.policy
         self._notices = list(self._workspace.notices)
         self.toolbox = DaytonaToolbox(self, SANDBOX_WORKDIR)
@@ -90,6 +91,17 @@ class DaytonaSandbox(Sandbox):
     def description(self) -> str:
         source = self._config.image or self._config.snapshot or "default snapshot"
         return f"Daytona sandbox {self.id} ({source}, {self._policy.value})"
+
+    @property
+    def size_text(self) -> str:
+        """Its size as created (else as configured) and what it is made from."""
+        sb, cfg = self._sandbox, self._config
+        cpu, memory, disk, gpu = (sb.cpu, sb.memory, sb.disk, sb.gpu) if sb is not None else (cfg.cpu, cfg.memory, cfg.disk, cfg.gpu)
+        parts = [f"{cpu} CPU" if cpu else "", f"{memory} GiB memory" if memory else "", f"{disk} GiB disk" if disk else ""]
+        parts.append(f"{gpu} GPU" if gpu else "")
+        size = ", ".join(p for p in parts if p) or "Daytona's default size"
+        source = f"image {cfg.image}" if cfg.image else f"snapshot {cfg.snapshot or (sb.snapshot if sb is not None else '') or 'default'}"
+        return f"a Daytona sandbox of {size} ({source})"
 
     @property
     def sdk_sandbox(self) -> Any:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 import socket
 import time
 from datetime import datetime
@@ -33,7 +34,7 @@ from daytona.common.errors import (
 )
 
 from ..config import DaytonaSettings
-from ..errors import AuthError, BackendError
+from ..errors import AuthError, BackendError, QuotaExceeded
 from .base import ProgressCallback
 
 log = logging.getLogger("daytona_kernel.daytona")
@@ -42,6 +43,7 @@ T = TypeVar("T")
 RETRY_BUDGET_S = 30.0
 RETRY_FIRST_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
+RATE_LIMIT_BUDGET_S = 300.0  # how long a call keeps coming back while Daytona's 429s say when
 SANDBOX_START_TIMEOUT_S = 300
 API_REQUEST_TIMEOUT_S = 60
 STATE_POLL_S = 0.25  # how often a transition (stopping, starting ...) is checked
@@ -52,6 +54,9 @@ LABEL_WORKSPACE = "daytona-kernel-workspace"
 LABEL_OWNER = "daytona-kernel-owner"
 LABEL_KERNEL = "daytona-kernel-kernel-id"
 LABEL_POLICY = "daytona-kernel-policy"
+LABEL_WORKER = "daytona-kernel-worker"  # a %%daytona map worker: its number in this kernel's pool
+# sandbox.service.ts (about lines 250-305): a create past the organisation's totals is a 400 with this message
+QUOTA_REFUSAL = re.compile(r"Total (CPU|memory|disk|GPU) limit exceeded")
 
 STARTABLE_STATES = ("stopped", "archived", "archiving", "paused")  # start() accepts these (and resumes a paused one)
 PAUSED_STATES = ("pausing", "paused", "resuming")  # the processes are frozen, not gone
@@ -88,6 +93,20 @@ def _is_retryable(exc: DaytonaError) -> bool:
         return False
     status = status_of(exc)
     return status is None or status >= 500
+
+
+def retry_after_s(exc: DaytonaError) -> float | None:
+    """The seconds a 429 asks to wait: ``Retry-After``, or ``Retry-After-<throttler>`` as @nestjs/throttler
+    names it for Daytona's named throttlers (``Retry-After-sandbox-create`` on ``POST /sandbox``)."""
+    if not isinstance(exc, DaytonaRateLimitError):
+        return None
+    for key, value in exc.headers.items():
+        if key.lower() == "retry-after" or key.lower().startswith("retry-after-"):
+            try:
+                return max(float(value), 0.0)
+            except (TypeError, ValueError):
+                continue
+    return None
 
 
 def _unreachable_cause(exc: BaseException) -> str | None:
@@ -155,6 +174,8 @@ def translate_error(exc: DaytonaError, what: str, then: str = "then restart the 
         )
     if isinstance(exc, DaytonaNotFoundError):
         return BackendError(f"Could not {what}: not found ({exc}).")
+    if status_of(exc) == 400 and QUOTA_REFUSAL.search(str(exc)):
+        return QuotaExceeded(f"Daytona refused to {what}: {exc}")
     return BackendError(f"Could not {what}: {exc}")
 
 
@@ -175,9 +196,10 @@ async def call_api(
 ) -> T:
     """Call the SDK; retry transient failures with jittered backoff within ``budget_s``; translate errors.
 
-    A refused connection or an unknown host fails at once with the URL and the fix. ``done_anyway``
-    is for a call that is not idempotent: after a transient failure it is asked whether the call took
-    effect all the same, and what it returns (if not None) is the result.
+    A refused connection or an unknown host fails at once with the URL and the fix. A 429 that says
+    how long to wait (``retry_after_s``) is waited out as told, for up to ``RATE_LIMIT_BUDGET_S``.
+    ``done_anyway`` is for a call that is not idempotent: after a transient failure it is asked
+    whether the call took effect all the same, and what it returns (if not None) is the result.
     """
     started = time.monotonic()
     delay = RETRY_FIRST_DELAY_S
@@ -191,13 +213,21 @@ async def call_api(
             if not (retry and _is_retryable(exc)):
                 raise translate_error(exc, what) from exc
             failure = exc
-        if done_anyway is not None:
+        told = retry_after_s(failure)
+        if done_anyway is not None and told is None:  # a 429 refused the call: it did not happen
             done = await done_anyway()
             if done is not None:
                 log.warning("%s failed (%s) but took effect all the same", what, failure)
                 return done
         wait = delay * random.uniform(0.5, 1.5)
         elapsed = time.monotonic() - started
+        if told is not None:  # as told, spread a little so that calls told alike do not all come back at once
+            wait = told + random.uniform(0.0, RETRY_FIRST_DELAY_S)
+            if elapsed + wait < RATE_LIMIT_BUDGET_S:
+                progress(f"Daytona asks to wait {told:.0f} s before it takes more requests (rate limit); waiting…")
+                log.warning("%s: rate limited (%s); waiting %.1fs as told", what, failure, wait)
+                await asyncio.sleep(wait)
+                continue
         if elapsed + wait >= budget_s:
             kept = f"kept failing for {budget_s:g} s" if budget_s else "still fails"
             raise RetriesExhausted(

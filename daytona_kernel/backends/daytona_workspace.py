@@ -34,6 +34,7 @@ from .daytona_api import (
     LABEL_KERNEL,
     LABEL_OWNER,
     LABEL_POLICY,
+    LABEL_WORKER,
     LABEL_WORKSPACE,
     RETRY_BUDGET_S,
     SANDBOX_START_TIMEOUT_S,
@@ -78,18 +79,23 @@ def volume_mount_path(configured: str) -> tuple[str, str]:
 
 
 class WorkspaceSandboxes:
-    """Finds the workspace's sandbox, or creates it; owns the SDK client."""
+    """Finds the workspace's sandbox, or creates it; owns the SDK client. ``worker`` (its number) makes
+    it a ``%%daytona map`` worker of this kernel: ephemeral, without the volume, labelled as a worker
+    under a workspace label of its own (so neither is ever found as the other)."""
 
-    def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str, api: ApiCall, api_url: str) -> None:
+    def __init__(
+        self, config: DaytonaSettings, workspace_key: str, kernel_id: str, api: ApiCall, api_url: str, worker: int | None = None
+    ) -> None:
         self._config = config
         self._key = workspace_key
+        self._worker = worker
         self._owner_id = owner_id()
         self._kernel_id = kernel_id
         self._api = api
         self._api_url = api_url
         self._client: AsyncDaytona | None = None
         self.notices: list[str] = []  # about the configuration, for the user's first cell
-        self.policy = SandboxPolicy(config.sandbox_policy)
+        self.policy = SandboxPolicy(config.sandbox_policy if worker is None else SandboxPolicy.EPHEMERAL.value)
         if config.gpu > 0 and self.policy is not SandboxPolicy.EPHEMERAL:
             # FACTS.md "Control plane": the API refuses a GPU sandbox without autoDeleteInterval=0.
             self.policy = SandboxPolicy.EPHEMERAL
@@ -97,7 +103,7 @@ class WorkspaceSandboxes:
                 "GPU sandboxes must be ephemeral on Daytona: this kernel gets a sandbox of its own, kept across "
                 "restarts and deleted at shutdown (sandbox_policy 'reuse' does not apply). Files on the volume stay.\n"
             )
-        self.mount_path, notice = volume_mount_path(config.mount_path)
+        self.mount_path, notice = volume_mount_path(config.mount_path) if worker is None else ("", "")
         if notice:
             self.notices.append(notice)
         self.idle_why = ""  # why the sandbox this kernel created stops rather than pauses
@@ -131,6 +137,9 @@ class WorkspaceSandboxes:
                 LABEL_POLICY: self.policy.value,
             }
         )
+        if self._worker is not None:
+            labels[LABEL_WORKSPACE] = f"{self._key}-worker-{self._worker}"
+            labels[LABEL_WORKER] = str(self._worker)
         return labels
 
     def _identity(self, mine: bool) -> dict[str, str]:
@@ -140,6 +149,9 @@ class WorkspaceSandboxes:
         return {key: labels[key] for key in keys}
 
     async def ready_volume(self, progress: ProgressCallback) -> Any:
+        """The volume, once ready; None for a worker, which mounts none."""
+        if self._worker is not None:
+            return None
         client = self._client_or_open()
         name = self._config.volume_name
         volume = await self._api(f"get or create the volume {name!r}", lambda: client.volume.get(name, create=True))
@@ -221,7 +233,7 @@ class WorkspaceSandboxes:
             auto_stop_interval=auto_stop_interval,  # None: Daytona's default for the sandbox's class
             auto_archive_interval=cfg.auto_archive_interval,  # 0 = the API's maximum, as the help text says
             auto_delete_interval=0 if self.policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
-            volumes=[VolumeMount(volume_id=volume.id, mount_path=self.mount_path, subpath=self.subpath)],
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=self.mount_path, subpath=self.subpath)] if volume is not None else [],
             network_block_all=cfg.network_block_all or None,
         )
         if cfg.image:
@@ -275,11 +287,12 @@ class WorkspaceSandboxes:
         changed = sorted(k for k, v in cfg.env.items() if env.get(k) != v)
         if changed:
             drift.append(f"environment variables {', '.join(changed)}")
-        mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
-        if not mounts:
-            drift.append(f"no volume {cfg.volume_name}")
-        elif all(v.mount_path != self.mount_path for v in mounts):
-            drift.append(f"the volume mounted at {mounts[0].mount_path} (configured: {self.mount_path})")
+        if volume is not None:  # a worker mounts none
+            mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
+            if not mounts:
+                drift.append(f"no volume {cfg.volume_name}")
+            elif all(v.mount_path != self.mount_path for v in mounts):
+                drift.append(f"the volume mounted at {mounts[0].mount_path} (configured: {self.mount_path})")
         if not drift:
             return ""
         return (
