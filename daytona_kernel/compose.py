@@ -42,13 +42,20 @@ def build_session(
     identity = KernelIdentity(kernel_id, os.environ.get(NOTEBOOK_ENV, ""))
     settings = settings_from(SessionSettings, config)
     scratch = Path(tempfile.gettempdir()) / f"daytona-kernel-fanout-{os.getpid()}-{secrets.token_hex(4)}"
-    spawn = worker_spawner(config, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up)
+    spawn = worker_spawner(config, sandbox, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up)
     pool = WorkerPool(spawn, settings, log, OutputPolicy(settings.output_trusted), start_in, scratch)
     return RuntimeSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool)
 
 
 def worker_spawner(
-    config: DaytonaKernelConfig, root: str, kernel_id: str, start_in: str, scratch: Path, log: logging.Logger, files: bool
+    config: DaytonaKernelConfig,
+    main: Sandbox,
+    root: str,
+    kernel_id: str,
+    start_in: str,
+    scratch: Path,
+    log: logging.Logger,
+    files: bool,
 ) -> Spawn:
     """How ``%%daytona map`` makes worker number ``serial``: a sandbox like the main one and, when the main
     sandbox gets the project's files, a one-way mirror that copies them into the worker (its record of what
@@ -56,7 +63,7 @@ def worker_spawner(
     mirror_settings = replace(settings_from(MirrorSettings, config), sync="up")
 
     def spawn(serial: int) -> tuple[Sandbox, WorkdirMirror | None]:
-        sandbox = open_worker_sandbox(config, root, kernel_id, serial)
+        sandbox = open_worker_sandbox(config, root, kernel_id, serial, main)
         mirror = WorkdirMirror(root, sandbox, mirror_settings, scratch / f"worker-{serial}.json", log, start_in) if files else None
         return sandbox, mirror
 

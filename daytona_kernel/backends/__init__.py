@@ -47,8 +47,8 @@ def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sa
     return DaytonaSandbox(settings_from(DaytonaSettings, config), key, kernel_id)
 
 
-def open_worker_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str, serial: int) -> Sandbox:
-    """A ``%%daytona map`` worker for the notebook in ``folder``: a sandbox made like the main one,
+def open_worker_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str, serial: int, main: Sandbox) -> Sandbox:
+    """A ``%%daytona map`` worker for the notebook in ``folder``: a sandbox made like the ``main`` one,
     ephemeral, without the volume (its working directory is a copy, never kept)."""
     if config.backend == "local":
         from .local import LocalSandbox
@@ -57,4 +57,5 @@ def open_worker_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str
         return LocalSandbox(settings, workspace_key(config, folder), volume=False)
     from .daytona import DaytonaSandbox
 
-    return DaytonaSandbox(settings_from(DaytonaSettings, config), workspace_key(config, folder), kernel_id, worker=serial)
+    lender = main if isinstance(main, DaytonaSandbox) else None
+    return DaytonaSandbox(settings_from(DaytonaSettings, config), workspace_key(config, folder), kernel_id, worker=serial, main=lender)

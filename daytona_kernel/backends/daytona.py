@@ -70,15 +70,19 @@ T = TypeVar("T")
 class DaytonaSandbox(Sandbox):
     """A Daytona sandbox found by its workspace labels (``reuse``) or made for this kernel."""
 
-    def __init__(self, config: DaytonaSettings, workspace_key: str, kernel_id: str, worker: int | None = None) -> None:
-        """``worker``: a ``%%daytona map`` worker of this kernel (see ``WorkspaceSandboxes``)."""
+    def __init__(
+        self, config: DaytonaSettings, workspace_key: str, kernel_id: str, worker: int | None = None, main: DaytonaSandbox | None = None
+    ) -> None:
+        """``worker``: a ``%%daytona map`` worker of this kernel, whose ``main`` sandbox lends it its SDK
+        client (see ``WorkspaceSandboxes``)."""
         self._config = config
         self._kernel_id = kernel_id
         self._sandbox: Any = None
         self._progress: ProgressCallback = quiet
         self._degraded = False  # the last call exhausted its retries: fail fast until Daytona answers
         self.api_url = api_url_of(config)
-        self._workspace = WorkspaceSandboxes(config, workspace_key, kernel_id, self.api, self.api_url, worker)
+        lender = main._workspace if main is not None else None
+        self._workspace: WorkspaceSandboxes = WorkspaceSandboxes(config, workspace_key, kernel_id, self.api, self.api_url, worker, lender)
         self._policy = self._workspace.policy
         self._notices = list(self._workspace.notices)
         self.toolbox = DaytonaToolbox(self, SANDBOX_WORKDIR)

@@ -81,14 +81,23 @@ def volume_mount_path(configured: str) -> tuple[str, str]:
 class WorkspaceSandboxes:
     """Finds the workspace's sandbox, or creates it; owns the SDK client. ``worker`` (its number) makes
     it a ``%%daytona map`` worker of this kernel: ephemeral, without the volume, labelled as a worker
-    under a workspace label of its own (so neither is ever found as the other)."""
+    under a workspace label of its own (so neither is ever found as the other), and it uses the SDK client
+    of ``lender`` (the main sandbox's): opening one costs about 80 ms of blocking TLS setup, per worker."""
 
     def __init__(
-        self, config: DaytonaSettings, workspace_key: str, kernel_id: str, api: ApiCall, api_url: str, worker: int | None = None
+        self,
+        config: DaytonaSettings,
+        workspace_key: str,
+        kernel_id: str,
+        api: ApiCall,
+        api_url: str,
+        worker: int | None = None,
+        lender: WorkspaceSandboxes | None = None,
     ) -> None:
         self._config = config
         self._key = workspace_key
         self._worker = worker
+        self._lender = lender
         self._owner_id = owner_id()
         self._kernel_id = kernel_id
         self._api = api
@@ -114,6 +123,8 @@ class WorkspaceSandboxes:
         return f"{self._owner_id}/{self._key}"
 
     def _client_or_open(self) -> AsyncDaytona:
+        if self._lender is not None:
+            return self._lender._client_or_open()
         if self._client is None:
             try:
                 self._client = AsyncDaytona(client_config(self._config))
