@@ -262,6 +262,68 @@ def resume_to_first_result(emu: DaytonaEmulator, env: dict[str, str], cwd: str, 
     return stats(samples)
 
 
+def map_of_sleepers(name: str, reps: int, env: dict[str, str] | None = None) -> dict[str, float]:
+    """``%%daytona map 4`` of cells that sleep 3 s, once the pool exists: the wall time of the cell."""
+    with Kernel(name, env=env, cwd=tempfile.mkdtemp(prefix="bench-map-nb-")) as k:
+        k.execute("%%daytona map 4\npass", timeout=300)  # the pool is made here, not measured
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run = k.execute("%%daytona map 4\nimport time\ntime.sleep(3)", timeout=300)
+            samples.append(time.perf_counter() - t0)
+            assert run.reply["content"]["status"] == "ok", run.errors
+    return stats(samples)
+
+
+def worker_creation(emu: DaytonaEmulator, n: int, reps: int) -> dict[str, float]:
+    """What the pool does to create n workers, in this process: n worker sandboxes started at once (create,
+    wait for started, working directory), next to a started main sandbox whose SDK client they share."""
+    from daytona_kernel.backends import open_sandbox, open_worker_sandbox
+    from daytona_kernel.config import DaytonaKernelConfig
+
+    saved = {k: os.environ.get(k) for k in emu.env()}
+    os.environ.update(emu.env())
+    folder = tempfile.mkdtemp(prefix="bench-workers-nb-")
+
+    async def measure() -> list[float]:
+        config = DaytonaKernelConfig()
+        main = open_sandbox(config, folder, "bench-kernel")
+        await main.start(lambda text: None)
+        samples = []
+        for _ in range(reps):
+            workers = [open_worker_sandbox(config, folder, "bench-kernel", serial, main) for serial in range(n)]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(w.start(lambda text: None) for w in workers))
+            samples.append(time.perf_counter() - t0)
+            await asyncio.gather(*(w.shutdown() for w in workers))
+        await main.shutdown()
+        return samples
+
+    try:
+        return stats(asyncio.run(measure()))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def pool_creation(emu: DaytonaEmulator, env: dict[str, str], n: int, reps: int) -> dict[str, float]:
+    """The first ``%%daytona map n`` cell of a kernel whose main sandbox is up: n worker sandboxes created,
+    started and bootstrapped (closed again after each sample)."""
+    samples = []
+    with Kernel("daytona", env=env, cwd=tempfile.mkdtemp(prefix="bench-pool-nb-")) as k:
+        k.execute("pass")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run = k.execute(f"%%daytona map {n}\npass", timeout=300)
+            samples.append(time.perf_counter() - t0)
+            assert run.reply["content"]["status"] == "ok", run.errors
+            k.execute("%daytona map --close", timeout=300)
+    return stats(samples)
+
+
 def restart_to_first_result(k: Kernel, reps: int) -> dict[str, float]:
     samples = []
     for _ in range(reps):
@@ -508,6 +570,7 @@ def install_kernelspecs(prefix: Path) -> None:
 
 STOPPING_S = 3.0  # how long a Daytona sandbox takes to stop and to start, roughly
 STARTING_S = 2.0
+POOL_CREATING_S = 1.0  # how long creating a sandbox takes in the pool figure
 
 
 def run(quick: bool) -> Report:
@@ -604,6 +667,7 @@ def run(quick: bool) -> Report:
                    note=f"the emulator's resuming takes {TRANSITION_S:g} s; both learn it ended from the Socket.IO state event"))
         emu.sandbox_class = "container"
         report.figures += sync_figures(emu, quick)
+        report.figures += fanout_figures(emu, emu_env, few)
     finally:
         emu.close()
     judge(report)
@@ -697,6 +761,27 @@ def goal_line(f: Figure) -> tuple[float, bool] | None:
     if m := GOAL_ABSOLUTE.fullmatch(f.goal):
         return _in_unit(float(m[1]), m[2], f.unit) / base, True
     return None
+
+
+def fanout_figures(emu: DaytonaEmulator, env: dict[str, str], few: int) -> list[Figure]:
+    """``%%daytona map``: parallel work once the pool exists, and what making a pool of 8 costs."""
+    one_sleeper = {"median": 3.0, "min": 3.0, "max": 3.0, "n": 1}
+    figures = [
+        Figure("%%daytona map 4 of 3 s sleeps, pool existing, daytona-local", "s", map_of_sleepers("daytona-local", few), one_sleeper,
+               "one 3 s sleep", "≤ 4 s"),
+        Figure("%%daytona map 4 of 3 s sleeps, pool existing, daytona (emulator)", "s", map_of_sleepers("daytona", few, env), one_sleeper,
+               "one 3 s sleep", "≤ 4 s"),
+    ]
+    emu.transition_s.update(creating=POOL_CREATING_S)  # a create that takes time, as on Daytona, so a queue would show
+    figures.append(Figure("creating 8 worker sandboxes at once vs 1, daytona (emulator)", "s", worker_creation(emu, 8, few),
+                          worker_creation(emu, 1, few), "creating 1", "≤ 1.5×",
+                          note=f"the emulator's creating takes {POOL_CREATING_S:g} s; create, wait for started, working directory"))
+    figures.append(Figure("first %%daytona map 8 vs map 1, daytona (emulator)", "s", pool_creation(emu, env, 8, few),
+                          pool_creation(emu, env, 1, few), "map 1",
+                          note="includes starting IPython in each worker: on the emulator the 8 workers' processes share this "
+                          "machine's cores, where on Daytona each sandbox has its own"))
+    emu.transition_s.update(creating=TRANSITION_S)
+    return figures
 
 
 def judge(report: Report) -> None:
