@@ -55,10 +55,21 @@ def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 LINE = re.compile(r"\[(stdout|stderr):(\d+)\] (.*)")
 
 
+def shown(run: Run, stream: str = "stdout") -> str:
+    """A stream's text as a notebook keeps it: a clear_output (the status line going) drops what came before."""
+    kept: list[str] = []
+    for m in run.outputs:
+        if m["msg_type"] == "clear_output":
+            kept = []
+        elif m["msg_type"] == "stream" and m["content"]["name"] == stream:
+            kept.append(m["content"]["text"])
+    return "".join(kept)
+
+
 def lines(run: Run, stream: str = "stdout") -> dict[int, list[str]]:
     """Each worker's lines of one stream, by rank, checking every line has its prefix."""
     by_rank: dict[int, list[str]] = {}
-    for line in run.text(stream).splitlines():
+    for line in shown(run, stream).splitlines():
         match = LINE.fullmatch(line)
         if match is None:
             continue
@@ -99,14 +110,16 @@ def test_each_worker_is_a_sandbox_of_its_own_with_rank_world_and_the_projects_fi
     main_pid = int(result_text(kernel.execute("os.getpid()")))
     code = "%%daytona map 3\nimport os\nfrom helpers import double\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip(), double(rank))"
     run = ok(kernel.execute(code))
-    assert "starting 3 workers; each is " in run.text("stderr")  # said once, before they start
+    assert "starting 3 workers; each is " in shown(run, "stderr")  # said once, before they start
     seen = {rank: out[0].split() for rank, out in lines(run).items()}
     assert sorted(seen) == [0, 1, 2]
     assert all(words[:2] == [str(rank), "3"] and words[3:] == ["41", str(2 * rank)] for rank, words in seen.items())
     worker_pids = {int(words[2]) for words in seen.values()}
     assert len(worker_pids) == 3 and main_pid not in worker_pids
-    status = run.status_lines
-    assert any("[0] running" in s and "[2] running" in s for s in status) and status[-1] == ""
+    assert any("[0] running" in s and "[2] running" in s for s in run.status_lines)
+    kinds = [m["msg_type"] for m in run.outputs]
+    last_status = max(i for i, m in enumerate(run.outputs) if "⏳" in str(m["content"].get("data", {}).get("text/plain", "")))
+    assert "clear_output" in kinds[last_status:] or run.status_lines[-1] == ""  # the line is gone when the cell ends
 
 
 def test_workers_keep_their_state_and_the_main_namespace_is_untouched(kernel: Kernel) -> None:
@@ -124,7 +137,7 @@ def test_another_n_grows_or_shrinks_the_pool_and_close_ends_it(kernel: Kernel) -
     assert two == {0: three[0], 1: three[1]}
     assert wait_until(lambda: not alive(three[2]))
     run = ok(kernel.execute("%%daytona map 4\nprint(world)"))
-    assert "starting 2 workers more (the pool had 2)" in run.text("stderr")
+    assert "starting 2 workers more (the pool had 2)" in shown(run, "stderr")
     assert lines(run) == {rank: ["4"] for rank in range(4)}
     four = pids(kernel, 4)
     assert "workers:" in kernel.execute("%daytona status").text() and "4 (0: " in kernel.execute("%daytona status").text()
@@ -142,22 +155,22 @@ def test_stream_lines_are_prefixed_and_rich_outputs_carry_their_worker(kernel: K
     run = ok(kernel.execute(code))
     count = run.reply["content"]["execution_count"]
     assert lines(run) == {0: ["out 0"], 1: ["out 1"]}
-    assert {"[output:0]", "[output:1]", f"Out[0:{count}]:", f"Out[1:{count}]:"} <= set(run.text().splitlines())
+    assert {"[output:0]", "[output:1]", f"Out[0:{count}]:", f"Out[1:{count}]:"} <= set(shown(run).splitlines())
     assert lines(run, "stderr") == {0: ["err 0"], 1: ["err 1"]}
-    shown = [c for c in run.of_type("display_data") if "worker" in c["metadata"]]
-    assert sorted((c["metadata"]["worker"], c["data"].get("text/html")) for c in shown if "text/html" in c["data"]) == [
+    rich = [c for c in run.of_type("display_data") if "worker" in c["metadata"]]
+    assert sorted((c["metadata"]["worker"], c["data"].get("text/html")) for c in rich if "text/html" in c["data"]) == [
         (0, "<b>0</b>"),
         (1, "<b>1</b>"),
     ]
-    assert sorted(c["data"]["text/plain"] for c in shown if "text/html" not in c["data"]) == ["40", "41"]
+    assert sorted(c["data"]["text/plain"] for c in rich if "text/html" not in c["data"]) == ["40", "41"]
     assert run.of_type("execute_result") == []  # the cell has no result of its own
 
 
 def test_scatter_splits_in_rank_order_and_gather_collects_in_rank_order(kernel: Kernel) -> None:
     ok(kernel.execute("xs = list(range(10))\nlabel = 'abcde'"))
     ok(kernel.execute("%%daytona map 3 --scatter xs,label --gather part,n\npart = xs\nn = len(xs) + len(label)"))
-    shown = ok(kernel.execute("print(part, n, xs, label)")).text()
-    assert shown == "[[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]] [6, 5, 4] [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] abcde\n"
+    printed = ok(kernel.execute("print(part, n, xs, label)")).text()
+    assert printed == "[[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]] [6, 5, 4] [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] abcde\n"
 
 
 def test_what_cannot_be_scattered_or_gathered_is_named(kernel: Kernel) -> None:
