@@ -175,3 +175,27 @@ def test_a_kernel_that_attaches_to_a_session_gets_its_widgets_back(daytona_env: 
         update(second, slider, value=9)
         second.wait_for(lambda m: m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "echo_update")
         assert result_text(second.execute("s.value")) == "9"
+
+
+IPYMPL = "%matplotlib widget\nimport matplotlib.pyplot as plt\nfig = plt.figure()\nplt.plot([1, 2, 3])\nfig.canvas"
+
+
+def mpl_opens(run: Run) -> list[dict[str, Any]]:
+    return [o for o in run.of_type("comm_open") if o["data"]["state"].get("_model_module") == "jupyter-matplotlib"]
+
+
+def test_ipympl_a_third_party_widget_module_is_shown_where_trusted_or_allowed(kernel_name: str, workdir: Any) -> None:
+    """%matplotlib widget (ipympl, module jupyter-matplotlib): the local backend trusts its sandbox; on
+    daytona the safe policy refuses it with a notice until widget_modules allows it."""
+    with Kernel(kernel_name) as k:
+        run = k.execute(IPYMPL)
+        assert run.status == "ok", run.errors
+        if kernel_name == "daytona-local":
+            assert mpl_opens(run) and WIDGET_VIEW in run.of_type("execute_result")[0]["data"]
+        else:
+            assert not mpl_opens(run) and WIDGET_VIEW not in run.of_type("execute_result")[0]["data"]  # its static forms show
+            assert "'jupyter-matplotlib'" in run.text("stderr") and "widget_modules" in run.text("stderr")
+    if kernel_name == "daytona":
+        with Kernel(kernel_name, env={"DAYTONA_KERNEL_WIDGET_MODULES": "jupyter-matplotlib"}) as k:
+            run = k.execute(IPYMPL)
+            assert mpl_opens(run) and WIDGET_VIEW in run.of_type("execute_result")[0]["data"]
