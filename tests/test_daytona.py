@@ -167,6 +167,17 @@ def test_transient_errors_are_retried(daytona_env, folder: Path) -> None:  # typ
     assert daytona_env.count("POST /toolbox/{sid}/process/interpreter/context") == 2
 
 
+def test_503s_on_the_interpreter_handshake_are_retried_and_the_variables_kept(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
+    """Nothing runs before the handshake succeeds, so it is safe to try again (issue 23 item 8)."""
+    with Kernel("daytona", cwd=str(folder)) as k:
+        k.execute("x = 41")
+        daytona_env.fail_next(WS, 503, times=2)
+        run = k.execute("x + 1")
+        assert result_text(run) == "42", (run.errors, run.text("stderr"))
+        assert "variables were reset" not in run.text("stderr")
+    assert daytona_env.count("POST /toolbox/{sid}/process/interpreter/context") == 1  # the same context throughout
+
+
 def test_a_rejected_key_fails_fast_with_the_fix_and_without_the_key(daytona_env, folder: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("DAYTONA_API_KEY", "dtn_wrong_key_0123456789abcdef")
     with Kernel("daytona", cwd=str(folder)) as k:

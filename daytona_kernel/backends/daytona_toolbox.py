@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import posixpath
+import random
 import re
 import shlex
 import tempfile
@@ -25,7 +26,7 @@ from daytona.common.errors import DaytonaError
 
 from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxGone, SandboxNotRunning, SandboxPaused
 from .base import Context, ExecResult, FileError, OutputCallback, RunError
-from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES
+from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, RETRY_BUDGET_S, RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -98,11 +99,7 @@ class DaytonaContext(Context):
         on_stderr: OutputCallback,
         timeout: float | None = None,
     ) -> RunError | None:
-        sandbox = self._host.sdk_sandbox
-        try:
-            ws = await open_interpreter_socket(sandbox)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran: find out why
-            raise await self._toolbox.why_unreachable(exc) from exc
+        ws = await self._open_socket()
         # The daemon reads "timeout" as whole seconds (0 = none; absent = 10 minutes).
         request = {"code": code, "contextId": self.id, "timeout": math.ceil(timeout) if timeout else 0}
         error: RunError | None = None
@@ -135,6 +132,26 @@ class DaytonaContext(Context):
         if close_code == WS_GOING_AWAY:  # the worker process ended, or the context was deleted
             raise ContextDied("the interpreter process ended")
         raise await self._toolbox.why_cut_off(self.id, f"{reason or 'the websocket closed'} (close code {close_code})")
+
+    async def _open_socket(self) -> aiohttp.ClientWebSocketResponse[bool]:
+        """Open the interpreter websocket. Nothing has run before the handshake succeeds, so a 429 or 5xx
+        (Daytona's proxy when busy) or a dropped connection is tried again with jittered backoff, within the
+        same budget as every other call; then, or on any other failure, the sandbox's state says why."""
+        sandbox = self._host.sdk_sandbox
+        began = asyncio.get_running_loop().time()
+        delay = RETRY_FIRST_DELAY_S
+        while True:
+            try:
+                return await open_interpreter_socket(sandbox)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran
+                status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
+                transient = status == 429 or (status or 0) >= 500 or isinstance(exc, aiohttp.ServerDisconnectedError)
+                wait = delay * random.uniform(0.5, 1.5)
+                if not transient or asyncio.get_running_loop().time() - began + wait >= RETRY_BUDGET_S:
+                    raise await self._toolbox.why_unreachable(exc) from exc
+                log.warning("opening the interpreter of %s failed (%s); retrying in %.1fs", self.id, exc, wait)
+                await asyncio.sleep(wait)
+                delay = min(delay * 2, RETRY_MAX_DELAY_S)
 
     async def close(self) -> None:
         self._toolbox.forget(self)
