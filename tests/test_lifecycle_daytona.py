@@ -147,6 +147,29 @@ def test_two_notebooks_in_one_folder_one_closed(emu: Any, tmp_path: Path) -> Non
     assert shared.state == "stopped"  # the last one out stops it
 
 
+def test_a_gpu_snapshot_makes_the_sandbox_ephemeral_and_says_so_once(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a snapshot create Daytona takes the GPU count from the snapshot (sandbox.service.ts about 520-526),
+    and refuses a GPU sandbox that is not ephemeral: with the default 'reuse' every create was a 400."""
+    monkeypatch.setitem(emu.snapshots, "cuda-snapshot", {"cpu": 4, "mem": 16, "disk": 20, "gpu": 1})
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SNAPSHOT": "cuda-snapshot"}) as k:
+        first = k.execute("1 + 1", timeout=60)
+        assert result_text(first) == "2", (first.errors, first.text("stderr"))
+        assert first.text("stderr").count("has 1 GPU") == 1 and "ephemeral" in first.text("stderr"), first.text("stderr")
+        assert k.execute("2 + 2").text("stderr") == ""
+        sandbox = only_sandbox(emu, tmp_path)
+        assert sandbox.spec["autoDeleteInterval"] == 0 and sandbox.spec["gpu"] == 1
+    assert not [s for s in sandboxes_of(emu, tmp_path) if s.state not in ("destroying", "destroyed")]
+
+
+def test_gpu_without_an_image_or_a_gpu_snapshot_is_refused_with_the_fix(emu: Any, tmp_path: Path) -> None:
+    """The SDK sends resources only with an image: gpu=1 on the default snapshot gave a sandbox with no GPU."""
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_GPU": "1"}) as k:
+        run = k.execute("1 + 1", timeout=60)
+        message = str(run.errors)
+        assert "gpu = 1 needs" in message and "DaytonaKernel.image" in message, (run.errors, run.text("stderr"))
+    assert not [s for s in sandboxes_of(emu, tmp_path) if s.state not in ("destroying", "destroyed")]
+
+
 def test_a_gpu_sandbox_is_ephemeral_and_says_so_once(emu: Any, tmp_path: Path) -> None:
     env = {"DAYTONA_KERNEL_GPU": "1", "DAYTONA_KERNEL_IMAGE": "python:3.12"}
     with Kernel("daytona", cwd=str(tmp_path), env=env) as k:

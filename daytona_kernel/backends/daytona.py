@@ -90,6 +90,7 @@ class DaytonaSandbox(Sandbox):
         self.workdir = SANDBOX_WORKDIR
         self.volume_dir = self._workspace.mount_path
         self.generation = 0  # +1 for every sandbox found or created: a new one has lost the old one's state
+        self._gpu_checked = False
 
     @property
     def description(self) -> str:
@@ -147,6 +148,12 @@ class DaytonaSandbox(Sandbox):
                 progress(f"sandbox {self.id} is gone; finding or creating another…")
                 self._sandbox = None
                 self.toolbox.contexts.clear()
+        if not self._gpu_checked:  # the snapshot's GPU decides the policy, before the sandbox is looked for
+            notice = await self._workspace.check_gpu()
+            self._gpu_checked = True
+            self._policy = self._workspace.policy
+            if notice:
+                self._notices.append(notice)
         volume = await self._workspace.ready_volume(progress)
         self._sandbox = await self._workspace.find()
         if self._sandbox is not None:

@@ -22,7 +22,7 @@ from daytona import (
     Resources,
     VolumeMount,
 )
-from daytona.common.errors import DaytonaError
+from daytona.common.errors import DaytonaError, DaytonaNotFoundError
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
 from ..errors import BackendError
@@ -116,6 +116,45 @@ class WorkspaceSandboxes:
         if notice:
             self.notices.append(notice)
         self.idle_why = ""  # why the sandbox this kernel created stops rather than pauses
+
+    async def check_gpu(self) -> str:
+        """Where a snapshot's GPU decides (``createFromSnapshot()`` in sandbox.service.ts takes cpu, memory, disk
+        and gpu from the snapshot, about lines 516-526; the SDK sends ``resources`` only with an image): a GPU
+        snapshot makes the sandbox ephemeral, as Daytona requires (returns the one line saying so); ``gpu``
+        without an image is refused unless the snapshot has that many GPUs."""
+        cfg = self._config
+        if cfg.image:
+            return ""  # the image's resources carry the gpu count; __init__ made the sandbox ephemeral
+        if not cfg.snapshot:
+            if cfg.gpu > 0:
+                raise BackendError(
+                    f"gpu = {cfg.gpu} needs an image (DaytonaKernel.image), or a snapshot that has GPUs "
+                    "(DaytonaKernel.snapshot): Daytona takes a snapshot's resources from the snapshot, and the "
+                    "default snapshot has none. Set one of them, or remove gpu, then restart the kernel."
+                )
+            return ""
+        client = self._client_or_open()
+        try:
+            snapshot = await self._api(f"look up the snapshot {cfg.snapshot!r}", lambda: client.snapshot.get(cfg.snapshot))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, DaytonaNotFoundError):
+                return ""  # the create says so, with the fix
+            raise
+        gpus = int(snapshot.gpu or 0)
+        if cfg.gpu > gpus:
+            raise BackendError(
+                f"gpu = {cfg.gpu}, but the snapshot {cfg.snapshot} has {gpus} GPU(s), and Daytona takes a snapshot's "
+                "GPU count from the snapshot. Use a snapshot with GPUs, or an image (DaytonaKernel.image) with gpu, "
+                "then restart the kernel."
+            )
+        if not gpus or self.policy is SandboxPolicy.EPHEMERAL:
+            return ""
+        self.policy = SandboxPolicy.EPHEMERAL
+        return (
+            f"The snapshot {cfg.snapshot} has {gpus} GPU(s), and Daytona makes GPU sandboxes ephemeral: this "
+            "kernel gets a sandbox of its own, kept across restarts and deleted at shutdown (sandbox_policy "
+            "'reuse' does not apply). Files on the volume stay.\n"
+        )
 
     @property
     def subpath(self) -> str:
