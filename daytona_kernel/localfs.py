@@ -106,6 +106,10 @@ class LocalFolder:
             raise
         return fd
 
+    def path_for_writing(self, rel: str) -> Path:
+        """The path of ``rel`` here, its folders made, refused when a folder on the way is a link."""
+        return self._checked_path(rel, create=True)
+
     def _checked_path(self, rel: str, create: bool) -> Path:
         """The lstat fallback (no dir_fd support): refuse when a folder on the way is a link."""
         parts = rel.split("/")

@@ -88,6 +88,11 @@ class SyncManifest(dict[str, list[Any]]):
             known[1] = now[1]
         return changed or (len(known) > 3 and known[3] != now[2])
 
+    def record_file(self, rel: str) -> None:
+        """Remember a file as it is here now, hashing it (a big file the sandbox shares with this disk)."""
+        st = os.lstat(self._root / rel)
+        self.record(rel, _hash(self._root / rel), st)
+
     def record(self, rel: str, digest: str, st: os.stat_result | None) -> None:
         """Remember a file as synced, with the stat it has now (``st``: None when it is gone again)."""
         if st is not None:

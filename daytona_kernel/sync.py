@@ -181,7 +181,7 @@ class WorkdirMirror:
                     changed.append((rel, now[0]))
             except OSError as exc:
                 plan.skipped.append((rel, f"could not read it here ({exc.strerror or exc})"))
-        choose_up(plan, changed, self._config)
+        choose_up(plan, changed, self._config, self._sandbox.on_this_disk)
         if complete:
             plan.deleted = [rel for rel in self._manifest if rel not in files and _gone_here(self.local_root, rel)]
         else:
@@ -220,6 +220,8 @@ class WorkdirMirror:
             if batch:
                 await self._upload_batch(batch, records, report)
                 _show_progress(progress, report, total, started)
+        for rel in plan.placed:
+            await self._place(rel, report)
         if self._config.sync_deletes and plan.deleted:
             await self._sandbox.remove(plan.deleted)
             report.deleted += plan.deleted
@@ -258,7 +260,7 @@ class WorkdirMirror:
         self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
         landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
         plan = await asyncio.to_thread(
-            plan_down, changed, report, self._config, self._rules, self._failed, self._secrets_noticed, landing
+            plan_down, changed, report, self._config, self._rules, self._failed, self._secrets_noticed, landing, self._sandbox.on_this_disk
         )
         self._secrets_noticed.update(report.secrets_down + report.code_kept)
         for raw, reported in plan.acked:
@@ -274,11 +276,57 @@ class WorkdirMirror:
                 report.left_behind += [(rel, f"{exc}; it is tried again after the next cell") for rel, _, _ in chunk]
                 continue
             await asyncio.to_thread(self._write_batch, chunk, contents, report)
+        for rel, raw, reported in plan.placed:
+            await self._fetch_placed(rel, raw, reported, report)
         if deleted:
             await asyncio.to_thread(self._apply_deletions, deleted, report)
         if report.down or report.deleted or report.conflicts:
             await asyncio.to_thread(self._manifest.save)
         return report
+
+    # -- big files on a sandbox on this disk (the local backend) ------------------------------------
+
+    @property
+    def _links(self) -> bool:
+        """Hard links only when changes travel both ways: a cell writing into one changes the user's
+        file at once, which is what the mirror does after the cell anyway."""
+        return self.mode == "both"
+
+    async def _place(self, rel: str, report: SyncReport) -> None:
+        """A file over sync_max_file_mb goes to a sandbox on this disk as a clone or a link (``share_file``)."""
+        try:
+            await self._sandbox.place(str(self.local_root / rel), self.remote_path(rel), self._links)
+            await asyncio.to_thread(self._manifest.record_file, rel)
+        except OSError as exc:
+            report.skipped.append((rel, f"could not place it in the sandbox ({exc.strerror or exc})"))
+            return
+        self._up_modes[rel] = self._manifest[rel][3]
+        report.up.append(rel)
+
+    async def _fetch_placed(self, rel: str, raw: str, reported: Stat, report: SyncReport) -> None:
+        """A file over sync_max_file_mb a cell wrote, from a sandbox on this disk: nothing to move when it is
+        the user's own file (a link), else a clone or a link of it, or a conflict copy beside a changed one."""
+        remote = self.remote_path(rel)
+        try:
+            if not self._sandbox.same_file(remote, str(self.local_root / rel)):
+                st = self._folder.lstat(rel)
+                target = rel
+                if st is not None and not stat.S_ISREG(st.st_mode):
+                    raise MirrorError("a folder, symlink or special file is in its place here, and is not replaced")
+                if st is not None and (rel.endswith(".ipynb") or self._manifest.locally_changed(rel, file_stat(st))):
+                    target = conflict_name(rel)
+                path = await asyncio.to_thread(self._folder.path_for_writing, target)
+                await self._sandbox.fetch(remote, str(path), self._links)
+                if target != rel:
+                    report.conflicts.append((rel, target))
+                    self._ack(raw, reported)
+                    return
+                report.down.append(rel)
+            await asyncio.to_thread(self._manifest.record_file, rel)
+        except (MirrorError, OSError) as exc:
+            self._left_behind(rel, raw, reported, str(exc) if isinstance(exc, MirrorError) else exc.strerror or str(exc), False, report)
+            return
+        self._ack(raw, reported)
 
     def _ack(self, raw: str, reported: Stat) -> None:
         self._acked[raw] = [reported[0], reported[1], reported[2]] if reported[2] >= 0 else [reported[0], reported[1]]

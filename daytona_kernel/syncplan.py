@@ -253,6 +253,7 @@ class UpPlan:
     deleted: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
     total: int = 0  # bytes to upload
+    placed: list[str] = field(default_factory=list)  # over sync_max_file_mb, for a sandbox on this disk (Sandbox.place)
 
 
 class Refusal(enum.Enum):
@@ -317,6 +318,7 @@ class DownPlan:
 
     wanted: list[tuple[str, str, Stat]] = field(default_factory=list)  # (path here, path reported, stat)
     acked: list[tuple[str, Stat]] = field(default_factory=list)  # (path reported, stat): handled, not to be reported again
+    placed: list[tuple[str, str, Stat]] = field(default_factory=list)  # like wanted, over sync_max_file_mb (Sandbox.fetch)
 
 
 def plan_down(
@@ -327,9 +329,11 @@ def plan_down(
     failed: dict[str, Stat],
     secrets_noticed: set[str],
     landing: Landing = Landing(),
+    on_this_disk: bool = False,
 ) -> DownPlan:
     """Decide what of a change report to download. ``failed``: files that failed before in a way a retry
-    would repeat (skipped while unchanged); ``secrets_noticed``: secrets already named to the user."""
+    would repeat (skipped while unchanged); ``secrets_noticed``: secrets already named to the user;
+    ``on_this_disk`` (the local backend): files over sync_max_file_mb are placed, not refused."""
     max_file = int(config.sync_max_file_mb * MB)
     budget = int(config.sync_max_total_mb * MB)
     plan = DownPlan()
@@ -351,6 +355,9 @@ def plan_down(
                 (report.secrets_down if kind is Refusal.SECRET else report.code_kept).append(rel)
             plan.acked.append((raw, reported))
             continue
+        if reported[0] > max_file and on_this_disk:  # no transfer: cloned or linked (Sandbox.fetch)
+            plan.placed.append((rel, raw, reported))
+            continue
         if reported[0] > max_file:
             report.skipped.append((rel, f"{size_text(reported[0])} is over sync_max_file_mb={config.sync_max_file_mb:g}"))
             plan.acked.append((raw, reported))
@@ -365,11 +372,15 @@ def plan_down(
     return plan
 
 
-def choose_up(plan: UpPlan, changed: list[tuple[str, int]], config: MirrorSettings) -> None:
-    """Add to ``plan`` the changed local files (path, size) that fit the limits; name the others."""
+def choose_up(plan: UpPlan, changed: list[tuple[str, int]], config: MirrorSettings, on_this_disk: bool = False) -> None:
+    """Add to ``plan`` the changed local files (path, size) that fit the limits; name the others.
+    ``on_this_disk`` (the local backend): files over sync_max_file_mb are placed, not refused."""
     max_file = int(config.sync_max_file_mb * MB)
     budget = int(config.sync_max_total_mb * MB)
     for rel, size in changed:
+        if size > max_file and on_this_disk:
+            plan.placed.append(rel)
+            continue
         if size > max_file:
             plan.skipped.append((rel, f"{size_text(size)} is over sync_max_file_mb={config.sync_max_file_mb:g}"))
             continue

@@ -276,3 +276,86 @@ def test_a_project_without_git_is_found_by_its_marker_and_paths_outside_it_say_s
     assert f"this cell wrote {tmp_path / 'written.csv'} outside the project folder" in notice and "sync_root" in notice
     with Kernel(kernel_name, cwd=str(proj / "notebooks"), env={"DAYTONA_KERNEL_SYNC_ROOT": str(tmp_path)}) as k:
         assert answer(k.execute(OUTSIDE_STEPS[2])) == ("ok", "'far away'")  # sync_root takes the folder above
+
+
+# -- big files on the local backend ----------------------------------------------------------------------
+
+MB = 1024 * 1024
+
+
+def sandbox_copies(name: str) -> list[Path]:
+    """Every copy of a file called ``name`` under the local backend's sandboxes and volumes."""
+    root = Path(os.environ["JUPYTER_DATA_DIR"]) / "daytona-kernel"
+    return [p for folder in ("sandboxes", "volumes") for p in (root / folder).rglob(name)]
+
+
+def test_big_files_on_the_local_backend_are_shared_not_copied(tmp_path: Path) -> None:
+    from daytona_kernel.backends.local import share_file
+
+    probe = tmp_path / "probe"
+    probe.write_text("x")
+    how = share_file(probe, tmp_path / "probe2", link=True)  # what this file system allows
+    proj = tmp_path / "proj"
+    (proj / "notebooks").mkdir(parents=True)
+    (proj / "requirements.txt").write_text("")
+    big = proj / "notebooks" / "big.csv"
+    with open(big, "w") as f:
+        f.write("a,b\n1,2\n")
+        f.truncate(114 * MB)  # a 114 MB CSV beside the notebook (sparse: cheap to make)
+    cells = [
+        "import os\nos.path.getsize('big.csv'), open('big.csv').readline()",
+        "with open('made.bin', 'wb') as f:\n    f.truncate(101 * 1024 * 1024)",
+        "with open('big.csv', 'r+') as f:\n    f.write('c,d')",
+        "open('big.csv').readline()",
+    ]
+    with Kernel("daytona-local", cwd=str(proj / "notebooks")) as k:
+        runs = [k.execute(code) for code in cells]
+        assert [r.status for r in runs] == ["ok"] * 4, [r.errors for r in runs]
+        assert result_of(runs[0]) == f"({114 * MB}, 'a,b\\n')"
+        assert not any("sync_max_file_mb" in r.text("stderr") or "Not synced" in r.text("stderr") for r in runs)
+        made = proj / "notebooks" / "made.bin"
+        assert made.stat().st_size == 101 * MB  # the big file the cell wrote came down
+        assert result_of(runs[3]) == "'c,d\\n'"
+        assert big.read_text()[:4] == "c,d\n"  # the cell's write reached the user's file
+        assert not list(proj.rglob("*sandbox-conflict*"))
+        for name, original in (("big.csv", big), ("made.bin", made)):
+            copies = sandbox_copies(name)
+            assert copies, name
+            for copy in copies:
+                if how == "link":  # one file under several names: no second copy on this disk
+                    assert os.path.samefile(copy, original), copy
+                else:
+                    assert how == "clone" and copy.stat().st_size == original.stat().st_size
+
+
+def result_of(run: Run) -> str:
+    return str(run.of_type("execute_result")[0]["data"]["text/plain"])
+
+
+def test_share_file_never_truncates_what_the_old_name_shared(tmp_path: Path) -> None:
+    from daytona_kernel.backends.local import share_file
+
+    original, linked, other = tmp_path / "original", tmp_path / "linked", tmp_path / "other"
+    original.write_text("the user's data")
+    other.write_text("new")
+    os.chmod(other, 0o640)
+    os.link(original, linked)  # the sandbox's name for the user's file
+    assert share_file(other, linked, link=False) in ("clone", "copy")  # replaced by a rename, not written into
+    assert original.read_text() == "the user's data" and linked.read_text() == "new"
+    assert not os.path.samefile(linked, other) and (linked.stat().st_mode & 0o777) == 0o640
+    how = share_file(original, tmp_path / "sub" / "shared", link=True)
+    assert how in ("clone", "link") and (tmp_path / "sub" / "shared").read_text() == "the user's data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linked", "original", "other", "sub"]  # no temporary left
+
+
+def test_big_files_are_placed_only_on_a_sandbox_on_this_disk() -> None:
+    from daytona_kernel.config import MirrorSettings
+    from daytona_kernel.syncplan import UpPlan, choose_up
+
+    config = MirrorSettings(sync_max_file_mb=1)
+    changed = [("small.csv", 10), ("big.csv", 2 * MB)]
+    remote, local = UpPlan(), UpPlan()
+    choose_up(remote, changed, config)
+    choose_up(local, changed, config, on_this_disk=True)
+    assert (remote.todo, [rel for rel, _ in remote.skipped], remote.placed) == (["small.csv"], ["big.csv"], [])
+    assert (local.todo, local.skipped, local.placed) == (["small.csv"], [], ["big.csv"])

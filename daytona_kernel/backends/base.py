@@ -115,6 +115,23 @@ class Sandbox(abc.ABC):
     """A string in a cell's output this long travels as a file the kernel downloads, not through the
     interpreter's output lines (0: never). See docs/benchmarks.md for what each way costs."""
 
+    on_this_disk = False
+    """The sandbox's files are on this machine's disk (the local backend): the mirror moves big files
+    with ``place``/``fetch`` (a clone or a link, never a second copy where the file system allows)
+    instead of refusing them."""
+
+    async def place(self, local: str, dest: str, link: bool) -> None:
+        """Make the sandbox path ``dest`` hold the local file ``local`` (only when ``on_this_disk``)."""
+        raise NotImplementedError
+
+    async def fetch(self, path: str, local: str, link: bool) -> None:
+        """Make the local file ``local`` hold the sandbox path ``path`` (only when ``on_this_disk``)."""
+        raise NotImplementedError
+
+    def same_file(self, path: str, local: str) -> bool:
+        """Whether the sandbox path and the local file are one file (a hard link), so nothing needs moving."""
+        return False
+
     def storage_options(self) -> dict[str, str]:
         """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""
         if not self.volume_dir:

@@ -51,9 +51,10 @@ def _stat_key(path):
 class DurableCopy(object):
     """See the module docstring. ``scan()`` returns ({rel: (size, mtime_ns, ...)}, complete)."""
 
-    def __init__(self, workdir, volume, scan, always=(), notice=None):
+    def __init__(self, workdir, volume, scan, always=(), notice=None, link=False):
         self.workdir = workdir
         self.volume = volume
+        self._link = link  # the volume is a folder on the same disk (the local backend): its copy is hard links
         self._scan = scan
         self._always = tuple(always)  # copied even where the mirror's rules exclude them (the checkpoint)
         self._notice = notice or (lambda text: None)
@@ -97,7 +98,7 @@ class DurableCopy(object):
             return 0  # the disk's version is the newer one; it is copied up after the next cell
         src = os.path.join(self.volume, rel)
         try:
-            _copy_whole(src, dst)
+            _copy_whole(src, dst)  # a copy: two sandboxes restored from one volume must not share files
             mtime = os.stat(src).st_mtime_ns
             os.utime(dst, ns=(mtime, mtime))
             self._record[rel] = _stat_key(dst)
@@ -126,6 +127,20 @@ class DurableCopy(object):
         return files
 
     # -- the copy ------------------------------------------------------------
+
+    def _put(self, src, dst):
+        """dst gets src's content: a hard link where ``link`` allows (dst's old name is removed first,
+        never truncated: it may share its file with src), else a whole copy."""
+        if self._link:
+            try:
+                if os.path.lexists(dst):
+                    os.unlink(dst)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.link(src, dst)
+                return
+            except OSError:
+                pass  # another disk after all: copy
+        _copy_whole(src, dst)
 
     def wake(self):
         """Something may have changed: copy it in the background."""
@@ -181,7 +196,7 @@ class DurableCopy(object):
                 continue
             src = os.path.join(self.workdir, rel)
             try:
-                _copy_whole(src, os.path.join(self.volume, rel))
+                self._put(src, os.path.join(self.volume, rel))
                 after = _stat_key(src)
             except OSError as exc:
                 if rel not in self._failed:

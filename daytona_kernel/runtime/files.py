@@ -233,7 +233,8 @@ def open_volume(workdir, options, notice):
         excludes = list(options.get("sync_excludes") or ()) + list(options.get("volume_excludes") or ())
         return _pathrules.scan(workdir, _pathrules.MirrorRules(workdir, excludes, options.get("sync_includes") or (), secrets=()))
 
-    durable = _durable.DurableCopy(workdir, volume, scan, always=(CHECKPOINT_FILE,), notice=notice)
+    link = bool(options.get("volume_link"))
+    durable = _durable.DurableCopy(workdir, volume, scan, always=(CHECKPOINT_FILE,), notice=notice, link=link)
     restored, problems = durable.restore(RESTORE_BUDGET_S)
     text = ""
     if restored:
