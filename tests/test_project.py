@@ -359,3 +359,37 @@ def test_big_files_are_placed_only_on_a_sandbox_on_this_disk() -> None:
     choose_up(local, changed, config, on_this_disk=True)
     assert (remote.todo, [rel for rel, _ in remote.skipped], remote.placed) == (["small.csv"], ["big.csv"], [])
     assert (local.todo, local.skipped, local.placed) == (["small.csv"], [], ["big.csv"])
+
+
+# -- a project-shaped notebook, cell by cell against ipykernel ---------------------------------------------
+
+PROJECT = Path(__file__).parent / "notebooks" / "project"
+INEXACT = ("%%time",)  # timings
+
+
+def run_project_tour(name: str, folder: Path) -> list[list[tuple[Any, ...]]]:
+    from test_parity import signature
+
+    shutil.copytree(PROJECT, folder)
+    nb = nbformat.read(folder / "notebooks" / "project-tour.ipynb", as_version=4)
+    with Kernel(name, cwd=str(folder / "notebooks")) as k:
+        k.execute("pass", store_history=False)  # the sandbox's start is shown in the first cell
+        sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+        runs = [k.execute(source, allow_stdin=False) for source in sources]
+    return [  # output types, stream text and MIME types (as test_parity compares), and each result's text
+        signature(run, not source.startswith(INEXACT)) + [("text", r["data"].get("text/plain")) for r in run.of_type("execute_result")]
+        for source, run in zip(sources, runs)
+    ]
+
+
+def test_a_project_tour_notebook_matches_ipykernel_cell_by_cell(kernel_name: str, tmp_path: Path) -> None:
+    """tests/notebooks/project: a notebook beside helpers.py, a package and another notebook, images in
+    ../images, results written to ../results (IPython's "IPython Kernel" examples and the Python Data
+    Science Handbook's first chapters do these); not a git repository, marked by a requirements.txt."""
+    theirs = run_project_tour("python3", tmp_path / "ipykernel")
+    ours = run_project_tour(kernel_name, tmp_path / "ours")
+    cells = [c.source for c in nbformat.read(PROJECT / "notebooks" / "project-tour.ipynb", as_version=4).cells if c.cell_type == "code"]
+    assert sum(o[0] == "error" for sig in theirs for o in sig) == 2  # the two tracebacks, nothing else failed
+    for source, got, want in zip(cells, ours, theirs):
+        assert got == want, source
+    assert (tmp_path / "ours" / "results" / "squares.csv").read_text() == "0\n1\n4\n9"  # brought down

@@ -1,0 +1,1 @@
+NAME = 'a package beside the notebook'
