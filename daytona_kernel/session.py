@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .attach import Adopted, KernelIdentity, SessionJournal
-from .backends.base import LOCAL_ATTACH, RunError, Sandbox
+from .backends.base import LOCAL_ATTACH, IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
@@ -145,7 +145,13 @@ class RuntimeSession:
             frontend.emit("error", content)
             return CellOutcome(error=content)
         try:
+            if (spec.scatter or spec.gather) and self.sandbox.idle_mode is IdleMode.PAUSE:
+                await self._resume(frontend)  # they run in the main sandbox: a paused one is resumed first
             return await self.pool.run(spec, body, cell, frontend, self.supervisor)
+        except DaytonaKernelError as exc:
+            content = error_content(exc.ename, str(exc))
+            frontend.emit("error", content)
+            return CellOutcome(error=content)
         finally:
             self._last_cell_end = time.time()
             if not self._shut_down:

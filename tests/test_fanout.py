@@ -166,6 +166,11 @@ def test_stream_lines_are_prefixed_and_rich_outputs_carry_their_worker(kernel: K
     assert run.of_type("execute_result") == []  # the cell has no result of its own
 
 
+def test_a_large_output_of_each_worker_arrives_whole_and_prefixed(kernel: Kernel) -> None:
+    run = ok(kernel.execute("%%daytona map 2\nprint(str(rank) * 100_000)"))  # past the local backend's blob size
+    assert lines(run) == {0: ["0" * 100_000], 1: ["1" * 100_000]}
+
+
 def test_scatter_splits_in_rank_order_and_gather_collects_in_rank_order(kernel: Kernel) -> None:
     ok(kernel.execute("xs = list(range(10))\nlabel = 'abcde'"))
     ok(kernel.execute("%%daytona map 3 --scatter xs,label --gather part,n\npart = xs\nn = len(xs) + len(label)"))

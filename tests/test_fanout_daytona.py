@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from conftest import sandboxes_of
 from kernels import Kernel
 from test_fanout import shown
 
@@ -99,3 +100,16 @@ def test_gc_deletes_the_workers_of_a_sigkilled_kernel(daytona_env: Any, tmp_path
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert all(f"deleted {w.id}" in gc.stdout for w in workers)
     assert not workers_of(daytona_env, ident)
+
+
+def test_scatter_and_gather_resume_a_paused_main_sandbox_first(daytona_env: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(daytona_env, "sandbox_class", "linux-vm")  # a class that pauses
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("xs = [1, 2, 3, 4]")
+        (main,) = [s for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"]
+        daytona_env.pause_sandbox(main.id)  # auto-pause, or the dashboard
+        daytona_env.wait_for_state(main.id, "paused")
+        run = k.execute("%%daytona map 2 --scatter xs --gather total\ntotal = sum(xs)", timeout=60)
+        assert run.status == "ok", run.errors
+        assert "resumed the paused sandbox" in shown(run, "stderr")
+        assert k.execute("print(total)").text() == "[3, 7]\n"
