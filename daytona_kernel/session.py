@@ -307,7 +307,7 @@ class RuntimeSession:
                 break
             await asyncio.sleep(COMM_WAIT_S)
         live = self.supervisor.live
-        if live is None:  # no interpreter yet (or a new one is starting): no comm target is registered there
+        if live is None or self._shut_down:  # no interpreter (yet): no comm target is registered there
             bridge.unreachable(batch)
             return
         async with self._run_lock:
