@@ -199,3 +199,18 @@ def test_ipympl_a_third_party_widget_module_is_shown_where_trusted_or_allowed(ke
         with Kernel(kernel_name, env={"DAYTONA_KERNEL_WIDGET_MODULES": "jupyter-matplotlib"}) as k:
             run = k.execute(IPYMPL)
             assert mpl_opens(run) and WIDGET_VIEW in run.of_type("execute_result")[0]["data"]
+
+
+def test_jupyter_ui_poll_handles_clicks_in_a_blocking_loop(kernel_name: str, workdir: Any) -> None:
+    """Beyond ipykernel's own timing: jupyter-ui-poll's ui_events() lets a blocking loop take UI events."""
+    with Kernel(kernel_name) as k:
+        button = model_id(k.execute("import time, ipywidgets as w\nfrom jupyter_ui_poll import ui_events\nclicks = []\nb = w.Button()\nb.on_click(clicks.append)\nb"))
+        loop = k.kc.execute(
+            "n = 0\nprint('started', flush=True)\nwith ui_events() as poll:\n    while not clicks and n < 400:\n"
+            "        poll(10)\n        time.sleep(0.05)\n        n += 1\nprint('stopped after', n)"
+        )
+        k.wait_for(lambda m: under(loop, "stream")(m) and "started" in m["content"]["text"])
+        click(k, button)
+        messages = finish(k, loop)
+        text = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+        assert "stopped after" in text and int(text.split("stopped after")[1]) < 200, text

@@ -73,13 +73,33 @@ def batch_seq(name):
 
 
 class KernelFacade(object):
-    """``get_ipython().kernel`` for libraries that ask it for the current request (the Output widget)."""
+    """``get_ipython().kernel`` for libraries that ask it for the current request (the Output widget),
+    and the part of ipykernel's kernel that ``jupyter-ui-poll`` uses to handle UI events while a
+    cell blocks: ``do_one_iteration``. The sandbox never receives execute requests, so the
+    ``execute_request`` handler it swaps out is never called, and there is nothing to replay."""
+
+    _parent_ident = None
+    _aborting = False
+    shell_stream = None
 
     def __init__(self, bridge):
         self._bridge = bridge
+        self.shell_handlers = {"execute_request": self._execute_request}
 
     def get_parent(self, channel="shell"):
         return self._bridge.get_parent()
+
+    def set_parent(self, ident, parent, channel="shell"):
+        """Output goes back to the request after each handled message anyway."""
+
+    def do_one_iteration(self):
+        self._bridge.poll_now()
+
+    def _publish_status(self, status, channel="shell", parent=None):
+        pass
+
+    async def _execute_request(self, stream, ident, parent):
+        pass
 
 
 class Bridge(object):
@@ -311,6 +331,17 @@ class Bridge(object):
                     loop.call_soon_threadsafe(self._run_scheduled, messages)
                 else:
                     self.pending.extend(messages)
+
+    def poll_now(self):
+        """Handle the frontend messages that arrived so far, now (a cell that blocks asked for them)."""
+        if not self.in_cell:
+            return
+        with self.lock:
+            pending, self.pending = self.pending, []
+            scheduled, self.scheduled = self.scheduled, []
+        for batch in scheduled:
+            pending.extend(batch)
+        self.handle(pending + self.take_inbox())
 
     def _run_scheduled(self, batch):
         with self.lock:
