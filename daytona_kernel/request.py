@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .comms import CommBridge
 
 EmitCallback = Callable[[str, dict[str, Any]], None]
-Fetch = Callable[[str], Awaitable[bytes]]
+Fetch = Callable[[str, int], Awaitable[bytes]]  # a sandbox file, and the most bytes to take of it
 log = logging.getLogger("daytona_kernel.request")
 
 
@@ -172,7 +172,7 @@ class Request:
         assert frame.blobs is not None and self._fetch is not None
         event: Frame | BadFrame
         try:
-            data = await self._fetch(frame.blobs.path)
+            data = await self._fetch(frame.blobs.path, sum(size for _, size in frame.blobs.sizes))
             event = Frame(frame.kind, join_blobs(frame.payload, frame.blobs, data))
         except Exception as exc:  # whatever went wrong, the cell's other output is still shown
             log.warning("could not fetch %s from the sandbox: %r", frame.blobs.path, exc)
@@ -245,10 +245,12 @@ class Request:
 
 
 def fetcher(sandbox: Sandbox) -> Fetch:
-    """A Request's ``fetch``: one file from ``sandbox`` (a cell's large output strings), or BackendError."""
+    """A Request's ``fetch``: one file from ``sandbox`` (a cell's large output strings), or BackendError.
+    The download stops at ``limit`` bytes (what the frame announced): the sandbox decides what the file
+    holds, so the kernel never takes more of it than the frame said."""
 
-    async def fetch(path: str) -> bytes:
-        got = (await sandbox.download([path])).get(path)
+    async def fetch(path: str, limit: int) -> bytes:
+        got = (await sandbox.download([path], limits={path: limit})).get(path)
         if not isinstance(got, bytes):
             raise BackendError(f"could not download {path}: {got.message if got is not None else 'no answer'}")
         return got

@@ -133,6 +133,7 @@ class FakeSandbox(Sandbox):
         self.exec_results: dict[str, ExecResult] = {}
         self.uploads: list[tuple[bytes, str]] = []
         self.files: dict[str, bytes] = {}
+        self.download_limits: list[dict[str, int] | None] = []  # the ``limits`` of each download
         self.starts = 0
         self.shut_down = False
 
@@ -178,6 +179,7 @@ class FakeSandbox(Sandbox):
             self.files[path] = content
 
     async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
+        self.download_limits.append(limits)
         limits = limits or {}
         out: dict[str, bytes | FileError] = {}
         for p in paths:
@@ -185,7 +187,7 @@ class FakeSandbox(Sandbox):
             if content is None:
                 out[p] = FileError("no such file in the fake sandbox", retry=False)
             elif len(content) > limits.get(p, len(content)):
-                out[p] = FileError("over its limit", retry=False, over_limit=True)
+                out[p] = FileError(f"it is more than {limits[p]} bytes", retry=False, over_limit=True)
             else:
                 out[p] = content
         return out

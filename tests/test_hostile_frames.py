@@ -170,8 +170,10 @@ async def test_a_file_of_large_strings_that_does_not_fit_its_frame() -> None:
     front = Recorder()
     outcome = await session.execute(Cell("cell", 1), front)
     assert outcome.error is not None and outcome.error["ename"] == PROTOCOL_ERROR
-    assert "the file holds 10 bytes, the frame announced 5" in outcome.error["evalue"]
+    assert "more than 5 bytes" in outcome.error["evalue"]
     assert front.text() == "before\nafter\n" and "root" not in str(front.outputs)
+    # the download itself is bounded by what the frame announced: the kernel never holds more
+    assert sandbox.download_limits == [{"/etc/passwd": 5}]
 
 
 async def test_a_file_of_large_strings_larger_than_any_frame() -> None:
