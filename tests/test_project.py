@@ -253,6 +253,7 @@ OUTSIDE_STEPS = [
     "import os\nos.makedirs('../results', exist_ok=True)\nopen('../results/out.csv', 'w').write('r,1\\n')",
     "open('../../outside.csv').read()",
     "open('../../written.csv', 'w').write('lost')",
+    "open('../data/private/p.csv').read()",
 ]
 
 
@@ -262,9 +263,12 @@ def test_a_project_without_git_is_found_by_its_marker_and_paths_outside_it_say_s
     (proj / "data").mkdir()
     (proj / "requirements.txt").write_text("pandas\n")
     (proj / "data" / "x.csv").write_text("a,b\n1,2\n")
+    (proj / "data" / "private").mkdir()
+    (proj / "data" / "private" / "p.csv").write_text("kept here")
+    (proj / ".gitignore").write_text("data/private/\n")
     (tmp_path / "outside.csv").write_text("far away")
     with Kernel(kernel_name, cwd=str(proj / "notebooks")) as k:
-        read, write, outside, lost = (k.execute(code) for code in OUTSIDE_STEPS)
+        read, write, outside, lost, ignored = (k.execute(code) for code in OUTSIDE_STEPS)
     assert answer(read) == ("ok", repr("a,b\n1,2\n"))
     assert write.status == "ok" and (proj / "results" / "out.csv").read_text() == "r,1\n"  # brought down
     assert outside.errors[0]["ename"] == "FileNotFoundError"
@@ -274,6 +278,9 @@ def test_a_project_without_git_is_found_by_its_marker_and_paths_outside_it_say_s
     assert lost.status == "ok" and not (tmp_path / "written.csv").exists()
     notice = lost.text("stderr")
     assert f"this cell wrote {tmp_path / 'written.csv'} outside the project folder" in notice and "sync_root" in notice
+    note = plain(ignored.errors[0]["traceback"])  # inside the project folder, left out by .gitignore
+    assert f"{proj / 'data' / 'private' / 'p.csv'} is not mirrored into the sandbox: .gitignore" in note
+    assert "DaytonaKernel.sync_include" in note
     with Kernel(kernel_name, cwd=str(proj / "notebooks"), env={"DAYTONA_KERNEL_SYNC_ROOT": str(tmp_path)}) as k:
         assert answer(k.execute(OUTSIDE_STEPS[2])) == ("ok", "'far away'")  # sync_root takes the folder above
 

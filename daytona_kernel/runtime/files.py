@@ -142,10 +142,11 @@ class OutsideTheMirror(object):
     libraries and the runtime write absolute paths (temporary files, caches, the journal).
     """
 
-    def __init__(self, workdir, local_root):
+    def __init__(self, workdir, local_root, excludes=(), includes=()):
         global _watcher
         self.workdir = os.path.realpath(workdir)
         self.local_root = local_root
+        self._patterns = (list(excludes), list(includes))
         self._written = []
         if _watcher is None:
             sys.addaudithook(_on_audit)
@@ -183,21 +184,48 @@ class OutsideTheMirror(object):
             self._written.append(shown)
 
     def explain(self, exc):
-        """Add a note to a FileNotFoundError (or NotADirectoryError) for a path outside the mirrored folder."""
-        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        """Add a note to a FileNotFoundError (or NotADirectoryError) for a path outside the mirrored folder,
+        or inside it but left out by the mirror's rules (.gitignore, sync_exclude, secrets ...)."""
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.filename is None:
             return
-        found = self._outside(exc.filename) if exc.filename is not None else None
-        if found is None or os.path.exists(found[1]):
+        found = self._outside(exc.filename)
+        if found is not None and not os.path.exists(found[1]):
+            note = (
+                "daytona-kernel: %s is outside the project folder mirrored into the sandbox (%s), so it is not here. "
+                "Set DaytonaKernel.sync_root to a folder that contains it." % (self._shown(*found), self.local_root)
+            )
+        else:
+            note = self._left_out(exc.filename)
+        if note is None:
             return
-        note = (
-            "daytona-kernel: %s is outside the project folder mirrored into the sandbox (%s), so it is not here. "
-            "Set DaytonaKernel.sync_root to a folder that contains it." % (self._shown(*found), self.local_root)
-        )
         notes = getattr(exc, "__notes__", None)
         if not isinstance(notes, list):
             notes = exc.__notes__ = []
         if note not in notes:
             notes.append(note)
+
+    def _left_out(self, path):
+        """The note for a missing path inside the mirrored folder that the mirror's rules leave out, or None."""
+        try:
+            full = os.path.normpath(os.path.join(os.getcwd(), os.fsdecode(path)))
+        except TypeError:
+            return None
+        if os.path.exists(full) or not full.startswith(self.workdir + os.sep):
+            return None
+        rel = os.path.relpath(full, self.workdir).replace(os.sep, "/")
+        excludes, includes = self._patterns
+        reason = _pathrules.MirrorRules(self.workdir, excludes, includes).check(rel, False)
+        why = {
+            _pathrules.NEVER_REASON: "it is never mirrored",
+            _pathrules.SECRET_REASON: "it looks like a secret, which stays on your machine",
+            _pathrules.IGNORED_REASON: ".gitignore, sync_exclude or a default exclude leaves it out",
+        }.get(reason)
+        if why is None:
+            return None
+        return (
+            "daytona-kernel: %s is not mirrored into the sandbox: %s. Name it in DaytonaKernel.sync_include to mirror it, "
+            "or send it once with %%upload." % (os.path.join(self.local_root, rel), why)
+        )
 
     def take_notice(self):
         """After a cell: the writes outside the mirrored folder, once."""

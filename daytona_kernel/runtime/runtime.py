@@ -122,7 +122,10 @@ class Runtime(object):
             rules = _pathrules.MirrorRules(self.workdir, excludes, includes, secrets=())
         self.watch = _files.WorkdirWatch(self.workdir, rules)
         local_root = self.options.get("local_root")  # the user's project folder, mirrored here
-        self.outside = _files.OutsideTheMirror(self.workdir, local_root) if local_root else None
+        self.outside = None
+        if local_root:
+            excludes, includes = self.options.get("sync_excludes") or (), self.options.get("sync_includes") or ()
+            self.outside = _files.OutsideTheMirror(self.workdir, local_root, excludes, includes)
         if threading.current_thread() is threading.main_thread():
             # Python's own SIGINT handler, as under ipykernel: the worker's (a Python function) would
             # add its frame (local_worker.py on_sigint, the daemon's sigint_handler) to the cell's traceback.
