@@ -62,8 +62,6 @@ class RuntimeSession:
         options = dict(mirror.runtime_options()) if mirror else {}
         if start_in:  # the notebook's sub-folder of the mirrored folder: where cells start
             options["start_in"] = start_in
-        if mirror is not None and mirror.syncs_up and mirror.syncs_down:  # for the runtime's word on paths outside it
-            options["local_root"] = str(mirror.local_root)
         self.supervisor = ContextSupervisor(sandbox, settings, log, options)
         if mirror is not None and mirror.notice:
             self.supervisor.notices.append(mirror.notice)

@@ -142,12 +142,16 @@ class WorkdirMirror:
         return self.mode in ("both", "down")
 
     def runtime_options(self) -> dict[str, Any]:
-        """What the runtime needs to report a cell's file changes."""
-        return {
+        """What the runtime needs to report a cell's file changes, and (mirroring both ways) the project
+        folder here, for its word on paths outside it or left out (``files.OutsideTheMirror``)."""
+        options = {
             "sync_down": self.syncs_down,
             "sync_excludes": list(self._config.sync_exclude),
             "sync_includes": list(self._config.sync_include),
         }
+        if self.syncs_up and self.syncs_down:
+            options["local_root"] = str(self.local_root)
+        return options
 
     def handover(self) -> dict[str, Any]:
         """What the runtime must learn on its next call (the ``synced`` argument), then forgotten here.

@@ -29,7 +29,6 @@ class BasicShellMirror:
     """No mirror, only the runtime option that asks for the basic shell."""
 
     notice = ""
-    syncs_up = syncs_down = False
 
     def runtime_options(self) -> dict[str, Any]:
         return {"ipython": False}

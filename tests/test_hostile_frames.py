@@ -30,7 +30,6 @@ class MirrorSpy:
     """Stands in for the mirror: records what the session asks it to pull."""
 
     notice = ""
-    syncs_up = syncs_down = False
 
     def __init__(self) -> None:
         self.pulled: list[dict[str, Any]] = []
