@@ -203,15 +203,15 @@ def write_batch(inbox: Path, seq: int, messages: list[dict[str, Any]] | str) -> 
 
 
 def test_the_inbox_is_read_in_order_a_half_written_last_batch_waits_and_a_broken_one_is_skipped(tmp_path: Path) -> None:
-    bridge = runtime_comms.Bridge(FakeRuntime())
-    bridge.inbox = str(tmp_path)
+    inbox = runtime_comms.Inbox()
+    inbox.use(str(tmp_path))
     write_batch(tmp_path, 2, [click("c2", "b")])
     write_batch(tmp_path, 10, [click("c10", "b")])
     write_batch(tmp_path, 1, [click("c1", "b")])
     write_batch(tmp_path, 11, '[{"header": {"msg_id": "c1')  # still being uploaded
-    assert ids(bridge.take_inbox()) == ["c1", "c2", "c10"] and bridge.taken == 10
+    assert ids(inbox.take()) == ["c1", "c2", "c10"] and inbox.taken == 10
     write_batch(tmp_path, 12, [click("c12", "b")])  # 11 stays broken: the kernel sent it again as 12
-    assert ids(bridge.take_inbox()) == ["c12"] and sorted(p.name for p in tmp_path.iterdir()) == []
+    assert ids(inbox.take()) == ["c12"] and sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_each_message_is_handled_under_its_own_id_and_once(tmp_path: Path) -> None:

@@ -102,6 +102,47 @@ class KernelFacade(object):
         pass
 
 
+class Inbox(object):
+    """The folder the kernel uploads frontend messages to while a cell runs, one numbered batch file each."""
+
+    def __init__(self):
+        self.path = None
+        self.taken = 0  # the highest batch taken
+        self._lock = threading.Lock()  # the poller and the end of a cell both read it
+
+    def use(self, path):
+        if path and path != self.path:
+            self.path, self.taken = path, 0
+
+    def take(self):
+        """The frontend messages in the complete batch files, in order; the files are removed. A half-written
+        last file waits; a broken earlier one is a failed upload the kernel sent again under a later number."""
+        with self._lock:
+            try:
+                names = os.listdir(self.path) if self.path else []
+            except OSError:
+                return []
+            batches = sorted((seq, n) for seq, n in ((batch_seq(n), n) for n in names) if seq is not None and seq > self.taken)
+            messages = []
+            for i, (seq, name) in enumerate(batches):
+                path = os.path.join(self.path, name)
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        batch = json.loads(f.read())
+                except (OSError, ValueError):
+                    if i == len(batches) - 1:
+                        break
+                    batch = []
+                self.taken = seq
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+                if isinstance(batch, list):
+                    messages.extend(m for m in batch if isinstance(m, dict))
+            return messages
+
+
 class Bridge(object):
     """One per runtime. See the module docstring."""
 
@@ -110,8 +151,7 @@ class Bridge(object):
         self.manager = None  # the comm package's CommManager, once ``comm`` is imported
         self.request_parent = ""  # the msg_id of the request that runs (a cell's execute_request)
         self.current = ""  # whose output is being produced: "" for the request's own
-        self.inbox = None
-        self.taken = 0  # the highest inbox batch taken
+        self.inbox = Inbox()
         self.pending = []  # frontend messages for a cell that blocks, handled when it ends
         self.scheduled = []  # batches handed to a running event loop, not yet handled
         self.outbox = []  # [parent, kind, payload] published while no request ran
@@ -126,7 +166,6 @@ class Bridge(object):
         self.cell_ended = 0.0
         self.kernel_side = False
         self.lock = threading.RLock()
-        self._inbox_lock = threading.Lock()
         self._poller = None
         self.facade = KernelFacade(self)
 
@@ -248,11 +287,9 @@ class Bridge(object):
         self.kernel_side = bool(options)  # the kernel has the bridge: it takes comm frames
         self.request_parent = str(options.get("parent") or "")
         self.current = ""
-        inbox = options.get("inbox")
-        if inbox and inbox != self.inbox:
-            self.inbox, self.taken = inbox, 0
+        self.inbox.use(options.get("inbox"))
         self._flush_outbox()
-        self.handle(self.take_inbox())
+        self.handle(self.inbox.take())
 
     def end_request(self):
         """End of a call: handle what a blocking cell deferred, then tell the kernel how far the inbox was read."""
@@ -266,52 +303,20 @@ class Bridge(object):
             scheduled, self.scheduled = self.scheduled, []
         for batch in scheduled:
             self.handle(batch)
-        self.handle(self.take_inbox())
+        self.handle(self.inbox.take())
         pending, self.pending = self.pending, []
         self.handle(pending)
         self._flush_outbox()
         if self.kernel_side:
-            self.rt.send(Kind.COMM_ACK, {"seq": self.taken, "more": self.busy_threads()})
+            self.rt.send(Kind.COMM_ACK, {"seq": self.inbox.taken, "more": self.busy_threads()})
 
     def start_cell(self):
         """The cell's code starts: from now on the poller hands it frontend messages."""
         self.in_cell = True
         self._threads_before = set(threading.enumerate())
-        if self.inbox and (self._poller is None or not self._poller.is_alive()):
+        if self.inbox.path and (self._poller is None or not self._poller.is_alive()):
             self._poller = threading.Thread(target=self._poll, name="daytona-kernel-comms", daemon=True)
             self._poller.start()
-
-    def take_inbox(self):
-        """The frontend messages in the inbox's complete batch files, in order; the files are removed."""
-        with self._inbox_lock:  # the poller and the end of a cell both read it
-            return self._take_inbox()
-
-    def _take_inbox(self):
-        if not self.inbox:
-            return []
-        try:
-            names = os.listdir(self.inbox)
-        except OSError:
-            return []
-        batches = sorted((seq, name) for seq, name in ((batch_seq(n), n) for n in names) if seq is not None and seq > self.taken)
-        messages = []
-        for i, (seq, name) in enumerate(batches):
-            path = os.path.join(self.inbox, name)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    batch = json.loads(f.read())
-            except (OSError, ValueError):
-                if i == len(batches) - 1:
-                    break  # still being written
-                batch = []  # a failed upload the kernel sent again under a later number
-            self.taken = seq
-            try:
-                os.remove(path)
-            except OSError:
-                pass
-            if isinstance(batch, list):
-                messages.extend(m for m in batch if isinstance(m, dict))
-        return messages
 
     def _poll(self):
         _streams.block_signals()
@@ -319,7 +324,7 @@ class Bridge(object):
             time.sleep(POLL_S)
             if not self.in_cell:
                 continue
-            messages = self.take_inbox()
+            messages = self.inbox.take()
             if not messages:
                 continue
             loop = _running_loop()
@@ -341,7 +346,7 @@ class Bridge(object):
             scheduled, self.scheduled = self.scheduled, []
         for batch in scheduled:
             pending.extend(batch)
-        self.handle(pending + self.take_inbox())
+        self.handle(pending + self.inbox.take())
 
     def _run_scheduled(self, batch):
         with self.lock:
