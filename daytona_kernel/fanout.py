@@ -139,7 +139,6 @@ class WorkerOutput:
 class Worker:
     """One worker: its sandbox, the supervisor of its context, and the mirror that gives it the project's files."""
 
-    serial: int
     sandbox: Sandbox
     supervisor: ContextSupervisor
     mirror: WorkdirMirror | None
@@ -195,7 +194,6 @@ class WorkerPool:
         self._serials = 0
         self._running = False
         self._interrupted = False
-        self._announced = False
 
     # -- the pool ----------------------------------------------------------
 
@@ -246,15 +244,10 @@ class WorkerPool:
             self._say_short(n, [exc for _, exc in failed], frontend)
 
     def _new_worker(self) -> Worker:
-        sandbox, mirror = self._spawn(self._serials)
+        sandbox, mirror = self._spawn(self._serials)  # a new number each: never the labels of one being deleted
         self._serials += 1
-        supervisor = ContextSupervisor(
-            sandbox,
-            self._settings,
-            self._log,
-            {**self._options, **(mirror.runtime_options() if mirror else {}), "sync_down": False},
-        )
-        return Worker(self._serials - 1, sandbox, supervisor, mirror)
+        supervisor = ContextSupervisor(sandbox, self._settings, self._log, self._options)  # nothing comes down from a worker
+        return Worker(sandbox, supervisor, mirror)
 
     async def _start(self, worker: Worker, frontend: Frontend) -> SyncReport:
         """Start a worker's sandbox and runtime, and give it the project's files."""
@@ -318,7 +311,8 @@ class WorkerPool:
         self._running = True
         try:
             await main.ready(frontend.progress)  # workers are made like the main sandbox, so it comes first
-            await self.resize(spec.workers, main.sandbox.size_text, frontend)
+            if not self._interrupted:
+                await self.resize(spec.workers, main.sandbox.size_text, frontend)
             if self._interrupted:
                 return _interrupted_before_start(frontend)
             mapped = MapCell(spec, body, cell, list(self.workers), frontend, self._settings, self._outputs, self._log)
@@ -556,7 +550,7 @@ class MapCell:
 
 def _interrupted_before_start(frontend: Frontend) -> CellOutcome:
     frontend.emit(
-        "stream", stderr("daytona-kernel: interrupted while the workers started; they are kept for the next map cell.\n")
+        "stream", stderr("daytona-kernel: interrupted before the cell ran; workers that started are kept for the next map cell.\n")
     )
     content = error_content("KeyboardInterrupt", "Interrupted by user")
     frontend.emit("error", content)

@@ -223,6 +223,20 @@ def test_interrupt_stops_every_worker_and_keeps_their_state(kernel: Kernel) -> N
     assert lines(ok(kernel.execute("%%daytona map 2\nprint(kept)"))) == {0: ["k0"], 1: ["k1"]}
 
 
+def test_an_interrupt_while_the_workers_start_leaves_a_pool_ready_for_the_next_cell(kernel: Kernel) -> None:
+    ok(kernel.execute("%daytona map --close"))
+
+    def interrupt_once_starting(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream" and "starting 3 workers" in msg["content"]["text"]:
+            kernel.interrupt()
+
+    run = kernel.execute("%%daytona map 3\nimport time\ntime.sleep(60)", on_message=interrupt_once_starting, timeout=60)
+    assert run.status == "error" and run.errors[0]["ename"] == "KeyboardInterrupt"
+    after = ok(kernel.execute("%%daytona map 3\nprint(rank)"))
+    assert "starting" not in shown(after, "stderr")  # the workers started then are the pool now
+    assert lines(after) == {0: ["0"], 1: ["1"], 2: ["2"]}
+
+
 def test_a_worker_that_dies_is_named_and_comes_back_fresh(kernel: Kernel) -> None:
     ok(kernel.execute("%%daytona map 2\nkept = rank"))
     run = kernel.execute("%%daytona map 2\nimport os\nif rank == 1:\n    os._exit(3)\nprint('alive', rank)")
