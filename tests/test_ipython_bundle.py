@@ -60,3 +60,32 @@ def test_the_unpacking_code_fills_the_cache_folder_whole(tmp_path: Path, monkeyp
     exec(unpack_ipython_code(str(archive), str(folder)), {})
     assert (folder / "pkg" / "sub" / "mod.py").read_text() == "y = 2\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ipython-x"]  # no archive, no partial folder left
+
+
+def test_the_runtime_is_compiled_once_per_sandbox_and_a_bad_cache_is_compiled_again(tmp_path: Path) -> None:
+    """The bootstrap loads the runtime's modules from a marshal cache in the sandbox's home when one
+    is there for its sources and Python, and compiles (and rewrites it) when it is missing or unreadable."""
+    import marshal
+    import os
+    import subprocess
+
+    from daytona_kernel.runtime import bootstrap_code
+
+    boot, result = tmp_path / "boot.py", tmp_path / "result.txt"
+    boot.write_text(bootstrap_code("tok", {}))
+    probe = f"exec(open({str(boot)!r}).read())\nimport sys\nopen({str(result)!r}, 'w').write(repr(getattr(sys.modules['_daytona_kernel_framing'], 'MARK_OF_THE_CACHE', None)))\n"
+
+    def bootstrap() -> str:
+        subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, HOME=str(tmp_path)), cwd=tmp_path, check=True, capture_output=True)
+        return result.read_text()
+
+    assert bootstrap() == "None"
+    (cache,) = (tmp_path / ".cache" / "daytona-kernel-runtime").glob("runtime-*.marshal")
+    codes = marshal.loads(cache.read_bytes())
+    codes["_daytona_kernel_framing"] = compile("MARK_OF_THE_CACHE = 1\n", "<daytona-kernel-framing>", "exec")
+    cache.write_bytes(marshal.dumps(codes))
+    with pytest.raises(subprocess.CalledProcessError):
+        bootstrap()  # the cached (altered) framing module ran, not a fresh compile: the runtime cannot start on it
+    cache.write_bytes(b"\x00 not marshal")
+    assert bootstrap() == "None"  # compiled again, and the cache rewritten
+    assert marshal.loads(cache.read_bytes())["_daytona_kernel_framing"].co_filename == "<daytona-kernel-framing>"
