@@ -14,14 +14,15 @@ import asyncio
 import json
 import logging
 import posixpath
+import shlex
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .attach import Adopted, KernelIdentity, SessionJournal
 from .backends.base import LOCAL_ATTACH, IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
+from .errors import BackendError, ConnectionLost, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, parse_map
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from .comms import CommBridge
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
+GAVE_UP_QUEUED = (
+    "This cell had not started: it waited behind a cell whose connection was cut, which still runs in the sandbox "
+    "and ignores the interrupt. This cell will not run; your variables are kept. The next cell waits until that "
+    "cell ends; restart the kernel to end it now (variables are lost then).\n"
+)
 AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 STILL_STARTING = "The sandbox is still starting in the background; the next cell waits for it.\n"
 COMM_WAIT_S = 0.01  # how often a frontend message waits for the cell's inbox or the end of another call
@@ -79,6 +85,13 @@ class RuntimeSession:
         self._cell_inbox: str | None = None  # where frontend comm messages go while the cell runs
         self._run_lock = asyncio.Lock()  # one call in the context at a time: a cell, or a comm delivery
         self._watchdog: asyncio.Future[None] | None = None
+        # After a cell's connection was cut while it ran on in the sandbox, the next cell's job waits behind it in
+        # the daemon's queue (docs/reattach.md): an interrupt then reaches that cut cell, not the one the user sees.
+        self._cut_cell_may_run = False
+        self._heard = False  # the current run has received output: its job has left the queue
+        self._attempt_task: asyncio.Future[RunError | None] | None = None
+        self._gave_up_on: Request | None = None  # the run the watchdog ended while it still waited in the queue
+        self._cell_count = 0
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
         self._shut_down = False
@@ -185,6 +198,7 @@ class RuntimeSession:
         budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
         async with self._run_lock:
             self._cell_inbox = comms.get("inbox")
+            self._cell_count = cell.count
             request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
         verdict = settle(end, self._timeout() or 0.0, self._settings.interrupt_grace)
@@ -226,24 +240,34 @@ class RuntimeSession:
         run_error: RunError | None = None
         exception: BackendError | None = None
         started = asyncio.get_running_loop().time()
+        self._gave_up_on = None
         try:
             try:
-                run_error = await self._attempt(live, code, frontend, bridge, budget)
+                run_error = await self._attempt_now(live, code, frontend, bridge, budget)
             except SandboxPaused:  # nothing ran: resume the sandbox; the context and its variables carry on
                 await self._resume(frontend)
-                run_error = await self._attempt(live, code, frontend, bridge, budget)
+                run_error = await self._attempt_now(live, code, frontend, bridge, budget)
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self._recover(exc, frontend)
                 await self._push(frontend)  # a new sandbox lacks what was only in the old one
-                run_error = await self._attempt(live, code, frontend, bridge, budget)
+                run_error = await self._attempt_now(live, code, frontend, bridge, budget)
         except BackendError as exc:
             exception = exc
+        except asyncio.CancelledError:
+            if self._gave_up_on is None or self._gave_up_on is not self._current:
+                raise  # not the watchdog's doing
+            frontend.emit("stream", stderr(GAVE_UP_QUEUED))
+            run_error = RunError("KeyboardInterrupt", "Interrupted by user", "")
         finally:
             request = self._current
             self._current = None
             if bridge is not None:
                 bridge.cancel()
         assert request is not None
+        if isinstance(exception, ConnectionLost):
+            self._cut_cell_may_run = True  # it may run on: the next job queues behind it
+        elif exception is None and self._heard:
+            self._cut_cell_may_run = False  # this one ran, so nothing was ahead of it any more
         await request.settle()
         request.finish()
         end = RunEnd(
@@ -256,13 +280,23 @@ class RuntimeSession:
         )
         return request, end
 
+    async def _attempt_now(
+        self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
+    ) -> RunError | None:
+        """``_attempt`` as a task the interrupt watchdog can end (a run that still waits in the queue)."""
+        self._attempt_task = asyncio.ensure_future(self._attempt(live, code, frontend, bridge, budget))
+        try:
+            return await self._attempt_task
+        finally:
+            self._attempt_task = None
+
     async def _attempt(
         self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
     ) -> RunError | None:
         """One run in ``live``. A fresh worker without the runtime (the daemon replaced a dead one)
         answers in the same round trip; the runtime is installed again and the cell run there."""
         request = self._new_request(live, frontend, bridge, budget)
-        run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
+        run_error = await live.context.run_code(code, self._heard_via(request.on_stdout), self._heard_via(request.on_stderr), self._timeout())
         if not runtime_missing(run_error):
             return run_error
         request.finish()
@@ -271,12 +305,22 @@ class RuntimeSession:
         while notices:
             frontend.emit("stream", stderr(notices.pop(0)))
         request = self._new_request(live, frontend, bridge, budget)
-        return await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
+        return await live.context.run_code(code, self._heard_via(request.on_stdout), self._heard_via(request.on_stderr), self._timeout())
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None
         self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox))
+        self._heard = False
         return self._current
+
+    def _heard_via(self, callback: Callable[[str], None]) -> Callable[[str], None]:
+        """``callback``, noting that the run's job has started (it sends output)."""
+
+        def heard(text: str) -> None:
+            self._heard = True
+            callback(text)
+
+        return heard
 
     # -- widgets: frontend comm messages into the sandbox --------------------------
 
@@ -518,6 +562,19 @@ class RuntimeSession:
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.ensure_future(self._interrupt_watchdog(request, live, grace))
 
+    async def _skip_when_dequeued(self, live: Live) -> None:
+        """Leave the runtime's note that the current cell must not run (``run_cell`` looks for it first)."""
+        from .runtime.runtime import CANCELLED_CELL
+
+        marker = CANCELLED_CELL % (live.pid, self._cell_count)
+        try:
+            result = await self.sandbox.exec(f"touch {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not mark the queued cell as cancelled: %s", exc)
+            return
+        if result.exit_code:
+            self._log.warning("could not mark the queued cell as cancelled: %s", result.output)
+
     async def _send_sigint(self, live: Live) -> bool:
         try:
             result = await self.sandbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
@@ -534,6 +591,16 @@ class RuntimeSession:
             await asyncio.wait_for(request.done.wait(), grace)
             return
         except asyncio.TimeoutError:
-            self._log.warning("the cell ignored the interrupt for %ss; restarting the context", grace)
+            pass
+        attempt = self._attempt_task
+        if self._cut_cell_may_run and not self._heard and request is self._current and attempt is not None:
+            # Its job has not started: the SIGINT went to a cut cell that ignores it. End this run, leave the
+            # context (and every variable) alone, and make the job return at once when its turn comes.
+            self._log.warning("the cell waits behind a cut cell that ignores the interrupt; ending the wait, not the context")
+            await self._skip_when_dequeued(live)
+            self._gave_up_on = request
+            attempt.cancel()
+            return
+        self._log.warning("the cell ignored the interrupt for %ss; restarting the context", grace)
         request.restarted_by_watchdog = True
         await self.supervisor.close_quietly(live.context)

@@ -115,6 +115,48 @@ def test_a_dropped_websocket_gives_a_clear_error_and_the_next_cell_works(daytona
         assert result_text(after) == "'kept'" and "never seen" not in after.text(), after.outputs
 
 
+CUT_CELL = "import signal, time\n{ignore}print('cut', flush=True)\ntime.sleep({seconds})\n"
+
+
+def cut_cell(daytona_env, k: Kernel, seconds: int, ignore_sigint: bool):  # type: ignore[no-untyped-def]
+    """A cell whose websocket is cut while it runs on in the sandbox; the next cell queues behind it (FIFO)."""
+    daytona_env.drop_next_websocket(after_frames=1)
+    ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignore_sigint else ""
+    run = k.execute(CUT_CELL.format(ignore=ignore, seconds=seconds))
+    assert run.errors[0]["ename"] == "SandboxConnectionLost", run.errors
+    return run
+
+
+def test_an_interrupt_behind_a_cut_cell_ends_the_cut_cell_and_the_queued_one_runs(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
+    """The interrupt reaches whichever job runs: the cut cell, which yields; the cell behind it then runs."""
+    with Kernel("daytona", cwd=str(folder)) as k:
+        k.execute("kept = 'here'")
+        cut_cell(daytona_env, k, 60, ignore_sigint=False)
+        timer = threading.Timer(1.0, k.interrupt)
+        timer.start()
+        run = k.execute("queued = 'ran'\nkept")
+        timer.join()
+        assert run.status == "ok" and result_text(run) == "'here'", (run.errors, run.text("stderr"))
+        assert result_text(k.execute("queued, kept")) == "('ran', 'here')"
+
+
+def test_an_interrupt_behind_a_cut_cell_that_ignores_it_keeps_the_variables(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
+    """The cut cell ignores SIGINT past the grace: the cell the user interrupted had not started, so it ends
+    without running, and the context (every variable) is kept instead of restarted."""
+    with Kernel("daytona", cwd=str(folder)) as k:
+        k.execute("kept = 'here'")
+        cut_cell(daytona_env, k, 12, ignore_sigint=True)
+        timer = threading.Timer(1.0, k.interrupt)
+        timer.start()
+        run = k.execute("queued = 'ran'")
+        timer.join()
+        assert run.reply["content"]["ename"] == "KeyboardInterrupt", run.reply["content"]
+        stderr = run.text("stderr")
+        assert "restarted" not in stderr and "had not started" in stderr, stderr
+        after = k.execute("kept, 'queued' in globals()", timeout=60)  # runs once the cut cell has ended
+        assert result_text(after) == "('here', False)", (after.errors, after.text("stderr"))
+
+
 def test_kernel_info_answers_while_daytona_is_slow(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
     daytona_env.delay_s = 1.5
     try:

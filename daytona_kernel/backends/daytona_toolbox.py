@@ -9,6 +9,7 @@ through ``ToolboxHost``, so it does not import the lifecycle class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from .base import Context, ExecResult, FileError, OutputCallback, RunError
 from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, RETRY_BUDGET_S, RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S
 
 log = logging.getLogger("daytona_kernel.daytona")
+WS_CLOSE_WAIT_S = 1.0  # websocket.go: the reader that answers a close starts when the job leaves the queue
 T = TypeVar("T")
 DOWNLOAD_WATCH_S = 0.05  # how often a limited download's files are measured while they arrive
 
@@ -123,8 +125,9 @@ class DaytonaContext(Context):
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             raise await self._toolbox.why_cut_off(self.id, f"{type(exc).__name__}: {exc}") from exc
         finally:
-            if not ws.closed:
-                await ws.close()
+            if not ws.closed:  # the daemon answers a close only once its job runs: do not wait long for it
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ws.close(), WS_CLOSE_WAIT_S)
         if close_code in (WS_DONE, None):
             return error
         if close_code == WS_TIMEOUT:  # a KeyboardInterrupt escaped, or the daemon killed the worker

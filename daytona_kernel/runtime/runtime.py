@@ -45,6 +45,9 @@ except ImportError:  # imported from the package (tests)
 Kind = _framing.Kind
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
 INPUT_POLL_S = 0.01
+# The kernel leaves this file (worker pid, execution count) for a cell it gave up on while the cell waited in the
+# daemon's queue behind another job; the cell returns at once when its turn comes. The kernel writes the same name.
+CANCELLED_CELL = "/tmp/daytona-kernel-cancelled-%d-%d"
 CELL_BLOB_BYTES = 128 * 1024 * 1024  # large output strings one cell may leave in files; past this they go inline
 
 
@@ -312,6 +315,10 @@ class Runtime(object):
         ``synced`` is what the kernel's mirror did since its last call (see ``WorkdirWatch.note``);
         ``comms`` the request's message id and the comm inbox (see ``comms.Bridge.begin_request``).
         """
+        cancelled = CANCELLED_CELL % (os.getpid(), count)
+        if os.path.exists(cancelled):  # interrupted while it waited behind another job: it must not run now
+            os.remove(cancelled)
+            return
         self.watch.note(synced)
         if self.journal is not None and not self.journal.arm(count):
             return self.journal.refuse()  # another kernel attached to this session
