@@ -26,7 +26,7 @@ NOTEBOOK: list[tuple[str, list[str], bool]] = [
     ("%xmode Minimal", [], True),
     ("def f(v):\n    return v / 0\nf(21)", [], True),
     ("%xmode Context", [], True),
-    ("%debug", ["p v * 2", "q"], False),  # pdb names the cell's file differently; its answer is checked below
+    ("%debug", ["p v * 2", "q"], False),  # pdb names the cell file in the sandbox's temporary folder; its answer is checked below
     ("import matplotlib.pyplot as plt", [], True),
     ("%%capture captured\nplt.plot([1, 2])\nplt.show()", [], True),
     ("len(captured.outputs)", [], True),
