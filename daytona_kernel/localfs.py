@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import posixpath
 import re
 import secrets
 import stat
@@ -140,6 +141,36 @@ class LocalFolder:
                 os.close(fd)
         except FileNotFoundError:
             return None
+
+    def kinds(self, folder: str, names: tuple[str, ...]) -> dict[str, str]:
+        """What each of ``names`` is inside the folder ``folder`` here (relative, "" for the root): "file",
+        "dir" or "" (nothing, something else, or a symlink on the way). One folder handle for all of them."""
+        found = dict.fromkeys(names, "")
+        try:
+            if not _DIR_FD:
+                base = self._checked_path(posixpath.join(folder, "x"), create=False).parent
+                stats = {}
+                for name in names:
+                    try:
+                        stats[name] = os.lstat(base / name)
+                    except OSError:
+                        continue
+            else:
+                fd = self._open_dir(folder.split("/") if folder else [], create=False)
+                try:
+                    stats = {}
+                    for name in names:
+                        try:
+                            stats[name] = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        except OSError:
+                            continue
+                finally:
+                    os.close(fd)
+        except (OSError, MirrorError):
+            return found
+        for name, st in stats.items():
+            found[name] = "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else ""
+        return found
 
     def write(self, rel: str, content: bytes, mode: int, exclusive: bool = False) -> None:
         """Write a regular file atomically (temporary file, then rename), with permission bits ``mode``.

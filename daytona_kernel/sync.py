@@ -337,6 +337,8 @@ class WorkdirMirror:
 
     def _write_batch(self, chunk: list[tuple[str, str, Stat]], contents: dict[str, Any], report: SyncReport) -> None:
         max_file = int(self._config.sync_max_file_mb * MB)
+        # The writer asks the one decision again, with the folders here as they are now (after the download).
+        landing = self._reported | local_landing(self._folder, [rel for rel, _, _ in chunk])
         for rel, raw, reported in chunk:
             content = contents.get(self.remote_path(rel))
             if isinstance(content, FileError) and content.over_limit:
@@ -350,9 +352,8 @@ class WorkdirMirror:
             if len(content) > min(reported[0], max_file):  # a backend that ignored the limit
                 self._left_behind(rel, raw, reported, f"it is {size_text(len(content))}, more than the sandbox reported", False, report)
                 continue
-            landing = self._reported | local_landing(self._folder, [rel])
             refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
-            if refusal is not None:  # the writer asks too: the folders here may have changed since the plan
+            if refusal is not None:
                 if refusal[0] is Refusal.REFUSED:
                     report.refused.append((rel, refusal[1]))
                 self._ack(raw, reported)
@@ -598,20 +599,9 @@ def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
             if above in looked:
                 continue
             looked.add(above)
-            entries = {name: _kind(folder, posixpath.join(above, name)) for name in (*ENV_MARKERS, "HEAD", "objects", "refs", "commondir")}
-            if entries["pyvenv.cfg"] == "file" or entries["conda-meta"] == "dir":
+            kinds = folder.kinds(above, (*ENV_MARKERS, "HEAD", "objects", "refs", "commondir"))
+            if kinds["pyvenv.cfg"] == "file" or kinds["conda-meta"] == "dir":
                 envs.add(above)
-            if entries["HEAD"] == "file" and (entries["commondir"] == "file" or "dir" in (entries["objects"], entries["refs"])):
+            if kinds["HEAD"] == "file" and (kinds["commondir"] == "file" or "dir" in (kinds["objects"], kinds["refs"])):
                 repos.add(above)
     return Landing(frozenset(envs), frozenset(repos))
-
-
-def _kind(folder: LocalFolder, rel: str) -> str:
-    """"file", "dir" or "" (nothing there, something else, or a symlink on the way)."""
-    try:
-        st = folder.lstat(rel)
-    except (OSError, MirrorError):
-        return ""
-    if st is None:
-        return ""
-    return "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else ""
