@@ -965,3 +965,18 @@ def test_on_daytona_a_file_bigger_than_reported_is_stopped_and_not_written(dayto
     assert (folder / "ok.txt").read_bytes() == b"fine", result.notices()
     assert "grew.bin: it is more than the sandbox reported (4 B)" in result.notices()
     assert result.bytes_down == 4
+
+
+def test_with_sync_code_down_off_only_data_comes_back(kernel_name: str, tmp_path: Path) -> None:
+    with Kernel(kernel_name, cwd=str(tmp_path), env={"DAYTONA_KERNEL_SYNC_CODE_DOWN": "false"}) as k:
+        run = k.execute(
+            "import os\n"
+            "open('table.csv', 'w').write('1,2\\n')\n"
+            "open('analysis.py', 'w').write('print(1)\\n')\n"
+            "open('Makefile', 'w').write('all:\\n\\ttrue\\n')\n"
+            "open('run', 'w').write('#!/bin/sh\\n'); os.chmod('run', 0o755)\n"
+        )
+        assert run.status == "ok", run.errors
+        assert "because they are code and sync_code_down is off: Makefile, analysis.py, run" in run.text("stderr")
+        assert "sync_code_down" not in k.execute("open('more.csv', 'w').write('3')").text("stderr")  # named once
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["more.csv", "table.csv"]
