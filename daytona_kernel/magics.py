@@ -66,7 +66,7 @@ class IdleCheckpoint:
     A sandbox that pauses instead keeps its variables, so it is not checkpointed.
 
     What it costs: the checkpoint is itself a toolbox request, so Daytona counts it as activity
-    (FACTS.md "Control plane") and the auto-stop clock starts again. An idle sandbox with
+    (the proxy reports every toolbox request as activity) and the auto-stop clock starts again. An idle sandbox with
     checkpoint_on_idle stops about 2 × auto_stop_interval after the last cell, not 1 ×. It fires
     once per idle period (the next cell re-arms it), so it never keeps a sandbox up for longer.
     """

@@ -12,7 +12,7 @@ Fidelity:
   dropped, a 1 MiB line stops the reader, SIGINT then SIGKILL on timeout, a dead
   worker is replaced silently), over the interpreter websocket with the
   daemon's frames and close codes (1000, 4008, 1008, 1001, 1002) and its
-  slow-consumer cut-off. See "Daemon worker" in FACTS.md and
+  slow-consumer cut-off. See
   ``apps/daemon/pkg/toolbox/process/interpreter/`` (controller.go,
   repl_client.go, websocket.go) in Daytona's source.
 
@@ -20,9 +20,9 @@ Test controls: per-endpoint request counters, and faults: the next N calls of
 an endpoint fail with a status, the next websocket is dropped mid-cell, a
 sandbox is stopped underneath the kernel (losing its contexts), delays.
 
-Control plane (``apps/api/src/sandbox/services/sandbox.service.ts`` and FACTS.md
-"Control plane"): transitions take time (``transition_s`` per transitional
-state: creating, starting, stopping, archiving, destroying, pausing, resuming);
+Control plane (``apps/api/src/sandbox/services/sandbox.service.ts``, and
+``dto/sandbox.dto.ts`` getSandboxState() for the states the API reports):
+transitions take time (``transition_s`` per transitional state: creating, starting, stopping, archiving, destroying, pausing, resuming);
 a start or stop during a transition answers 409 "State change in progress"
 (start during ``archiving`` is accepted); an ephemeral sandbox
 (autoDeleteInterval=0) is destroyed when it stops, after which GET is 404; a
@@ -620,8 +620,8 @@ class DaytonaEmulator:
         return web.json_response({"statusCode": status, "message": message, "error": message}, status=status)
 
     def _touch(self, sid: str) -> None:
-        """Every toolbox request counts as activity and postpones auto-stop (FACTS.md "Control plane";
-        the proxy calls sandbox-activity.service.ts). Only a started sandbox has a toolbox to reach."""
+        """Every toolbox request counts as activity and postpones auto-stop (the proxy calls
+        sandbox-activity.service.ts). Only a started sandbox has a toolbox to reach."""
         sandbox = self.sandboxes.get(sid)
         if sandbox is not None and sandbox.state == "started":
             sandbox.last_activity = time.time()
@@ -872,7 +872,7 @@ class DaytonaEmulator:
         self._transition(sandbox, "creating", "started")  # the SDK's create() waits for started
         with self._lock:
             fail_status = self._fail_after_create.pop(0) if self._fail_after_create else None
-        if fail_status is not None:  # FACTS.md: create is not idempotent; the sandbox exists all the same
+        if fail_status is not None:  # create is not idempotent: the sandbox exists all the same
             return self._error(fail_status, f"injected fault {fail_status} after creating {sid}")
         return web.json_response(self._dto(sandbox))
 
@@ -1115,7 +1115,7 @@ class DaytonaEmulator:
         spec = parse(CreateContextRequest, await request.json())
         cwd = spec.cwd or str(sandbox.home)
         folder = self.host_path(sandbox, cwd)
-        if not folder.is_dir():  # FACTS.md "Control plane": the daemon cannot start a worker there
+        if not folder.is_dir():  # the daemon cannot start a worker there (manager.go)
             return self._error(500, f"failed to start context: chdir {cwd}: no such file or directory")
         ctx = await self._new_context(sandbox, str(uuid.uuid4()), cwd)
         return web.json_response(self._context_dto(ctx))

@@ -1,7 +1,7 @@
 """The emulator's control plane, driven through the unmodified SDK: what it must imitate.
 
-Each test pins one behaviour of the real API or daemon (FACTS.md "Control plane" and "Git clone";
-apps/api/src/sandbox/services/sandbox.service.ts, apps/daemon/pkg/git/clone.go), so the kernel's
+Each test pins one behaviour of the real API or daemon (v0.190.0: apps/api/src/sandbox/services/
+sandbox.service.ts, apps/api/src/notification/, apps/daemon/pkg/git/clone.go), so the kernel's
 lifecycle tests run against the platform's traps, not against an instant, forgiving fake.
 """
 

@@ -2,7 +2,7 @@
 
 These tests talk to the emulator the way a client of Daytona does (the
 unmodified SDK, or a raw websocket where the SDK hides the detail) and pin each
-fact of "Daemon worker" in FACTS.md. The worker here is bare, without our
+behaviour of the daemon (apps/daemon/pkg/toolbox/process/, v0.190.0). The worker here is bare, without our
 runtime: that is what the daemon gives every client. The same worker driver runs
 the local backend; its traps are pinned in-process at the end of this file.
 """

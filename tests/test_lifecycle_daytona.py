@@ -1,6 +1,6 @@
 """The sandbox lifecycle as Daytona really runs it: real kernels, the unmodified SDK, and an emulator
 whose transitions take time (stopping, starting, archiving, destroying), so each trap of the
-control plane (FACTS.md "Control plane", "Git clone") shows here the way a user would meet it."""
+control plane (apps/api/src/sandbox/services/sandbox.service.ts, apps/daemon/pkg/git/clone.go) shows here the way a user would meet it."""
 
 from __future__ import annotations
 

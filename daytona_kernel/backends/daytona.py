@@ -6,7 +6,7 @@ finding and creating through ``daytona_workspace``, and files, processes and int
 through the ``DaytonaToolbox`` it holds.
 
 The lifecycle follows the control plane (``apps/api/src/sandbox/services/
-sandbox.service.ts``, FACTS.md "Control plane"): a sandbox that is ``stopping``
+sandbox.service.ts``, ``dto/sandbox.dto.ts`` getSandboxState()): a sandbox that is ``stopping``
 is waited for and then started, one that is ``archiving`` is started, a 409
 "state change in progress" is waited out within a bounded time, and a 404,
 ``destroying`` or ``destroyed`` means the sandbox is gone (``SandboxGone``): it
@@ -284,7 +284,7 @@ class DaytonaSandbox(Sandbox):
             await self.api("start the sandbox", lambda: sandbox.start(timeout=max(timeout_s, 1.0)))
             return True
         except BackendError as exc:
-            if isinstance(exc.__cause__, DaytonaConflictError):  # FACTS.md: 409 "state change in progress"
+            if isinstance(exc.__cause__, DaytonaConflictError):  # 409 "state change in progress" (sandbox.service.ts start())
                 log.info("start of %s: %s; waiting for the state change to finish", sandbox.id, exc.__cause__)
                 return False
             # Newer API code answers the same conflict as a 400 (SandboxError): wait if the state moved on.

@@ -181,7 +181,7 @@ class DaytonaToolbox:
         """The interpreter websocket did not open, so no code ran. Say why.
 
         A stopped sandbox refuses the handshake with 400, a vanished one with 404;
-        the sandbox's state says which (FACTS.md, "Sandbox state seen from the websocket").
+        the sandbox's state says which (the toolbox proxy finds no IP for a stopped sandbox).
         """
         try:
             state = await self.host.refresh_state()

@@ -106,7 +106,7 @@ class WorkspaceSandboxes:
         self.notices: list[str] = []  # about the configuration, for the user's first cell
         self.policy = SandboxPolicy(config.sandbox_policy if worker is None else SandboxPolicy.EPHEMERAL.value)
         if config.gpu > 0 and self.policy is not SandboxPolicy.EPHEMERAL:
-            # FACTS.md "Control plane": the API refuses a GPU sandbox without autoDeleteInterval=0.
+            # sandbox.service.ts createFromBuildInfo() (about line 867): a GPU sandbox needs autoDeleteInterval=0.
             self.policy = SandboxPolicy.EPHEMERAL
             self.notices.append(
                 "GPU sandboxes must be ephemeral on Daytona: this kernel gets a sandbox of its own, kept across "
@@ -293,7 +293,7 @@ class WorkspaceSandboxes:
         else:
             params = CreateSandboxFromSnapshotParams(snapshot=cfg.snapshot or None, **common)
             progress(f"creating sandbox… (snapshot {cfg.snapshot or 'default'})")
-        # Create is not idempotent (FACTS.md "Control plane"): after a 5xx or a lost connection the
+        # Create is not idempotent: after a 5xx or a lost connection the
         # sandbox may exist all the same, so it is looked up by this kernel's labels before trying again.
         sandbox = await call_api(
             "create a sandbox",
@@ -323,7 +323,7 @@ class WorkspaceSandboxes:
         return (self.mount_path if self.mount_path in mounts else ""), ""
 
     def drift_notice(self, sb: Any, volume: Any) -> str:
-        """Settings are fixed at creation (FACTS.md "Control plane"): name what a reused sandbox no
+        """Settings are fixed at creation (sandbox.service.ts): name what a reused sandbox no
         longer matches, once, with the way out ("" when it matches). A volume mounted elsewhere moves
         the working directory there, so the kernel keeps working."""
         cfg = self._config
