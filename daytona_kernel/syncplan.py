@@ -39,7 +39,8 @@ CODE_FOLDERS = frozenset(
 )  # fmt: skip
 # Files that run by their name alone: every Python runs .pth files and sitecustomize/usercustomize from
 # its site-packages; a pyvenv.cfg makes its folder an environment that editors and tools pick up and run;
-# direnv runs .envrc and loads .env (so do VS Code's Python extension and docker compose: an environment
+# direnv runs .envrc and loads .env, autoenv runs .env, zsh-autoenv .autoenv.zsh (VS Code's Python extension
+# and docker compose load .env too: an environment
 # variable such as PYTHONSTARTUP or LD_PRELOAD is code); pre-commit runs its config's hooks on every
 # commit; vim/neovim (exrc), Emacs (dir-locals), mise (hooks), npm and yarn (node-options, yarnPath)
 # read theirs from the project; VS Code opens workspaces and devcontainers; Claude Code reads .mcp.json.
@@ -49,6 +50,7 @@ CODE_NAMES = frozenset(
         ".envrc", ".env", ".devcontainer.json", ".pre-commit-config.yaml",
         ".exrc", ".nvimrc", ".nvim.lua", ".dir-locals.el", ".dir-locals-2.el",
         ".mise.toml", "mise.toml", ".npmrc", ".yarnrc", ".yarnrc.yml", ".mcp.json",
+        ".autoenv.zsh", ".autoenv_leave.zsh",
     }
 )  # fmt: skip
 # .pth (run at start), bytecode (imported in place of a source with the same header), compiled extension

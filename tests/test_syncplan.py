@@ -40,6 +40,7 @@ def test_code_never_comes_down_and_no_gitignore_or_setting_widens_that() -> None
         "lib/usercustomize.py", "x/__pycache__/m.cpython-312.pyc", "m.cpython-312-x86_64-linux-gnu.so", "lib/site-packages/y.py",
         ".devcontainer.json", "p.code-workspace", ".VSCODE/tasks.json", ".idea/x.xml", ".envrc", ".env", ".env.local",
         ".pre-commit-config.yaml", "sub/.exrc", ".dir-locals.el", ".mcp.json", ".claude/settings.json", ".npmrc",
+        "sub/.autoenv.zsh",
     ]  # fmt: skip
     for rel in refused:
         refusal = why_not_down(rel, everything, landing)
