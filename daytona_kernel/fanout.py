@@ -318,9 +318,7 @@ class WorkerPool:
             mapped = MapCell(spec, body, cell, list(self.workers), frontend, self._settings, self._outputs, self._log)
             return await mapped.run(main)
         except DaytonaKernelError as exc:
-            content = error_content(exc.ename, str(exc))
-            frontend.emit("error", content)
-            return CellOutcome(error=content)
+            return failed_cell(exc, frontend)
         finally:
             self._running = False
             frontend.progress("")
@@ -546,6 +544,17 @@ class MapCell:
         if verdict.error is not None:
             request.fail(verdict.error, overrides=verdict.overrides)
         return request
+
+
+def failed_cell(exc: DaytonaKernelError, frontend: Frontend) -> CellOutcome:
+    """The cell's one error. A UsageError is shown as ipykernel shows one: a line on stderr, and the
+    reply says error."""
+    if isinstance(exc, UsageError):
+        frontend.emit("stream", stderr(f"UsageError: {exc}\n"))
+        return CellOutcome(error={"ename": exc.ename, "evalue": str(exc), "traceback": []})
+    content = error_content(exc.ename, str(exc))
+    frontend.emit("error", content)
+    return CellOutcome(error=content)
 
 
 def _interrupted_before_start(frontend: Frontend) -> CellOutcome:

@@ -23,7 +23,7 @@ from .backends.base import LOCAL_ATTACH, IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .errors import BackendError, ConnectionLost, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
-from .fanout import WorkerPool, parse_map
+from .fanout import WorkerPool, failed_cell, parse_map
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
 from .outputs import OutputBudget, OutputPolicy
@@ -151,18 +151,11 @@ class RuntimeSession:
             spec = parse_map(args)
             if self.pool is None:
                 raise UsageError("%%daytona map is not available in this session.")
-        except UsageError as exc:
-            content = error_content(exc.ename, str(exc))
-            frontend.emit("error", content)
-            return CellOutcome(error=content)
-        try:
             if (spec.scatter or spec.gather) and self.sandbox.idle_mode is IdleMode.PAUSE:
                 await self._resume(frontend)  # they run in the main sandbox: a paused one is resumed first
             return await self.pool.run(spec, body, cell, frontend, self.supervisor)
         except DaytonaKernelError as exc:
-            content = error_content(exc.ename, str(exc))
-            frontend.emit("error", content)
-            return CellOutcome(error=content)
+            return failed_cell(exc, frontend)
         finally:
             self._last_cell_end = time.time()
             if not self._shut_down:
