@@ -23,6 +23,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -58,6 +59,7 @@ class Report:
     started: str
     quick: bool
     figures: list[Figure] = field(default_factory=list)
+    stopped: str = ""  # why the run stopped before its last figure ("": it did not)
 
 
 def stats(samples: list[float]) -> dict[str, float]:
@@ -668,6 +670,9 @@ def run(quick: bool) -> Report:
         emu.sandbox_class = "container"
         report.figures += sync_figures(emu, quick)
         report.figures += fanout_figures(emu, emu_env, few)
+    except Exception as exc:  # the figures taken so far still make a page (which says the run stopped), and main fails
+        traceback.print_exc()
+        report.stopped = f"{type(exc).__name__}: {exc}"
     finally:
         emu.close()
     judge(report)
@@ -730,6 +735,7 @@ class _NoNetwork:
 
     workdir = "/remote"
     generation = 0  # one sandbox throughout (the mirror resets its manifest when this changes)
+    on_this_disk = False  # a remote sandbox: files go up as bytes
 
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
         return None
@@ -856,7 +862,8 @@ def write_page(report: Report, page: Path, load: tuple[float, float]) -> None:
     cores = os.cpu_count() or 1
     busy = f"The machine's 1-minute load average was {load[0]:.1f} at the start and {load[1]:.1f} at the end ({cores} cores)"
     busy += ": other work loaded it, so absolute times are inflated; the ratios compare figures taken moments apart." if max(load) > 0.5 * cores else "."
-    block = "\n".join([BEGIN, "", table(report), "", busy, "", f"![every ratio against its goal]({image.name})", "", END])
+    stopped = f"**The run stopped before its last figure** ({report.stopped}); the figures after it are missing.\n\n" if report.stopped else ""
+    block = "\n".join([BEGIN, "", table(report), "", stopped + busy, "", f"![every ratio against its goal]({image.name})", "", END])
     text = page.read_text() if page.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text or END not in text:
         raise ValueError(f"{page} has no {BEGIN} … {END} block to replace")
@@ -879,4 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
     write_page(report, page, load)
     print(f"\nwrote {args.out}, {page} and {page.with_suffix('.png')}")
+    if report.stopped:
+        print(f"the run stopped early: {report.stopped}", file=sys.stderr)
+        return 1
     return 0

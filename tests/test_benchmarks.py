@@ -51,6 +51,11 @@ def test_the_page_keeps_its_prose_and_replaces_only_the_generated_table_and_char
     assert "test-machine (2 cores), 2026-11-26 15:50 UTC" in text and "other work loaded it" in text
     assert "![every ratio against its goal](benchmarks.png)" in text
     assert (tmp_path / "benchmarks.png").read_bytes().startswith(b"\x89PNG")
+    stopped = report(Figure("first", "ms", one(1), one(1), "b"))
+    stopped.stopped = "AttributeError: no on_this_disk"
+    write_page(stopped, page, (0.1, 0.1))
+    assert "**The run stopped before its last figure** (AttributeError: no on_this_disk)" in page.read_text()
+    assert "other work loaded it" not in page.read_text()
     page.write_text("# no markers\n")
     with pytest.raises(ValueError, match="no .* block to replace"):
         write_page(report(), page, (0.1, 0.1))
