@@ -147,7 +147,8 @@ class DaytonaKernelConfig(Configurable):
         default_value="pause",
         help="What Daytona does with an idle sandbox, and what a shutdown does under sandbox_policy 'reuse'. "
         "'pause': pause it after auto_pause_interval minutes (memory and processes are kept, so your "
-        "variables survive, and a paused sandbox bills its memory), where its class supports pausing; "
+        "variables survive; only the disk is billed, and Daytona never archives a paused sandbox), where "
+        "its class supports pausing; "
         "elsewhere, and for ephemeral sandboxes, it stops as with 'stop'. 'stop': stop it after "
         "auto_stop_interval minutes (only the disk is kept and billed; variables are lost unless "
         "checkpoint_on_idle saves them). Fixed when the sandbox is created. See docs/idle.md.",

@@ -39,7 +39,7 @@ class SandboxPolicy(str, enum.Enum):
 class IdleMode(str, enum.Enum):
     """What happens to an idle sandbox (and to a 'reuse' sandbox at shutdown)."""
 
-    PAUSE = "pause"  # memory and processes are kept: variables survive; memory is billed while paused
+    PAUSE = "pause"  # memory and processes are kept: variables survive; only the disk is billed while paused
     STOP = "stop"  # only the disk is kept: variables are lost (checkpoint_on_idle saves them first)
 
 
