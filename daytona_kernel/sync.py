@@ -311,14 +311,21 @@ class WorkdirMirror:
         """A file over sync_max_file_mb a cell wrote, from a sandbox on this disk: nothing to move when it is
         the user's own file (a link), else a clone or a link of it, or a conflict copy beside a changed one."""
         remote = self.remote_path(rel)
+        landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [rel])
+        refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
+        if refusal is not None:  # the writer asks the one decision too, with the folders as they are now
+            if refusal[0] is Refusal.REFUSED:
+                report.refused.append((rel, refusal[1]))
+            self._ack(raw, reported)
+            return
         try:
             if not self._sandbox.same_file(remote, str(self.local_root / rel)):
                 st = self._folder.lstat(rel)
                 target = rel
                 if st is not None and not stat.S_ISREG(st.st_mode):
                     raise MirrorError("a folder, symlink or special file is in its place here, and is not replaced")
-                if st is not None and (rel.endswith(".ipynb") or self._manifest.locally_changed(rel, file_stat(st))):
-                    target = conflict_name(rel)
+                if st is not None and (rel.lower().endswith(".ipynb") or self._manifest.locally_changed(rel, file_stat(st))):
+                    target = _free_conflict_name(self._folder, rel)  # an earlier conflict copy is never replaced
                 path = await asyncio.to_thread(self._folder.path_for_writing, target)
                 await self._sandbox.fetch(remote, str(path), self._links)
                 if target != rel:
@@ -560,13 +567,24 @@ def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: 
 CONFLICT_COPIES = 100  # data.sandbox-conflict.csv, then data.sandbox-conflict-2.csv ... up to this many
 
 
+def _conflict_names(rel: str) -> list[str]:
+    """``data.sandbox-conflict.csv``, ``data.sandbox-conflict-2.csv`` ... up to CONFLICT_COPIES."""
+    first = conflict_name(rel)
+    stem, dot, ext = first.rpartition(".sandbox-conflict")
+    return [first] + [f"{stem}{dot}-{n}{ext}" for n in range(2, CONFLICT_COPIES + 1)]
+
+
+def _free_conflict_name(folder: LocalFolder, rel: str) -> str:
+    for copy in _conflict_names(rel):
+        if folder.lstat(copy) is None:
+            return copy
+    raise MirrorError(f"{CONFLICT_COPIES} conflict copies of it are here already; merge or remove them")
+
+
 def _write_conflict_copy(folder: LocalFolder, rel: str, content: bytes, mode: int) -> str:
     """Write the sandbox's version beside the local file under a name nothing has: an existing conflict copy
     (which the user may be merging in) is never overwritten."""
-    first = conflict_name(rel)
-    stem, dot, ext = first.rpartition(".sandbox-conflict")
-    for n in range(1, CONFLICT_COPIES + 1):
-        copy = first if n == 1 else f"{stem}{dot}-{n}{ext}"
+    for copy in _conflict_names(rel):
         if folder.lstat(copy) is not None:
             continue
         try:

@@ -980,3 +980,21 @@ def test_with_sync_code_down_off_only_data_comes_back(kernel_name: str, tmp_path
         assert "because they are code and sync_code_down is off: Makefile, analysis.py, run" in run.text("stderr")
         assert "sync_code_down" not in k.execute("open('more.csv', 'w').write('3')").text("stderr")  # named once
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["more.csv", "table.csv"]
+
+
+def test_a_big_file_shared_on_this_disk_never_replaces_a_conflict_copy(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    """The local backend shares files over sync_max_file_mb (a clone or a link) instead of copying them: the
+    same rules hold there, a conflict copy the user works in is never replaced."""
+    config.sync_max_file_mb = 0.001  # 1 KB
+    (folder / "data.bin").write_bytes(b"base" * 1000)
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    (folder / "data.bin").unlink()  # both sides replace the file (the copy in the sandbox may be a link of it)
+    (folder / "data.bin").write_bytes(b"mine" * 1000)  # changed here ...
+    (folder / "data.sandbox-conflict.bin").write_text("I merge in this one")
+    (Path(sandbox.workdir) / "data.bin").unlink()
+    result = pull(mirror, report({"data.bin": sandbox.put("data.bin", b"sand" * 2000)}))  # ... and there
+    assert (folder / "data.sandbox-conflict.bin").read_text() == "I merge in this one"
+    assert (folder / "data.bin").read_bytes() == b"mine" * 1000
+    assert result.conflicts == [("data.bin", "data.sandbox-conflict-2.bin")]
+    assert (folder / "data.sandbox-conflict-2.bin").read_bytes() == b"sand" * 2000
