@@ -34,8 +34,8 @@ DEFAULT_SPECS = {
 }
 RESOURCES = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE")
-SECRET_NAME_WORDS = ("PAT", "PWD", "PASS")  # whole words of a name: GITHUB_PAT and DB_PASS, not PATH
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+SECRET_NAME_WORDS = ("PAT", "PWD", "PASS", "AUTH", "PRIVATE")  # whole words: GITHUB_PAT, BASIC_AUTH; not PATH, GIT_AUTHOR_NAME
 _TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "dtn_")  # a token as a URL's user
 
 

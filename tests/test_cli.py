@@ -167,6 +167,7 @@ def test_named_spec_with_env(tmp_path: Path) -> None:
         # issue 20, item 9: a token is refused by its value too, wherever it sits
         ("GITHUB_PAT=ghp_secret_value0123456789abcdefghijklmnop", "GITHUB_PAT"),
         ("GH_PAT=secret_value", "GH_PAT"),
+        ("PROXY_AUTH=secret_value", "PROXY_AUTH"),
         ("HF=hf_secret_valueABCDEFGHIJKLMNOPQRSTUVWXYZ", "HF"),
         ("SLACK=xoxb-1234-secret_value", "SLACK"),
         ("AWS_ID=AKIASECRETVALUE12345", "AWS_ID"),
@@ -187,6 +188,7 @@ def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path, pair: str, n
 def test_a_url_without_credentials_is_fine(tmp_path: Path) -> None:
     proc = cli("install", "--prefix", str(tmp_path), "--name", "repo",
                "--env", "DAYTONA_KERNEL_REPO_URL=https://github.com/me/repo.git", "--env", "PATH_EXTRA=/opt/pat/bin",
+               "--env", "GIT_AUTHOR_NAME=Ada Lovelace",
                "--env", "DAYTONA_KERNEL_ENV={\"MODEL\": \"sk-learn-like-name\"}")
     assert proc.returncode == 0, proc.stderr
 
