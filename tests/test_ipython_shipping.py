@@ -50,6 +50,9 @@ def test_an_offline_sandbox_without_ipython_gets_the_kernels(
         assert (name, version) == ("SandboxShell", ipython_bundle.ipython_version())
         assert where.startswith(str(home / ".cache" / "daytona-kernel"))
         assert result_text(k.execute("%who_ls")) == "['IPython']"
+        order = "import sys, os, json\n[sys.path.index(p) for p in (os.path.dirname(os.path.dirname(json.__file__)), '', os.path.dirname(os.path.dirname(IPython.__file__)))]"
+        stdlib, cwd, shipped = ast.literal_eval(result_text(k.execute(order)))
+        assert stdlib < cwd < shipped  # as under ipykernel: the cell's folder after the stdlib, before third-party packages
         code = "import json\njson.JSONDec"  # jedi's stdlib stubs are shipped (its third-party ones are not)
         assert "JSONDecoder" in k.request("complete", code, len(code))["matches"]
         assert [s.spec.get("networkBlockAll") for s in bare_emulator.sandboxes.values()] == [True]

@@ -131,21 +131,23 @@ CELL_PATH_SOURCE = (
     "    if script and sys.path and sys.path[0] and os.path.isabs(script) and (\n"
     "            os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(script))):\n"
     "        del sys.path[0]\n"
-    "def cwd_on_path():\n"
+    "def third_party_index(cache=''):\n"
     "    import os, sys\n"
-    "    if '' in sys.path or getattr(sys.flags, 'safe_path', False):\n"
-    "        return\n"
     "    for index, path in enumerate(sys.path):\n"
-    "        if os.path.basename(path) in ('site-packages', 'dist-packages'):\n"
-    "            break\n"
-    "    else:\n"
-    "        index = 0\n"
-    "    sys.path.insert(index, '')\n"
+    "        if (cache and path == cache) or os.path.basename(path) in ('site-packages', 'dist-packages'):\n"
+    "            return index\n"
+    "    return 0\n"
+    "def cwd_on_path(cache):\n"
+    "    import sys\n"
+    "    if '' not in sys.path and not getattr(sys.flags, 'safe_path', False):\n"
+    "        sys.path.insert(third_party_index(cache), '')\n"
 )
 """The cell's sys.path, as ipykernel's: the worker script's folder (the daemon's ``/tmp``, the local
 backend's ``backends/``) is taken off before anything is imported, and ``''`` (the cell's working
 directory) is put in once the runtime is installed, where IPython's ``InteractiveShellApp.init_path``
-puts it: after the standard library, before site-packages (IPython, BSD-3-Clause)."""
+puts it: after the standard library, before site-packages (IPython, BSD-3-Clause). The IPython the
+kernel ships goes where site-packages starts, so ``''`` comes before it too, as before any
+third-party package under ipykernel."""
 
 
 def bootstrap_code(token: str, options: dict | None = None) -> str:
@@ -165,8 +167,8 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
         "    worker_folder_off_path()\n"
         f"    options = __import__('json').loads({json.dumps(options or {})!r})\n"
         "    cache = ipython_cache(options)\n"
-        "    if cache and os.path.isdir(cache):  # an IPython the kernel shipped earlier\n"
-        "        sys.path.insert(0, cache)\n"
+        "    if cache and os.path.isdir(cache):  # an IPython the kernel shipped earlier: before site-packages\n"
+        "        sys.path.insert(third_party_index(), cache)\n"
         "    options['ipython_cache'] = cache\n"
         f"    modules = {modules!r}\n"
         f"    codes = compiled_runtime(modules, {digest!r})\n"
@@ -183,10 +185,10 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
         "            options['ipython_error'] = '%s: %s' % (type(exc).__name__, exc)\n"
         f"    rt = sys.modules[{RUNTIME_MODULE!r}]\n"
         f"    rt.current = rt.Runtime({token!r}, options)\n"
-        "    cwd_on_path()\n"
+        "    cwd_on_path(cache)\n"
         "    return rt.current\n"
         f"{HANDLE} = __dk_boot()\n"
-        "del __dk_boot, ipython_cache, worker_folder_off_path, cwd_on_path, compiled_runtime\n"
+        "del __dk_boot, ipython_cache, worker_folder_off_path, third_party_index, cwd_on_path, compiled_runtime\n"
         f"{HANDLE}.hello()\n"
     )
 
