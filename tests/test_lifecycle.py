@@ -114,7 +114,8 @@ def test_an_output_flood_is_capped_and_stays_interruptible(tmp_path: Path) -> No
         timer = threading.Timer(3.0, k.interrupt)
         timer.start()
         started = time.monotonic()
-        run = k.execute("i = 0\nwhile True:\n    print(i)\n    i += 1", timeout=60)
+        # lines of 1 KB: the limit is passed within the 3 s even on a loaded machine (short lines were not, under load)
+        run = k.execute("i = 0\nwhile True:\n    print('x' * 1000, i)\n    i += 1", timeout=60)
         timer.join()
         assert time.monotonic() - started < 15
         assert run.reply["content"]["ename"] == "KeyboardInterrupt"
