@@ -24,7 +24,7 @@ import posixpath
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,10 +36,11 @@ from .ladder import RunEnd, settle
 from .outputs import OutputBudget, OutputPolicy
 from .request import Request, fetcher
 from .runtime import call_source, fanout_call_source
-from .supervisor import ContextSupervisor, Live, runtime_missing
+from .supervisor import RUNTIME_CALL_TIMEOUT_S, ContextSupervisor, Live, runtime_missing
 from .sync import SyncReport, WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
+AUTO_STOP_MARGIN_S = 60.0  # a worker idle this close to its auto-stop is checked before a cell
 TRANSFER_FOLDER = ".daytona-kernel/fanout"  # in the working directory, where neither the mirror nor the volume's copy looks
 MAP_USAGE = (
     "Usage: %%daytona map N [--scatter NAME[,NAME...]] [--gather NAME[,NAME...]] (first line of a cell), or %daytona map --close"
@@ -148,6 +149,7 @@ class Worker:
     interrupted: bool = False
     restarted_by_watchdog: bool = False
     watchdog: asyncio.Future[None] | None = None
+    last_used: float = field(default_factory=time.time)  # when it last ran a cell: wall clock, as Daytona counts idle time
 
 
 @dataclass
@@ -463,20 +465,19 @@ class MapCell:
         return code
 
     async def _run_on(self, worker: Worker, rank: int) -> WorkerRun:
-        """One worker's part: its scattered chunks up, the cell, its values to gather written down."""
+        """One worker's part: its scattered chunks up, the cell, its values to gather written down. A worker
+        whose sandbox stopped (or, being ephemeral, was deleted by auto-stop) is made again first."""
         out = WorkerOutput(rank, self._frontend.emit)
         result = WorkerRun(rank)
         worker.interrupted = worker.restarted_by_watchdog = False
+        if self.spec.gather:
+            result.dump = in_transit(self.token, "gather", rank)
         try:
-            live = await worker.supervisor.ready()
-            synced = await self._push(worker, out)
-            chunk = ""
-            if rank in self._scattered:
-                chunk = in_transit(self.token, "scatter", rank)
-                await worker.sandbox.upload([(self._scattered[rank], full_path(worker.sandbox, chunk))])
-            if self.spec.gather:
-                result.dump = in_transit(self.token, "gather", rank)
-            request = await self._execute(worker, live, self._code(rank, chunk, result.dump, synced), out)
+            try:
+                request = await self._attempt(worker, await self._live(worker), rank, result, out)
+            except SandboxNotRunning as exc:  # nothing ran: a fresh sandbox, with the files and chunks again
+                live = await self._recover(worker, exc, out)
+                request = await self._attempt(worker, live, rank, result, out)
             result.error = request.error
             if result.error is None and self.spec.gather:
                 result.error = _dump_error(request.reply)
@@ -485,10 +486,33 @@ class MapCell:
         finally:
             out.flush()
             worker.request = None
+            worker.last_used = time.time()
         result.interrupted = worker.interrupted
         worker.state = ("interrupted" if worker.interrupted else "failed") if result.error else "done"
         self._status()
         return result
+
+    async def _live(self, worker: Worker) -> Live:
+        """The worker's context. After an idle time that auto-stop may have ended it in, one ``pass`` finds
+        out first (a stopped sandbox refuses even the upload of the files, with a 404 once deleted)."""
+        live = await worker.supervisor.ready()
+        stop_s = self._settings.auto_stop_interval * 60.0
+        if stop_s and time.time() - worker.last_used >= stop_s - AUTO_STOP_MARGIN_S:
+            await live.context.run_code("pass", _drop, _drop, RUNTIME_CALL_TIMEOUT_S)
+        return live
+
+    async def _recover(self, worker: Worker, cause: SandboxNotRunning, out: WorkerOutput) -> Live:
+        live = await worker.supervisor.recover(cause, None)
+        out.notice(f"{cause} It was started again: its variables were reset, the project's files copied in again.")
+        return live
+
+    async def _attempt(self, worker: Worker, live: Live, rank: int, result: WorkerRun, out: WorkerOutput) -> Request:
+        synced = await self._push(worker, out)
+        chunk = ""
+        if rank in self._scattered:
+            chunk = in_transit(self.token, "scatter", rank)
+            await worker.sandbox.upload([(self._scattered[rank], full_path(worker.sandbox, chunk))])
+        return await self._execute(worker, live, self._code(rank, chunk, result.dump, synced), out)
 
     async def _push(self, worker: Worker, out: WorkerOutput) -> dict[str, Any]:
         if worker.mirror is None:
@@ -508,19 +532,22 @@ class MapCell:
         started = time.monotonic()
         exception: BackendError | None = None
         run_error: RunError | None = None
-        request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox))
+        request = worker.request = Request(
+            live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox)
+        )
         worker.live = live
         try:
             try:
                 run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
-            except SandboxNotRunning as exc:  # nothing ran: a stopped or deleted worker is started again, fresh
-                live = await worker.supervisor.recover(exc, None)
-                out.notice(f"{exc} It was started again; its variables were reset.")
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+            except SandboxNotRunning:  # nothing ran: the caller makes the worker again
+                request.finish()
+                raise
             if runtime_missing(run_error):  # the daemon replaced a dead worker process: install the runtime again
                 request.finish()
                 live = await worker.supervisor.rebootstrap(live)
-                request = worker.request = Request(live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox))
+                request = worker.request = Request(
+                    live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox)
+                )
                 run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
         except BackendError as exc:
             exception = exc
@@ -559,7 +586,8 @@ def failed_cell(exc: DaytonaKernelError, frontend: Frontend) -> CellOutcome:
 
 def _interrupted_before_start(frontend: Frontend) -> CellOutcome:
     frontend.emit(
-        "stream", stderr("daytona-kernel: interrupted before the cell ran; workers that started are kept for the next map cell.\n")
+        "stream",
+        stderr("daytona-kernel: interrupted before the cell ran; workers that started are kept for the next map cell.\n"),
     )
     content = error_content("KeyboardInterrupt", "Interrupted by user")
     frontend.emit("error", content)
@@ -588,6 +616,10 @@ def combined_error(failed: list[WorkerRun], world: int, interrupted: bool) -> di
         traceback.append(f"[{run.rank}:execute] {run.error['ename']}: {_first_line(run.error)}")
         traceback.extend(run.error.get("traceback") or [])
     return {"ename": ename, "evalue": evalue, "traceback": traceback}
+
+
+def _drop(text: str) -> None:
+    """Output of the liveness check: there is none to show."""
 
 
 def _first_line_of(exc: BaseException) -> str:

@@ -151,13 +151,14 @@ class RuntimeSession:
             spec = parse_map(args)
             if self.pool is None:
                 raise UsageError("%%daytona map is not available in this session.")
-            if (spec.scatter or spec.gather) and self.sandbox.idle_mode is IdleMode.PAUSE:
-                await self._resume(frontend)  # they run in the main sandbox: a paused one is resumed first
+            if spec.scatter or spec.gather:  # they run in the main sandbox: a paused one is resumed first
+                self._last_cell_end = time.time()  # (only they keep it from being idle)
+                if self.sandbox.idle_mode is IdleMode.PAUSE:
+                    await self._resume(frontend)
             return await self.pool.run(spec, body, cell, frontend, self.supervisor)
         except DaytonaKernelError as exc:
             return failed_cell(exc, frontend)
         finally:
-            self._last_cell_end = time.time()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
 

@@ -113,3 +113,21 @@ def test_scatter_and_gather_resume_a_paused_main_sandbox_first(daytona_env: Any,
         assert run.status == "ok", run.errors
         assert "resumed the paused sandbox" in shown(run, "stderr")
         assert k.execute("print(total)").text() == "[3, 7]\n"
+
+
+def test_workers_that_auto_stop_deleted_are_made_again_with_the_files_and_chunks(daytona_env: Any, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("5\n")
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_AUTO_STOP_INTERVAL": "1"}) as k:
+        k.execute("xs = [1, 2, 3, 4]")
+        assert k.execute("%%daytona map 2\nkept = rank").status == "ok"
+        workers = workers_of(daytona_env, kernel_id(k))
+        for worker in workers:
+            worker.last_activity -= 120  # idle past its 1 minute
+        assert sorted(daytona_env.run_auto_stop()) == sorted(w.id for w in workers)  # ephemeral: deleted
+        run = k.execute(
+            "%%daytona map 2 --scatter xs\nprint(rank, open('data.txt').read().strip(), xs, globals().get('kept'))", timeout=60
+        )
+        assert run.status == "ok", run.errors
+        assert sorted(shown(run).splitlines()) == ["[stdout:0] 0 5 [1, 2] None", "[stdout:1] 1 5 [3, 4] None"]
+        assert shown(run, "stderr").count("It was started again: its variables were reset") == 2
+        assert not {w.id for w in workers} & {w.id for w in workers_of(daytona_env, kernel_id(k))}
