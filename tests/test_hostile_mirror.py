@@ -998,3 +998,38 @@ def test_a_big_file_shared_on_this_disk_never_replaces_a_conflict_copy(folder: P
     assert (folder / "data.bin").read_bytes() == b"mine" * 1000
     assert result.conflicts == [("data.bin", "data.sandbox-conflict-2.bin")]
     assert (folder / "data.sandbox-conflict-2.bin").read_bytes() == b"sand" * 2000
+
+
+def test_a_daytona_download_that_streams_past_its_limit_is_stopped_at_once() -> None:
+    """The SDK streams each file of a limited download into a temporary file; a sandbox that keeps sending
+    is cut off as soon as one passes its limit (not after the whole stream), and the others come again."""
+    from types import SimpleNamespace
+
+    from daytona_kernel.backends.daytona_toolbox import DaytonaToolbox
+
+    requests: list[list[str]] = []
+
+    async def download_files(files: list[Any]) -> list[Any]:
+        requests.append([f.source for f in files])
+        for f in files:
+            with open(f.destination, "wb") as out:
+                if f.source == "/w/endless.bin":
+                    for _ in range(10_000):  # 10 GB if nobody stops it
+                        out.write(b"z" * 1024 * 1024)
+                        out.flush()
+                        await asyncio.sleep(0.001)
+                out.write(b"fine")
+        return [SimpleNamespace(source=f.source, error=None, error_details=None, result=f.destination) for f in files]
+
+    class Host:
+        sdk_sandbox = SimpleNamespace(fs=SimpleNamespace(download_files=download_files))
+
+        async def api(self, what: str, fn: Any, *, retry: bool = True) -> Any:
+            return await fn()
+
+    toolbox = DaytonaToolbox(Host(), "/w")  # type: ignore[arg-type]
+    got = asyncio.run(toolbox.download(["/w/endless.bin", "/w/ok.txt"], {"/w/endless.bin": 4, "/w/ok.txt": 4}))
+    endless = got["/w/endless.bin"]
+    assert not isinstance(endless, bytes) and endless.over_limit and not endless.retry
+    assert got["/w/ok.txt"] == b"fine"
+    assert requests == [["/w/endless.bin", "/w/ok.txt"], ["/w/ok.txt"]]  # the rest asked for again, without it
