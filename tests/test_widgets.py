@@ -214,3 +214,35 @@ def test_jupyter_ui_poll_handles_clicks_in_a_blocking_loop(kernel_name: str, wor
         messages = finish(k, loop)
         text = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
         assert "stopped after" in text and int(text.split("stopped after")[1]) < 200, text
+
+
+SIDE_BY_SIDE = (
+    "import ipywidgets as w\nfrom ipywidgets import interact\nseen = []\ns = w.IntSlider(value=3)\n"
+    "s.observe(lambda change: print('saw', change['new']), 'value')\ndisplay(s)\n"
+    "@interact(x=2)\ndef f(x):\n    print('twice', 2 * x)"
+)
+
+
+def side_by_side(k: Kernel) -> list[Any]:
+    """What a frontend sees of a slider and an interact, as types and texts (ids differ by nature)."""
+    k.execute("pass")  # the sandbox's start shows in the first cell
+    run = k.execute(SIDE_BY_SIDE)
+    models = {o["comm_id"]: o["data"]["state"]["_model_name"] for o in run.of_type("comm_open")}
+    signature: list[Any] = [sorted(models.values()), [m["msg_type"] for m in run.outputs if m["msg_type"] != "comm_msg"], run.text()]
+    slider = next(c for c, name in models.items() if name == "IntSliderModel")
+    sent = update(k, slider, value=7)
+    handling = finish(k, sent)
+    signature.append([(m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("method")) for m in handling])
+    sliders = [c for c, name in models.items() if name == "IntSliderModel" and c != slider]
+    sent = update(k, sliders[0], value=5)
+    handling = finish(k, sent)
+    signature.append(sorted((m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("method")) for m in handling))
+    signature.append(k.request("comm_info", target_name="jupyter.widget")["comms"].keys() >= models.keys())
+    return signature
+
+
+def test_widgets_behave_as_under_stock_ipykernel_side_by_side(kernel_name: str, workdir: Any) -> None:
+    with Kernel("python3") as stock:
+        expected = side_by_side(stock)
+    with Kernel(kernel_name) as k:
+        assert side_by_side(k) == expected
