@@ -215,8 +215,8 @@ class WorkerPool:
                 f"%%daytona map {n}: at most fan_out_max={self._settings.fan_out_max} workers. Raise "
                 "DaytonaKernel.fan_out_max (each worker is a sandbox of its own, billed while it runs)."
             )
-        while len(self.workers) > n:
-            await self._end(self.workers.pop())
+        extra, self.workers = self.workers[n:], self.workers[:n]  # the highest ranks go, all at once
+        await asyncio.gather(*(self._end(w) for w in extra))
         missing = n - len(self.workers)
         if missing <= 0:
             return
