@@ -41,6 +41,7 @@ from .sync import SyncReport, WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
 AUTO_STOP_MARGIN_S = 60.0  # a worker idle this close to its auto-stop is checked before a cell
+PICKLE_MAX_BYTES = 512 * 1024 * 1024  # one rank's pickled values in transit; a sandbox decides their size, the kernel holds them
 TRANSFER_FOLDER = ".daytona-kernel/fanout"  # in the working directory, where neither the mirror nor the volume's copy looks
 MAP_USAGE = (
     "Usage: %%daytona map N [--scatter NAME[,NAME...]] [--gather NAME[,NAME...]] (first line of a cell), or %daytona map --close"
@@ -170,6 +171,26 @@ def in_transit(token: str, what: str, rank: int) -> str:
 def full_path(sandbox: Sandbox, rel: str) -> str:
     """The same file for the files API."""
     return posixpath.join(sandbox.workdir, rel)
+
+
+async def read_pickles(sandbox: Sandbox, paths: list[str], what: Callable[[int], str]) -> list[bytes]:
+    """The pickles at ``paths`` (relative to the working directory), each at most PICKLE_MAX_BYTES: the
+    sandbox writes them, so the download stops at that size instead of holding whatever it wrote.
+    ``what(i)`` names the i-th for a message (``--gather: worker 2's values``)."""
+    full = [full_path(sandbox, p) for p in paths]
+    got = await sandbox.download(full, limits=dict.fromkeys(full, PICKLE_MAX_BYTES))
+    out = []
+    for i, path in enumerate(full):
+        value = got.get(path)
+        if getattr(value, "over_limit", False):
+            raise UsageError(
+                f"{what(i)} are more than {PICKLE_MAX_BYTES // 2**20} MB pickled: too much to pass through the kernel. "
+                "Write them to a file in the worker (a volume, or %download) instead."
+            )
+        if not isinstance(value, bytes):
+            raise BackendError(f"{what(i)}: could not be read back from the sandbox ({getattr(value, 'message', 'missing')}).")
+        out.append(value)
+    return out
 
 
 class WorkerPool:
@@ -416,28 +437,20 @@ class MapCell:
         reply = await main.call_code("scatter", fanout_call_source("scatter", list(self.spec.scatter), paths))
         if reply.get("error"):
             raise UsageError(str(reply["error"]))
-        got = await main.sandbox.download([full_path(main.sandbox, p) for p in paths])
-        await self._remove_quietly(main.sandbox, paths)
-        blobs = {}
-        for rank, path in enumerate(paths):
-            value = got.get(full_path(main.sandbox, path))
-            if not isinstance(value, bytes):
-                raise BackendError(
-                    f"--scatter: could not read the pickled chunks back from the sandbox ({getattr(value, 'message', 'missing')})."
-                )
-            blobs[rank] = value
-        return blobs
+        try:
+            chunks = await read_pickles(main.sandbox, paths, lambda rank: f"--scatter: rank {rank}'s chunks")
+        finally:
+            await self._remove_quietly(main.sandbox, paths)
+        return dict(enumerate(chunks))
 
     async def _gather(self, runs: list[WorkerRun], main: ContextSupervisor) -> None:
         """Bring each worker's pickled values into the main sandbox, where they become lists in rank order."""
-        got = await asyncio.gather(*(w.sandbox.download([full_path(w.sandbox, r.dump)]) for w, r in zip(self.workers, runs)))
+        def values_of(rank: int) -> Callable[[int], str]:
+            return lambda _: f"--gather: worker {rank}'s values"
+
+        got = await asyncio.gather(*(read_pickles(w.sandbox, [r.dump], values_of(r.rank)) for w, r in zip(self.workers, runs)))
         paths, files = [], []
-        for run, worker, contents in zip(runs, self.workers, got):
-            blob = contents.get(full_path(worker.sandbox, run.dump))
-            if not isinstance(blob, bytes):
-                raise BackendError(
-                    f"--gather: could not read worker {run.rank}'s values ({getattr(blob, 'message', 'missing')})."
-                )
+        for run, (blob,) in zip(runs, got):
             path = in_transit(self.token, "gather", run.rank)
             paths.append(path)
             files.append((blob, full_path(main.sandbox, path)))

@@ -270,3 +270,20 @@ async def test_n_over_fan_out_max_is_a_usage_error_that_names_the_setting() -> N
 
     with pytest.raises(UsageError, match="at most fan_out_max=2 workers"):
         await pool_of([], fan_out_max=2).resize(3, "a sandbox", Recorder())
+
+
+async def test_pickles_in_transit_are_read_with_a_cap_the_sandbox_cannot_lift(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker (or the main sandbox) decides how big its pickle is: the kernel takes at most
+    PICKLE_MAX_BYTES of it, and the message names whose values and what to do."""
+    from fakes import FakeSandbox
+
+    from daytona_kernel import fanout
+
+    monkeypatch.setattr(fanout, "PICKLE_MAX_BYTES", 8)
+    sandbox = FakeSandbox()
+    sandbox.files[fanout.full_path(sandbox, "small")] = b"12345678"
+    sandbox.files[fanout.full_path(sandbox, "big")] = b"123456789"
+    assert await fanout.read_pickles(sandbox, ["small"], lambda i: "x") == [b"12345678"]
+    with pytest.raises(UsageError, match="--gather: worker 3's values are more than 0 MB pickled.*Write them to a file"):
+        await fanout.read_pickles(sandbox, ["small", "big"], lambda i: f"--gather: worker {i + 2}'s values")
+    assert sandbox.download_limits[-1] == {fanout.full_path(sandbox, p): 8 for p in ("small", "big")}
