@@ -214,6 +214,7 @@ class CommBridge:
         self._handled: dict[str, asyncio.Future[None] | None] = {}  # frontend messages the sandbox has not handled yet
         self._uploads: list[tuple[int, list[str]]] = []  # inbox batches not acknowledged: (seq, message ids)
         self._sender: asyncio.Future[None] | None = None
+        self._runtime_token = ""
 
     # -- requests ------------------------------------------------------------------
 
@@ -416,6 +417,13 @@ class CommBridge:
                 model = state.get("_model_name")
                 self.comms[comm_id] = OpenComm(target, model if isinstance(model, str) else "")
         return len(self.comms)
+
+    def runtime_is(self, token: str) -> None:
+        """The runtime the next call goes to (its frame token). A new one (the interpreter died, the sandbox
+        was recovered) has none of the old one's comms: the frontend is told they were closed."""
+        if self._runtime_token and token != self._runtime_token:
+            self.closed_all()
+        self._runtime_token = token
 
     def closed_all(self) -> None:
         """The sandbox's interpreter is gone (restart, a new context): its comms with it."""

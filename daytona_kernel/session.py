@@ -323,6 +323,7 @@ class RuntimeSession:
         (named after the interpreter's pid, as input()'s inbox, so ``daytona-kernel gc`` knows it)."""
         if self.comms is None:
             return {}
+        self.comms.runtime_is(live.token)
         parent = self.comms.request_parent.get("header", {}).get("msg_id", "")
         inbox = posixpath.join(self.sandbox.temp_dir, f"daytona-kernel-inbox-{live.pid}-comms-{live.token[:12]}")
         return {"parent": parent, "inbox": inbox}
@@ -468,6 +469,8 @@ class RuntimeSession:
             return ""
         self.comms.closed_all()
         count = self.comms.adopt(await self.supervisor.query("comm_table"))
+        if self.supervisor.live is not None:
+            self.comms.runtime_is(self.supervisor.live.token)
         return f", {count} widget(s) (reload the page to see them)" if count else ""
 
     async def auto_attach(self, frontend: Frontend) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from kernels import Kernel, Run, result_text
@@ -246,3 +247,25 @@ def test_widgets_behave_as_under_stock_ipykernel_side_by_side(kernel_name: str, 
         expected = side_by_side(stock)
     with Kernel(kernel_name) as k:
         assert side_by_side(k) == expected
+
+
+def test_widgets_of_an_interpreter_that_died_are_closed(kernel_name: str, workdir: Any) -> None:
+    with Kernel(kernel_name) as k:
+        slider = model_id(k.execute("import ipywidgets as w\ns = w.IntSlider()\ns"))
+        died = k.execute("import os\nos._exit(1)")
+        run = k.execute("1 + 1")  # runs in a fresh interpreter
+        closed = [c["comm_id"] for c in died.of_type("comm_close") + run.of_type("comm_close")]
+        assert closed.count(slider) == 1  # the frontend is told once, as the table forgets
+        assert k.request("comm_info")["comms"] == {} and result_text(run) == "2"
+
+
+def test_widgets_of_an_interpreter_replaced_between_cells_are_closed(kernel_name: str, workdir: Any) -> None:
+    """The daemon replaces a worker that died between cells silently; the kernel notices the new runtime."""
+    with Kernel(kernel_name) as k:
+        slider = model_id(k.execute("import ipywidgets as w\ns = w.IntSlider()\ns"))
+        k.execute("import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()")
+        time.sleep(1)
+        runs = [k.execute("1 + 1"), k.execute("2 + 2")]
+        closed = [c["comm_id"] for run in runs for c in run.of_type("comm_close")]
+        assert closed.count(slider) == 1
+        assert k.request("comm_info")["comms"] == {}
