@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -513,7 +514,7 @@ def session_layer_png(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float]
         session = build_session(config, tempfile.mkdtemp(), "bench", logging.getLogger())
         await session.ready()
         lines = build_session(config, tempfile.mkdtemp(), "bench-lines", logging.getLogger())
-        lines.supervisor._runtime_options["blob_chars"] = 0  # every byte through the daemon's lines
+        lines.supervisor._runtime_options = dataclasses.replace(lines.supervisor._runtime_options, blob_chars=0)  # every byte through the daemon's lines
         await lines.ready()
         plain = await session.sandbox.create_context()
         for s in (session, lines):

@@ -470,7 +470,7 @@ class SessionJournal:
                 stderr("daytona-kernel: the attached cell waits for input(); it cannot be answered from here. Interrupt it.\n"),
             )
 
-        budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+        budget = OutputBudget(self._settings.output_limit_chars)
         request = Request(session.token, frontend.emit, no_input, self._policy, budget, fetch=fetcher(self._sandbox))
         folder = self.folder(session.session)
         n = offset = 0

@@ -28,6 +28,8 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import DeferredConfig, DeferredConfigString
 
+from .runtime.calls import output_limit_chars
+
 ENV_PREFIX = "DAYTONA_KERNEL_"
 SECTION = "DaytonaKernel"
 CONFIG_FILES = ("jupyter_config", "daytona_kernel_config")
@@ -477,6 +479,11 @@ class SessionSettings:
     attach: str = "ask"
     detached_idle_minutes: float = 1440.0
     fan_out_max: int = 8
+
+    @property
+    def output_limit_chars(self) -> int:
+        """``output_limit_mb`` as the characters a cell may print (0: no limit), converted here once."""
+        return output_limit_chars(self.output_limit_mb)
 
     @property
     def output_trusted(self) -> bool:

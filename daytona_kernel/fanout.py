@@ -34,8 +34,10 @@ from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, QuotaExceeded, SandboxNotRunning, UsageError
 from .ladder import RunEnd, settle
 from .outputs import OutputBudget, OutputPolicy
+from .protocol import fanout_done
 from .request import Request, fetcher
-from .runtime import call_source, fanout_call_source
+from .runtime import call_source
+from .runtime.calls import Dump, Gather, Prelude, RunCell, RuntimeOptions, Scatter, Synced
 from .supervisor import RUNTIME_CALL_TIMEOUT_S, ContextSupervisor, Live, runtime_missing
 from .sync import SyncReport, WorkdirMirror
 
@@ -210,9 +212,7 @@ class WorkerPool:
         self._settings = settings
         self._log = log
         self._outputs = outputs
-        self._options: dict[str, Any] = {"sync_down": False}
-        if start_in:
-            self._options["start_in"] = start_in
+        self._start_in = start_in
         self.workers: list[Worker] = []
         self._serials = 0
         self._running = False
@@ -269,7 +269,9 @@ class WorkerPool:
     def _new_worker(self) -> Worker:
         sandbox, mirror = self._spawn(self._serials)  # a new number each: never the labels of one being deleted
         self._serials += 1
-        supervisor = ContextSupervisor(sandbox, self._settings, self._log, self._options)  # nothing comes down from a worker
+        supervisor = ContextSupervisor(  # nothing comes down from a worker
+            sandbox, self._settings, self._log, RuntimeOptions(sync_down=False, start_in=self._start_in)
+        )
         return Worker(sandbox, supervisor, mirror)
 
     async def _start(self, worker: Worker, frontend: Frontend) -> SyncReport:
@@ -408,7 +410,7 @@ class MapCell:
         self._settings = settings
         self._outputs = outputs
         self._log = log
-        self._budget = OutputBudget(int(settings.output_limit_mb * 1024 * 1024))  # the whole cell's, as for any cell
+        self._budget = OutputBudget(settings.output_limit_chars)  # the whole cell's, as for any cell
         self._scattered: dict[int, bytes] = {}
 
     def _status(self) -> None:
@@ -434,9 +436,9 @@ class MapCell:
         """Pickle each rank's chunks in the main sandbox and bring them here (as bytes, never unpickled)."""
         await main.ready()
         paths = [in_transit(self.token, "scatter", rank) for rank in range(self.world)]
-        reply = await main.call_code("scatter", fanout_call_source("scatter", list(self.spec.scatter), paths))
-        if reply.get("error"):
-            raise UsageError(str(reply["error"]))
+        scattered = fanout_done(await main.call(Scatter(names=list(self.spec.scatter), paths=paths)))
+        if scattered.error:
+            raise UsageError(scattered.error)
         try:
             chunks = await read_pickles(main.sandbox, paths, lambda rank: f"--scatter: rank {rank}'s chunks")
         finally:
@@ -457,9 +459,9 @@ class MapCell:
         await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(self.workers, runs)))
         await main.ready()
         await main.sandbox.upload(files)
-        reply = await main.call_code("gather", fanout_call_source("gather", list(self.spec.gather), paths))
-        if reply.get("error"):
-            raise BackendError(str(reply["error"]))
+        gathered = fanout_done(await main.call(Gather(names=list(self.spec.gather), paths=paths)))
+        if gathered.error:
+            raise BackendError(gathered.error)
 
     async def _remove_quietly(self, sandbox: Sandbox, paths: list[str]) -> None:
         """Delete files in transit (paths relative to the working directory)."""
@@ -468,13 +470,13 @@ class MapCell:
         except DaytonaKernelError as exc:
             self._log.warning("could not remove %s from %s: %s", paths, sandbox.id, exc)
 
-    def _code(self, rank: int, chunk: str, dump: str, synced: dict[str, Any]) -> str:
+    def _code(self, rank: int, chunk: str, dump: str, synced: Synced | None) -> str:
         """One worker's request: the prelude (rank, world, its chunks), the cell, the dump of its gathered values."""
         c = self.cell
-        code = fanout_call_source("prelude", rank, self.world, chunk)
-        code += call_source("run_cell", self.body, c.count, c.store_history, c.silent, False, {}, synced)
+        code = call_source(Prelude(rank=rank, world=self.world, path=chunk))
+        code += call_source(RunCell(code=self.body, count=c.count, store_history=c.store_history, silent=c.silent, synced=synced))
         if self.spec.gather:
-            code += fanout_call_source("dump", list(self.spec.gather), dump)
+            code += call_source(Dump(names=list(self.spec.gather), path=dump))
         return code
 
     async def _run_on(self, worker: Worker, rank: int) -> WorkerRun:
@@ -527,9 +529,9 @@ class MapCell:
             await worker.sandbox.upload([(self._scattered[rank], full_path(worker.sandbox, chunk))])
         return await self._execute(worker, live, self._code(rank, chunk, result.dump, synced), out)
 
-    async def _push(self, worker: Worker, out: WorkerOutput) -> dict[str, Any]:
+    async def _push(self, worker: Worker, out: WorkerOutput) -> Synced | None:
         if worker.mirror is None:
-            return {}
+            return None
         try:
             notices = (await worker.mirror.push()).notices()
             if notices:
@@ -610,9 +612,8 @@ def _interrupted_before_start(frontend: Frontend) -> CellOutcome:
 def _dump_error(reply: dict[str, Any] | None) -> dict[str, Any] | None:
     if reply is None:
         return error_content("RuntimeCallError", "--gather: the worker did not write its values.")
-    if reply.get("error"):
-        return error_content("GatherError", str(reply["error"]))
-    return None
+    dumped = fanout_done(reply)
+    return error_content("GatherError", dumped.error) if dumped.error else None
 
 
 def combined_error(failed: list[WorkerRun], world: int, interrupted: bool) -> dict[str, Any]:

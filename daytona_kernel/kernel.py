@@ -28,6 +28,7 @@ from .config import DaytonaKernelConfig
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
 from .interactive import check_complete, daytona_cell, kernel_magic_lines
+from .runtime.calls import Complete, Inspect
 from .session import RuntimeSession
 
 # Session event kind -> iopub message type.
@@ -303,7 +304,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
         if self._runtime is not None:
-            reply = await self._runtime.query("complete", code, cursor_pos)
+            reply = await self._runtime.query(Complete(code=code, cursor=cursor_pos))
         return {
             "status": "ok",
             "matches": [],
@@ -319,7 +320,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
         if self._runtime is not None:
-            reply = await self._runtime.query("inspect", code, cursor_pos, detail_level)
+            reply = await self._runtime.query(Inspect(code=code, cursor=cursor_pos, detail_level=detail_level))
         return {"status": "ok", "found": False, "data": {}, "metadata": {}, **(reply or {})}
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:

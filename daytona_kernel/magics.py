@@ -21,9 +21,10 @@ from typing import Any, Awaitable, Callable
 from .backends.base import IdleMode, Sandbox
 from .cell import Frontend, error_content, stderr, stdout
 from .config import SessionSettings
-from .protocol import file_changes
+from .protocol import checkpointed, file_changes, restored
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageError
 from .fanout import MAP_USAGE, WorkerPool
+from .runtime.calls import Checkpoint, FileChanges, Restore
 from .runtime.framing import KERNEL_MAGICS
 from .supervisor import ContextSupervisor, Live
 from .sync import SyncReport, WorkdirMirror
@@ -51,14 +52,6 @@ def notify(report: SyncReport, frontend: Frontend) -> None:
     notices = report.notices()
     if notices:
         frontend.emit("stream", stderr(notices))
-
-
-def _names(reply: dict[str, Any], key: str) -> list[str]:
-    """A list of names from a runtime reply, checked (the reply comes from the sandbox)."""
-    value = reply.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RuntimeCallError(f"the runtime's reply has a malformed {key!r}")
-    return value
 
 
 class IdleCheckpoint:
@@ -94,11 +87,11 @@ class IdleCheckpoint:
     async def _checkpoint_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
         try:
-            reply = await self._supervisor.call("checkpoint", CHECKPOINT_FILE)
+            reply = checkpointed(await self._supervisor.call(Checkpoint(path=CHECKPOINT_FILE)))
         except DaytonaKernelError as exc:
             self._log.warning("the idle checkpoint failed: %s", exc)
             return
-        self._log.info("idle checkpoint: saved %s, skipped %s", reply.get("saved"), reply.get("skipped"))
+        self._log.info("idle checkpoint: saved %s, skipped %s", reply.saved, reply.skipped)
         self.saved = True
 
 
@@ -169,7 +162,7 @@ class KernelMagics:
         if args.split()[:1] == ["status"]:
             return await asyncio.to_thread(mirror.status)
         report = await mirror.push()
-        changes = file_changes(await self._supervisor.call("file_changes", mirror.handover()))
+        changes = file_changes(await self._supervisor.call(FileChanges(synced=mirror.handover())))
         if changes.changed or changes.deleted or changes.truncated:
             report.merge(await mirror.pull(changes.as_dict(), retry_failed=True))
         self._notify(report)
@@ -225,26 +218,24 @@ class KernelMagics:
     async def _checkpoint(self) -> str:
         live = await self._ready()
         path = checkpoint_path(self._sandbox)
-        reply = await self._supervisor.call("checkpoint", CHECKPOINT_FILE)
-        saved, skipped = _names(reply, "saved"), _names(reply, "skipped")
-        text = f"checkpoint: saved {len(saved)} variable(s) with {reply.get('pickler')} ({reply.get('bytes')} bytes) to {path}"
-        if skipped:
-            text += "\nnot picklable, skipped: " + ", ".join(skipped)
+        reply = checkpointed(await self._supervisor.call(Checkpoint(path=CHECKPOINT_FILE)))
+        text = f"checkpoint: saved {len(reply.saved)} variable(s) with {reply.pickler} ({reply.size} bytes) to {path}"
+        if reply.skipped:
+            text += "\nnot picklable, skipped: " + ", ".join(reply.skipped)
         self._log.info("checkpoint in context of pid %s", live.pid)
         return text + "\n"
 
     async def _restore(self) -> str:
         live = await self._ready()
         try:
-            reply = await self._supervisor.call("restore", CHECKPOINT_FILE)
+            reply = restored(await self._supervisor.call(Restore(path=CHECKPOINT_FILE)))
         except RuntimeCallError as exc:
             raise RuntimeCallError(
                 f"%daytona restore: {exc}. Is there a checkpoint yet? `%daytona checkpoint` makes one."
             ) from exc
-        restored, failed = _names(reply, "restored"), _names(reply, "failed")
-        text = f"restored {len(restored)} variable(s): " + ", ".join(restored)
-        if failed:
-            text += "\ncould not restore: " + ", ".join(failed)
+        text = f"restored {len(reply.restored)} variable(s): " + ", ".join(reply.restored)
+        if reply.failed:
+            text += "\ncould not restore: " + ", ".join(reply.failed)
         self._log.info("restore in context of pid %s", live.pid)
         return text + "\n"
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import nh3
 
+from .runtime.calls import limit_text
+
 # -- MIME types ----------------------------------------------------------------------
 
 # What JupyterLab renders without running code. Anything else (application/javascript,
@@ -425,13 +427,13 @@ class OutputBudget:
     a display that does not fit is dropped. ``limit_chars`` 0 means no limit."""
 
     NOTICE = (
-        "\ndaytona-kernel: this cell's output passed the limit of {limit:g} MB; {dropped} more were dropped "
+        "\ndaytona-kernel: this cell's output passed the limit of {limit}; {dropped} more were dropped "
         "in the kernel. Raise DaytonaKernel.output_limit_mb to see more.\n"
     )
 
     def __init__(self, limit_chars: int) -> None:
         self.limit = limit_chars + NOTICE_SLACK_CHARS if limit_chars > 0 else 0
-        self._limit_mb = limit_chars / 1048576.0
+        self._limit_text = limit_text(limit_chars)
         self.used = 0
         self.dropped = 0
         self._noticed = False
@@ -468,7 +470,7 @@ class OutputBudget:
         if self._noticed or not self.dropped:
             return None
         self._noticed = True
-        return self.NOTICE.format(limit=self._limit_mb, dropped=_size_text(self.dropped))
+        return self.NOTICE.format(limit=self._limit_text, dropped=_size_text(self.dropped))
 
 
 def size_of(value: Any) -> int:

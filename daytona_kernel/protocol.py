@@ -143,6 +143,71 @@ def file_changes(payload: Any) -> FileChanges:
     return _files(_dict(payload, "the file_changes reply"))
 
 
+# -- typed replies to calls (runtime.calls) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """The reply to ``Checkpoint``: the variables saved and skipped, the pickler, the file's size in bytes."""
+
+    saved: list[str]
+    skipped: list[str]
+    pickler: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The reply to ``Restore``: the variables that came back and those that did not."""
+
+    restored: list[str]
+    failed: list[str]
+
+
+@dataclass(frozen=True)
+class VolumeSynced:
+    """The reply to ``SyncVolume``: whether the volume's copy was complete in time."""
+
+    done: bool
+
+
+@dataclass(frozen=True)
+class FanoutDone:
+    """The reply to ``Scatter``, ``Dump`` and ``Gather``: what went wrong ("" when nothing did)."""
+
+    error: str
+
+
+def checkpointed(value: Any) -> Checkpointed:
+    p = _dict(value, "the checkpoint reply")
+    return Checkpointed(
+        _names(p.get("saved", []), "saved"),
+        _names(p.get("skipped", []), "skipped"),
+        _str(p.get("pickler", ""), "checkpoint.pickler"),
+        _int(p.get("bytes", 0), "checkpoint.bytes"),
+    )
+
+
+def restored(value: Any) -> Restored:
+    p = _dict(value, "the restore reply")
+    return Restored(_names(p.get("restored", []), "restored"), _names(p.get("failed", []), "failed"))
+
+
+def volume_synced(value: Any) -> VolumeSynced:
+    return VolumeSynced(_bool(_dict(value, "the sync_volume reply").get("done", False), "sync_volume.done"))
+
+
+def fanout_done(value: Any) -> FanoutDone:
+    error = _dict(value, "the fanout reply").get("error") or ""
+    return FanoutDone(_str(error, "fanout.error"))
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"the runtime's reply has a malformed {what!r} (not a list of names)")
+    return value
+
+
 # -- checks --------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ import logging
 import posixpath
 import shlex
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from .attach import Adopted, KernelIdentity, SessionJournal
@@ -27,9 +28,10 @@ from .fanout import WorkerPool, failed_cell, parse_map
 from .ladder import RunEnd, settle
 from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
 from .outputs import OutputBudget, OutputPolicy
-from .protocol import FileChanges
+from .protocol import FileChanges, volume_synced
 from .request import InputBridge, Request, fetcher
-from .runtime import call_source, journal_call_source
+from .runtime import call_source
+from .runtime.calls import Adopt, CommOptions, CommTable, Complete, Deliver, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
 from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror
 
@@ -65,9 +67,9 @@ class RuntimeSession:
         self.mirror = mirror
         self._settings = settings
         self._log = log
-        options = dict(mirror.runtime_options()) if mirror else {}
+        options = mirror.runtime_options() if mirror else RuntimeOptions()
         if start_in:  # the notebook's sub-folder of the mirrored folder: where cells start
-            options["start_in"] = start_in
+            options = replace(options, start_in=start_in)
         self.supervisor = ContextSupervisor(sandbox, settings, log, options)
         if mirror is not None and mirror.notice:
             self.supervisor.notices.append(mirror.notice)
@@ -120,8 +122,8 @@ class RuntimeSession:
             await self.pool.close()  # workers never outlive their kernel, a restart included
         if self.sandbox.volume_dir and self.supervisor.live is not None and self._current is None:
             # finish the volume's copy of the working directory before the sandbox goes
-            reply = await self.supervisor.query("sync_volume")
-            if reply is not None and not reply.get("done"):
+            reply = await self.supervisor.query(SyncVolume())
+            if reply is not None and not volume_synced(reply).done:
                 self._log.warning("the volume's copy of the working directory was still being written at shutdown")
         await self.supervisor.shutdown(restart)
 
@@ -162,9 +164,9 @@ class RuntimeSession:
             if not self._shut_down:
                 self._idle_checkpoint.arm()
 
-    async def query(self, method: str, *args: object) -> dict[str, Any] | None:
+    async def query(self, call: Complete | Inspect) -> dict[str, Any] | None:
         """A quiet runtime call (complete, inspect): its reply, cleaned by the output policy, or None."""
-        return self.outputs.reply(method, await self.supervisor.query(method, *args))
+        return self.outputs.reply(call.METHOD, await self.supervisor.query(call))
 
     async def _execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         try:
@@ -186,12 +188,21 @@ class RuntimeSession:
         synced = await self._push(frontend)
         comms = self._comm_options(live)
         code = call_source(
-            "run_cell", cell.code, cell.count, cell.store_history, cell.silent, cell.allow_stdin, cell.user_expressions, synced, comms
+            RunCell(
+                code=cell.code,
+                count=cell.count,
+                store_history=cell.store_history,
+                silent=cell.silent,
+                allow_stdin=cell.allow_stdin,
+                user_expressions=cell.user_expressions,
+                synced=synced,
+                comms=comms,
+            )
         )
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
-        budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+        budget = OutputBudget(self._settings.output_limit_chars)
         async with self._run_lock:
-            self._cell_inbox = comms.get("inbox")
+            self._cell_inbox = comms.inbox if comms is not None else None
             self._cell_count = cell.count
             request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
@@ -318,15 +329,15 @@ class RuntimeSession:
 
     # -- widgets: frontend comm messages into the sandbox --------------------------
 
-    def _comm_options(self, live: Live) -> dict[str, Any]:
+    def _comm_options(self, live: Live) -> CommOptions | None:
         """What the runtime's comm bridge needs for a call: the request's message id, and the inbox
         (named after the interpreter's pid, as input()'s inbox, so ``daytona-kernel gc`` knows it)."""
         if self.comms is None:
-            return {}
+            return None
         self.comms.runtime_is(live.token)
         parent = self.comms.request_parent.get("header", {}).get("msg_id", "")
         inbox = posixpath.join(self.sandbox.temp_dir, f"daytona-kernel-inbox-{live.pid}-comms-{live.token[:12]}")
-        return {"parent": parent, "inbox": inbox}
+        return CommOptions(parent=parent, inbox=inbox)
 
     async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None:
         """Frontend comm messages into the sandbox: while a cell runs, one file upload to its inbox
@@ -363,12 +374,12 @@ class RuntimeSession:
 
     async def _deliver_once(self, live: Live, batch: list[dict[str, Any]], bridge: CommBridge) -> RunError | None:
         parent = bridge.request_parent
-        budget = OutputBudget(int(self._settings.output_limit_mb * 1024 * 1024))
+        budget = OutputBudget(self._settings.output_limit_chars)
         self._current = request = Request(
             live.token, lambda kind, content: bridge.output(kind, content, parent), None, self.outputs, budget, bridge
         )
         try:  # a callback may run as long as a cell may (an interrupt stops it)
-            code = call_source("deliver", batch, self._comm_options(live))
+            code = call_source(Deliver(messages=batch, comms=self._comm_options(live)))
             return await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
         finally:
             self._current = None
@@ -456,7 +467,7 @@ class RuntimeSession:
         old = await self.supervisor.adopt(Live(context, session.token, session.pid, session.python))
         if old is not None:
             await journal.forget(old.id)
-        reply = await self.supervisor.call_code("attach", journal_call_source("adopt", journal.identity.instance))
+        reply = await self.supervisor.call_code("attach", call_source(Adopt(instance=journal.identity.instance)))
         self.adopted = journal.adopted(reply)
         return (
             f"attached: {reply.get('variables')} variable(s), execution count {self.adopted.count}{await self._adopt_comms()}; "
@@ -468,7 +479,7 @@ class RuntimeSession:
         if self.comms is None:
             return ""
         self.comms.closed_all()
-        count = self.comms.adopt(await self.supervisor.query("comm_table"))
+        count = self.comms.adopt(await self.supervisor.query(CommTable()))
         if self.supervisor.live is not None:
             self.comms.runtime_is(self.supervisor.live.token)
         return f", {count} widget(s) (reload the page to see them)" if count else ""
@@ -494,14 +505,14 @@ class RuntimeSession:
 
     # -- the workdir mirror ------------------------------------------------
 
-    async def _push(self, frontend: Frontend, resumed: bool = False) -> dict[str, Any]:
+    async def _push(self, frontend: Frontend, resumed: bool = False) -> Synced | None:
         """Upload local changes before a cell; returns the mirror's note for the runtime. Never fails the cell.
 
         An upload that fails because the sandbox was paused meanwhile (from the dashboard, or by auto-pause
         while this laptop slept) resumes it and uploads again, so the cell sees the files edited meanwhile.
         """
         if self.mirror is None:
-            return {}
+            return None
         try:
             report = await self.mirror.push(frontend.progress)
         except (DaytonaKernelError, OSError) as exc:

@@ -15,7 +15,7 @@ import posixpath
 import secrets
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import Context, RunError, Sandbox
@@ -26,6 +26,7 @@ from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .protocol import Hello
 from .request import Request
 from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, discard_file_code, unpack_ipython_code
+from .runtime.calls import Call, RuntimeOptions
 
 if TYPE_CHECKING:
     from .attach import SessionJournal
@@ -56,13 +57,11 @@ def repo_folder(url: str) -> str:
 class ContextSupervisor:
     """See the module docstring. ``runtime_options`` are passed to every new runtime."""
 
-    def __init__(self, sandbox: Sandbox, settings: SessionSettings, log: logging.Logger, runtime_options: dict[str, Any]) -> None:
+    def __init__(self, sandbox: Sandbox, settings: SessionSettings, log: logging.Logger, runtime_options: RuntimeOptions) -> None:
         self.sandbox = sandbox
         self._settings = settings
         self._log = log
-        self._runtime_options = dict(runtime_options)
-        self._runtime_options["output_limit_chars"] = int(settings.output_limit_mb * 1024 * 1024)
-        self._runtime_options["blob_chars"] = sandbox.blob_chars
+        self._runtime_options = replace(runtime_options, output_limit_chars=settings.output_limit_chars, blob_chars=sandbox.blob_chars)
         self.notices: list[str] = []  # for the user, shown before the next cell's output
         self._sandbox_started = False
         self._starting: asyncio.Future[Live] | None = None
@@ -145,12 +144,16 @@ class ContextSupervisor:
         (a timeout too) the context is closed, so a retry leaks nothing."""
         token = secrets.token_hex(8)
         request = Request(token, self._output_outside_a_cell)
-        options = {**self._runtime_options, **self.sandbox.storage_options()}
-        options["ship_ipython"] = ipython_bundle.ipython_version()
+        options = replace(
+            self._runtime_options,
+            volume_dir=self.sandbox.volume_relpath(),
+            volume_link=self.sandbox.on_this_disk,  # a volume on this disk: its copy is made of hard links
+            ship_ipython=ipython_bundle.ipython_version(),
+        )
         if self.journal is not None:
-            options["journal"] = self.journal.options(context.id)
+            options = replace(options, journal=self.journal.options(context.id))
         if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
-            options["volume_excludes"] = ["/" + repo_folder(self._settings.repo_url) + "/"]
+            options = replace(options, volume_excludes=["/" + repo_folder(self._settings.repo_url) + "/"])
         code = bootstrap_code(token, options)
         try:
             error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
@@ -318,9 +321,9 @@ class ContextSupervisor:
             else:
                 await self.sandbox.shutdown()
 
-    async def call(self, method: str, *args: object) -> dict[str, Any]:
+    async def call(self, call: Call) -> dict[str, Any]:
         """One runtime call answered by a ``reply`` frame. Raises RuntimeCallError saying why it failed."""
-        return await self.call_code(method, call_source(method, *args))
+        return await self.call_code(call.METHOD, call_source(call))
 
     async def call_code(self, method: str, code: str) -> dict[str, Any]:
         """``call`` with the code string already made (``method`` names it in errors)."""
@@ -347,13 +350,13 @@ class ContextSupervisor:
             request.finish()
         return request, error
 
-    async def query(self, method: str, *args: object) -> dict[str, Any] | None:
+    async def query(self, call: Call) -> dict[str, Any] | None:
         """``call`` for requests that must never disturb the user (complete, inspect):
         None when the sandbox is not ready or the call failed; failures are only logged."""
         if self.live is None:
             return None
         try:
-            return await self.call(method, *args)
+            return await self.call(call)
         except DaytonaKernelError as exc:
             self._log.warning("%s", exc)
             return None

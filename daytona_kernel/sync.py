@@ -48,6 +48,7 @@ from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import DaytonaKernelError, MirrorError
 from .manifest import SyncManifest
 from .localfs import NOFOLLOW, LocalFolder, safe_relpath, shown
+from .runtime.calls import RuntimeOptions, Synced
 from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, load_rules, scan
 from .syncplan import (
     ENV_MARKERS,
@@ -141,26 +142,24 @@ class WorkdirMirror:
         """Files a cell writes come back after it (``SyncReport.down`` lists what came)."""
         return self.mode in ("both", "down")
 
-    def runtime_options(self) -> dict[str, Any]:
+    def runtime_options(self) -> RuntimeOptions:
         """What the runtime needs to report a cell's file changes, and (mirroring both ways) the project
         folder here, for its word on paths outside it or left out (``files.OutsideTheMirror``)."""
-        options = {
-            "sync_down": self.syncs_down,
-            "sync_excludes": list(self._config.sync_exclude),
-            "sync_includes": list(self._config.sync_include),
-        }
-        if self.syncs_up and self.syncs_down:
-            options["local_root"] = str(self.local_root)
-        return options
+        return RuntimeOptions(
+            sync_down=self.syncs_down,
+            sync_excludes=list(self._config.sync_exclude),
+            sync_includes=list(self._config.sync_include),
+            local_root=str(self.local_root) if self.syncs_up and self.syncs_down else "",
+        )
 
-    def handover(self) -> dict[str, Any]:
+    def handover(self) -> Synced:
         """What the runtime must learn on its next call (the ``synced`` argument), then forgotten here.
 
         ``up``: files uploaded since, with their permission bits (the runtime sets
         them and does not report the files back); ``acked``: reported changes the
         kernel has handled, with the stat it saw; ``gone``: reported deletions handled.
         """
-        note: dict[str, Any] = {"up": self._up_modes, "acked": self._acked, "gone": self._gone}
+        note = Synced(up=self._up_modes, acked=self._acked, gone=self._gone)
         self._up_modes, self._acked, self._gone = {}, {}, []
         return note
 

@@ -18,6 +18,7 @@ import pytest
 from daytona_kernel.backends.local import LocalSandbox
 from daytona_kernel.cell import Cell, Recorder
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, SessionSettings, settings_from
+from daytona_kernel.runtime.calls import Complete, RuntimeOptions, Synced
 from daytona_kernel.session import RuntimeSession
 
 pytestmark = pytest.mark.slow  # a local worker process
@@ -30,11 +31,11 @@ class BasicShellMirror:
 
     notice = ""
 
-    def runtime_options(self) -> dict[str, Any]:
-        return {"ipython": False}
+    def runtime_options(self) -> RuntimeOptions:
+        return RuntimeOptions(ipython=False)
 
-    def handover(self) -> dict[str, Any]:
-        return {}
+    def handover(self) -> Synced:
+        return Synced()
 
     async def push(self, progress: Any = None) -> Any:
         from daytona_kernel.syncplan import SyncReport
@@ -60,7 +61,7 @@ def run_cells(tmp_path: Path, cells: list[str], answers: list[str] | None = None
                 front = Recorder(answers)
                 outcome = await session.execute(Cell(code, count, allow_stdin=answers is not None), front)
                 results.append((outcome, front))
-            return results, await session.query("complete", "pri", 3)
+            return results, await session.query(Complete(code="pri", cursor=3))
         finally:
             await session.shutdown()
 

@@ -14,6 +14,7 @@ from daytona_kernel.comms import CommBridge, FrontendQueue, WidgetPolicy
 from daytona_kernel.outputs import OutputPolicy
 from daytona_kernel.protocol import CommAck
 from daytona_kernel.runtime import comms as runtime_comms
+from daytona_kernel.runtime.calls import CommOptions
 from daytona_kernel.runtime.framing import Kind
 
 LOG = logging.getLogger("test-comms")
@@ -178,7 +179,7 @@ def test_updates_published_while_idle_wait_merged_and_go_out_with_the_next_reque
     bridge.publish(Kind.COMM_MSG, {"comm_id": "bar", "data": {"method": "update", "state": {"value": 100}}}, {}, None)
     assert rt.frames == []
     rt.active = True
-    bridge.begin_request({"parent": "cell-2"})
+    bridge.begin_request(CommOptions(parent="cell-2"))
     assert published(rt) == [
         ("comm_msg", {"value": 99}),
         ("comm_msg", {"value": "99%"}),
@@ -194,7 +195,7 @@ def test_the_outbox_is_bounded_and_says_what_it_dropped(monkeypatch: Any) -> Non
     for i in range(5):
         bridge.publish(Kind.COMM_MSG, {"comm_id": "b", "data": {"method": "custom", "n": i}}, {}, None)
     rt.active = True
-    bridge.begin_request({"parent": "cell-2"})
+    bridge.begin_request(CommOptions(parent="cell-2"))
     assert len(published(rt)) == 3 and "2 widget update(s)" in rt.errors[0]
 
 

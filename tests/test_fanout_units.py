@@ -14,7 +14,8 @@ import pytest
 from daytona_kernel.errors import UsageError
 from daytona_kernel.fanout import MapSpec, WorkerOutput, WorkerRun, combined_error, parse_map
 from daytona_kernel.interactive import daytona_cell, kernel_magic_lines
-from daytona_kernel.runtime import MODULES, fanout_call_source
+from daytona_kernel.runtime import MODULES, call_source
+from daytona_kernel.runtime.calls import Prelude
 from daytona_kernel.runtime import fanout as sandbox_side
 
 
@@ -53,8 +54,8 @@ def test_the_cell_magic_must_be_the_first_line_and_is_not_a_line_magic_cell() ->
 
 def test_the_sandbox_side_is_shipped_with_the_runtime() -> None:
     assert "fanout" in MODULES
-    code = fanout_call_source("prelude", 1, 4, "")
-    assert "_daytona_kernel_fanout" in code and "prelude(" in code and "1, 4, ''" in code
+    code = call_source(Prelude(rank=1, world=4, path=""))
+    assert '"method":"prelude"' in code and '"rank":1,"world":4' in code
 
 
 def recorder() -> tuple[list[tuple[str, dict[str, Any]]], WorkerOutput]:

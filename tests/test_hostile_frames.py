@@ -19,6 +19,7 @@ from kernels import Kernel
 from daytona_kernel.cell import Cell, CellOutcome, Recorder
 from daytona_kernel.config import SessionSettings
 from daytona_kernel.runtime import framing
+from daytona_kernel.runtime.calls import RuntimeOptions, Synced
 from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, BadFrame, FrameDecoder, Text, encode_frame
 from daytona_kernel.session import RuntimeSession
 
@@ -34,11 +35,11 @@ class MirrorSpy:
     def __init__(self) -> None:
         self.pulled: list[dict[str, Any]] = []
 
-    def runtime_options(self) -> dict[str, Any]:
-        return {}
+    def runtime_options(self) -> RuntimeOptions:
+        return RuntimeOptions()
 
-    def handover(self) -> dict[str, Any]:
-        return {}
+    def handover(self) -> Synced:
+        return Synced()
 
     async def push(self, progress: Any = None) -> Any:
         from daytona_kernel.syncplan import SyncReport

@@ -28,6 +28,7 @@ from kernels import Kernel
 from daytona_kernel.backends.local import LocalSandbox
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, settings_from
 from daytona_kernel.errors import DaytonaKernelError
+from daytona_kernel.runtime.calls import Synced
 from daytona_kernel.runtime.pathrules import MirrorRules, scan
 from daytona_kernel.sync import WorkdirMirror
 
@@ -411,7 +412,7 @@ def test_many_small_files_cannot_fill_the_disk_in_one_go(folder: Path, sandbox: 
     mirror = mirror_of(folder, sandbox, config)
     first = pull(mirror, changes)
     assert len(first.down) == 2 and "sync_max_total_mb" in first.notices()
-    assert len(mirror.handover()["acked"]) == 2  # the rest stays in the runtime's report
+    assert len(mirror.handover().acked) == 2  # the rest stays in the runtime's report
     pull(mirror, report({rel: changes["changed"][rel] for rel in changes["changed"] if rel not in first.down}))
     assert len(list(folder.iterdir())) == 4
 
@@ -459,7 +460,7 @@ def test_a_change_is_reported_again_until_the_kernel_acknowledges_it(tmp_path: P
     first = watch.changes()
     assert list(first["changed"]) == ["new.txt"]
     assert watch.changes()["changed"] == first["changed"]  # the download may have failed: not forgotten
-    watch.note({"acked": first["changed"]})
+    watch.note(Synced(acked=first["changed"]))
     assert watch.changes() is None
 
 
@@ -542,7 +543,7 @@ def test_a_download_error_for_one_file_is_named_and_retried_after_the_next_cell(
     result = pull(mirror, changes)
     assert result.down == ["b.txt"] and not (folder / "a.txt").exists()
     assert "Not copied from the sandbox: a.txt: 503 Service Unavailable; it is tried again" in result.notices()
-    assert list(mirror.handover()["acked"]) == ["b.txt"]  # a.txt stays in the runtime's report
+    assert list(mirror.handover().acked) == ["b.txt"]  # a.txt stays in the runtime's report
     del sandbox.served[mirror.remote_path("a.txt")]
     assert pull(mirror, report({"a.txt": changes["changed"]["a.txt"]})).down == ["a.txt"]
 
@@ -554,7 +555,7 @@ def test_a_whole_failed_download_loses_nothing(folder: Path, sandbox: HostileSan
     changes = report({"a.txt": sandbox.put("a.txt", b"a")})
     sandbox.served[mirror.remote_path("a.txt")] = BackendError("Could not download files: 502")
     assert "a.txt: Could not download files: 502; it is tried again" in pull(mirror, changes).notices()
-    assert mirror.handover()["acked"] == {}
+    assert mirror.handover().acked == {}
     del sandbox.served[mirror.remote_path("a.txt")]
     assert pull(mirror, changes).down == ["a.txt"]
 
@@ -574,7 +575,7 @@ def test_a_full_disk_names_the_file_and_leaves_no_partial_file(folder: Path, san
     result = pull(mirror, changes)
     assert sorted(p.name for p in folder.iterdir()) == ["small.txt"]  # no partial or temporary file
     assert "Not copied from the sandbox: huge.bin: No space left on device" in result.notices()
-    assert "huge.bin" not in mirror.handover()["acked"]
+    assert "huge.bin" not in mirror.handover().acked
 
 
 def test_a_failure_that_would_repeat_is_not_retried_until_sync(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
@@ -606,7 +607,7 @@ def test_modes_of_uploaded_files_ride_on_the_next_call(folder: Path, sandbox: Ho
     (folder / "run.sh").chmod(0o755)
     mirror = mirror_of(folder, sandbox, config)
     asyncio.run(mirror.push())
-    assert mirror.handover()["up"] == {"run.sh": 0o755, "token.txt": 0o600}
+    assert mirror.handover().up == {"run.sh": 0o755, "token.txt": 0o600}
     (folder / "run.sh").chmod(0o700)  # a mode change alone is a change
     assert mirror.plan_up().todo == ["run.sh"]
 
@@ -807,7 +808,7 @@ def test_code_the_sandbox_writes_never_comes_down_whatever_its_gitignore_says(fo
     notices = result.notices()
     for rel in (".venv/lib/python3.12/site-packages/zz.pth", "evil/config", ".devcontainer.json", "env/bin/activate", "USERCUSTOMIZE.PY"):
         assert f"Refused a path the sandbox reported: {rel}: it could run code here" in notices, rel
-    assert set(mirror.handover()["acked"]) == {".gitignore", *changes}  # decided: not reported again after every cell
+    assert set(mirror.handover().acked) == {".gitignore", *changes}  # decided: not reported again after every cell
 
 
 def test_the_sandbox_cannot_delete_code_or_a_notebook_here(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]

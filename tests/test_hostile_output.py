@@ -29,6 +29,7 @@ from daytona_kernel.cell import Cell, CellOutcome, Recorder
 from daytona_kernel.config import SessionSettings
 from daytona_kernel.history import History
 from daytona_kernel.outputs import NOTICE_SLACK_CHARS, sanitize_html, sanitize_markdown, sanitize_svg
+from daytona_kernel.runtime.calls import Complete, Inspect
 from daytona_kernel.runtime.framing import MARK, Frame, FrameDecoder
 from daytona_kernel.session import RuntimeSession
 
@@ -282,7 +283,7 @@ async def test_an_inspect_reply_is_cleaned() -> None:
     reply = {"found": True, "data": {"text/html": f"<b>doc</b>{SCRIPT}", "application/javascript": "1"}, "metadata": {}}
     sess = session(Run(["hi\n"]), Run([frame("reply", reply)]), Run([]))
     await sess.execute(Cell("x", 1), Recorder())
-    answer = await sess.query("inspect", "x", 1, 0)
+    answer = await sess.query(Inspect(code="x", cursor=1, detail_level=0))
     assert answer == {"found": True, "data": {"text/html": "<b>doc</b>"}, "metadata": {}}
     front = Recorder()
     await sess.execute(Cell("y", 2), front)  # the notice comes with the next cell's output
@@ -293,7 +294,7 @@ async def test_a_complete_reply_keeps_only_the_fields_of_a_completion() -> None:
     reply = {"matches": ["abc", {"html": SCRIPT}], "cursor_start": 0, "cursor_end": 2, "status": "error", "data": {"x": 1}}
     sess = session(Run([]), Run([frame("reply", reply)]))
     await sess.execute(Cell("x", 1), Recorder())
-    assert await sess.query("complete", "ab", 2) == {"matches": ["abc"], "cursor_start": 0, "cursor_end": 2}
+    assert await sess.query(Complete(code="ab", cursor=2)) == {"matches": ["abc"], "cursor_start": 0, "cursor_end": 2}
 
 
 # -- the notice and the setting ------------------------------------------------------------

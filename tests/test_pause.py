@@ -346,12 +346,13 @@ async def test_the_idle_checkpoint_is_armed_only_for_a_sandbox_that_stops() -> N
     from daytona_kernel.backends.base import IdleMode
     from daytona_kernel.config import SessionSettings
     from daytona_kernel.magics import IdleCheckpoint
+    from daytona_kernel.runtime.calls import RuntimeOptions
     from daytona_kernel.supervisor import ContextSupervisor
 
     sandbox = FakeSandbox()
     settings = SessionSettings(checkpoint_on_idle=True, auto_stop_interval=15)
     log = logging.getLogger("test-pause")
-    timer = IdleCheckpoint(ContextSupervisor(sandbox, settings, log, {}), settings, log)
+    timer = IdleCheckpoint(ContextSupervisor(sandbox, settings, log, RuntimeOptions()), settings, log)
     sandbox.idle_mode = IdleMode.PAUSE  # a paused sandbox keeps its variables: nothing to save
     timer.arm()
     assert timer._timer is None

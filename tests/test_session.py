@@ -14,6 +14,7 @@ from daytona_kernel.backends.base import RunError
 from daytona_kernel.cell import Cell, Recorder
 from daytona_kernel.config import SessionSettings
 from daytona_kernel.errors import BackendError, ContextDied, ContextTimeout, SandboxNotRunning
+from daytona_kernel.runtime.calls import Complete
 from daytona_kernel.session import RuntimeSession
 
 LOG = logging.getLogger("test-session")
@@ -187,7 +188,7 @@ async def test_complete_after_a_replaced_worker_answers_and_the_next_cell_says_s
     sandbox = FakeSandbox([Run(["a\n"]), MISSING, Run([reply]), Run(["b\n"])])
     session = session_for(sandbox)
     await session.execute(Cell("a", 1), Recorder())
-    answer = await session.query("complete", "mat", 3)
+    answer = await session.query(Complete(code="mat", cursor=3))
     assert answer is not None and answer["matches"] == ["math"] and boots(sandbox) == 2
     front = Recorder()
     await session.execute(Cell("b", 2), front)

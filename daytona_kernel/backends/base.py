@@ -132,11 +132,9 @@ class Sandbox(abc.ABC):
         """Whether the sandbox path and the local file are one file (a hard link), so nothing needs moving."""
         return False
 
-    def storage_options(self) -> dict[str, str]:
-        """What the runtime needs for the durable copy: the volume folder, relative to the working directory."""
-        if not self.volume_dir:
-            return {}
-        return {"volume_dir": posixpath.relpath(self.volume_dir, self.workdir)}
+    def volume_relpath(self) -> str:
+        """What the runtime needs for the durable copy: the volume folder, relative to the working directory ("" for none)."""
+        return posixpath.relpath(self.volume_dir, self.workdir) if self.volume_dir else ""
 
     def take_notices(self) -> list[str]:
         """Lines for the user that arose while starting (shown before the next cell); each is given once."""

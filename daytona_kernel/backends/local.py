@@ -410,9 +410,8 @@ class LocalSandbox(Sandbox):
                 "Set JUPYTER_DATA_DIR to a writable folder."
             ) from exc
 
-    def storage_options(self) -> dict[str, str]:
-        """The volume is a folder on the same disk: its copy is made of hard links (no second copy)."""
-        return {"volume_dir": os.path.relpath(self.volume_dir, self.workdir), "volume_link": "1"} if self.volume_dir else {}
+    def volume_relpath(self) -> str:
+        return os.path.relpath(self.volume_dir, self.workdir) if self.volume_dir else ""
 
     def _worker_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_VARS and not k.startswith("JPY_")}

@@ -1,27 +1,25 @@
 """The in-sandbox runtime, and the short code strings that call into it.
 
 Every request to a context is one code string: the bootstrap (once per
-context), then one call per cell, completion or inspection. Arguments are
-embedded with ``repr``, which round-trips any str, int or bool.
+context), then one call per cell, completion or inspection: a typed call (``calls.py``)
+sent as keyword JSON, which the runtime decodes by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from importlib import resources
 
+from .calls import RUNTIME_MISSING, Call, RuntimeOptions, encode
+
 MODULE_PREFIX = "_daytona_kernel_"
-MODULES = ("framing", "pathrules", "durable", "journal", "files", "streams", "display", "comms", "basic", "ipyshell", "runtime", "fanout")
+MODULES = ("calls", "framing", "pathrules", "durable", "journal", "files", "streams", "display", "comms", "basic", "ipyshell", "runtime", "fanout")
 """The runtime's modules, in import order; each is installed as ``_daytona_kernel_<name>``."""
 IPYSHELL_MODULE = MODULE_PREFIX + "ipyshell"
 RUNTIME_MODULE = MODULE_PREFIX + "runtime"
-JOURNAL_MODULE = MODULE_PREFIX + "journal"
-FANOUT_MODULE = MODULE_PREFIX + "fanout"
 HANDLE = "__dk__"
-RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
-"""The error a call raises in a worker without the runtime: the daemon replaced a dead
-worker with a fresh one (silently), so the runtime must be bootstrapped again."""
 
 
 IPYTHON_CACHE_SOURCE = (
@@ -150,7 +148,7 @@ kernel ships goes where site-packages starts, so ``''`` comes before it too, as 
 third-party package under ipykernel."""
 
 
-def bootstrap_code(token: str, options: dict | None = None) -> str:
+def bootstrap_code(token: str, options: RuntimeOptions) -> str:
     """Code that installs the runtime into a fresh context and says hello.
 
     The IPython shell module needs IPython: when the sandbox's Python cannot
@@ -165,7 +163,7 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
         IPYTHON_CACHE_SOURCE + CELL_PATH_SOURCE + COMPILED_RUNTIME_SOURCE + "def __dk_boot():\n"
         "    import os, sys, types\n"
         "    worker_folder_off_path()\n"
-        f"    options = __import__('json').loads({json.dumps(options or {})!r})\n"
+        f"    options = __import__('json').loads({json.dumps(dataclasses.asdict(options))!r})\n"
         "    cache = ipython_cache(options)\n"
         "    if cache and os.path.isdir(cache):  # an IPython the kernel shipped earlier: before site-packages\n"
         "        sys.path.insert(third_party_index(), cache)\n"
@@ -193,36 +191,16 @@ def bootstrap_code(token: str, options: dict | None = None) -> str:
     )
 
 
-def call_source(method: str, *args: object) -> str:
-    """Code that calls one runtime method, e.g. ``call_source("run_cell", code, 3)``.
+def call_source(call: Call) -> str:
+    """Code that makes one call into the runtime, e.g. ``call_source(Complete(code="pri", cursor=3))``.
 
-    It goes through the runtime module, not the user's namespace, and a worker that has no
-    runtime (a fresh one) raises ``RUNTIME_MISSING`` instead of a NameError: the same round trip.
+    The call travels as keyword JSON (``calls.encode``) and the runtime decodes it by name
+    (``Runtime.call``). It goes through the runtime module, not the user's namespace, and a worker
+    that has no runtime (a fresh one) raises ``RUNTIME_MISSING`` instead of a NameError: the same round trip.
     """
     runtime = f"__import__('sys').modules[{RUNTIME_MODULE!r}].current"
     return (
-        f"if {RUNTIME_MODULE!r} in __import__('sys').modules: {runtime}.{method}({', '.join(repr(a) for a in args)})\n"
-        f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
-    )
-
-
-def journal_call_source(method: str, *args: object) -> str:
-    """Code that calls one method of the runtime's session journal (``adopt``), like ``call_source``."""
-    journal = f"__import__('sys').modules[{JOURNAL_MODULE!r}].current"
-    return (
-        f"if {JOURNAL_MODULE!r} in __import__('sys').modules and {journal} is not None: "
-        f"{journal}.{method}({', '.join(repr(a) for a in args)})\n"
-        f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
-    )
-
-
-def fanout_call_source(function: str, *args: object) -> str:
-    """Code that calls one function of the runtime's ``fanout`` module with the context's runtime
-    (``%%daytona map``: scatter, prelude, dump, gather), like ``call_source``."""
-    runtime = f"__import__('sys').modules[{RUNTIME_MODULE!r}].current"
-    fanout = f"__import__('sys').modules[{FANOUT_MODULE!r}]"
-    return (
-        f"if {FANOUT_MODULE!r} in __import__('sys').modules: {fanout}.{function}({', '.join([runtime, *map(repr, args)])})\n"
+        f"if {RUNTIME_MODULE!r} in __import__('sys').modules: {runtime}.call({encode(call)!r})\n"
         f"else: raise type({RUNTIME_MISSING!r}, (Exception,), {{}})('the runtime is not installed in this worker')\n"
     )
 

@@ -282,12 +282,12 @@ class Bridge(object):
     # -- kernel to sandbox -------------------------------------------------------
 
     def begin_request(self, options):
-        """Start of a call from the kernel: the request's parent and the inbox; older messages first."""
-        options = options or {}
-        self.kernel_side = bool(options)  # the kernel has the bridge: it takes comm frames
-        self.request_parent = str(options.get("parent") or "")
+        """Start of a call from the kernel: the request's parent and the inbox (``calls.CommOptions``, or None
+        when the kernel has no comm bridge); older messages first."""
+        self.kernel_side = options is not None  # the kernel has the bridge: it takes comm frames
+        self.request_parent = options.parent if options is not None else ""
         self.current = ""
-        self.inbox.use(options.get("inbox"))
+        self.inbox.use(options.inbox if options is not None else "")
         self._flush_outbox()
         self.handle(self.inbox.take())
 

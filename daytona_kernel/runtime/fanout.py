@@ -2,11 +2,11 @@
 
 Values travel between the main sandbox and the workers as pickles (cloudpickle
 when the sandbox has it, else pickle) written to files, which the kernel moves
-with the files API without ever unpickling them. Each function is called by a
-short code string (``daytona_kernel.runtime.fanout_call_source``) with the
-context's ``Runtime``. Paths are relative to the working directory (the kernel puts them under
-``.daytona-kernel/``, which neither the mirror nor the volume's copy takes). Standard library only,
-Python 3.9+.
+with the files API without ever unpickling them. Each function is called with the
+context's ``Runtime`` by a typed call (``calls.Scatter``, ``Prelude``, ``Dump``,
+``Gather``) that ``Runtime.call`` decodes. Paths are relative to the working directory (the kernel
+puts them under ``.daytona-kernel/``, which neither the mirror nor the volume's copy takes). Standard
+library only, Python 3.9+.
 """
 
 import os

@@ -41,15 +41,16 @@ class WorkdirWatch(object):
         self.mode_notice = None
 
     def note(self, note):
-        """Apply the kernel's note about the last sync.
+        """Apply the kernel's note about the last sync (``calls.Synced``, or None).
 
         ``up``: {path: permission bits} of files it uploaded: their modes are set
         here and they are not reported back as changed. ``acked``: {path: stat}
         of reported changes the kernel has handled; ``gone``: reported deletions
         it has handled. Changes it has not acknowledged are reported again.
         """
-        note = note or {}
-        for rel, mode in (note.get("up") or {}).items():
+        if note is None:
+            return
+        for rel, mode in note.up.items():
             path = os.path.join(self.workdir, rel)
             if mode is not None:
                 try:
@@ -66,9 +67,9 @@ class WorkdirWatch(object):
                 self.snapshot.pop(rel, None)
         if self.snapshot is None:
             return
-        for rel, stat in (note.get("acked") or {}).items():
+        for rel, stat in note.acked.items():
             self.snapshot[rel] = tuple(stat) if len(stat) == 3 else (stat[0], stat[1], None)
-        for rel in note.get("gone") or ():
+        for rel in note.gone:
             self.snapshot.pop(rel, None)
 
     def take_notice(self):
@@ -250,7 +251,7 @@ def _file_digest(path):
 
 def open_volume(workdir, options, notice):
     """(the volume's DurableCopy or None, the notice for the first cell): a new sandbox's files come back from the volume."""
-    volume = options.get("volume_dir")
+    volume = options.volume_dir
     if not volume:
         return None, ""
     volume = os.path.normpath(os.path.join(workdir, volume))
@@ -258,10 +259,10 @@ def open_volume(workdir, options, notice):
         return None, "daytona-kernel: the volume is not mounted at %s; files in the working directory are not kept on it.\n" % volume
 
     def scan():  # what the volume keeps: what the mirror would move (its own rules: this runs in the copier's thread)
-        excludes = list(options.get("sync_excludes") or ()) + list(options.get("volume_excludes") or ())
-        return _pathrules.scan(workdir, _pathrules.MirrorRules(workdir, excludes, options.get("sync_includes") or (), secrets=()))
+        excludes = list(options.sync_excludes) + list(options.volume_excludes)
+        return _pathrules.scan(workdir, _pathrules.MirrorRules(workdir, excludes, options.sync_includes, secrets=()))
 
-    link = bool(options.get("volume_link"))
+    link = options.volume_link
     durable = _durable.DurableCopy(workdir, volume, scan, always=(CHECKPOINT_FILE,), notice=notice, link=link)
     restored, problems = durable.restore(RESTORE_BUDGET_S)
     text = ""

@@ -25,6 +25,7 @@ import types
 
 try:  # inside the sandbox the bootstrap installed these modules under these names
     import _daytona_kernel_basic as _basic
+    import _daytona_kernel_calls as _calls
     import _daytona_kernel_comms as _comms
     import _daytona_kernel_display as _display
     import _daytona_kernel_files as _files
@@ -34,6 +35,7 @@ try:  # inside the sandbox the bootstrap installed these modules under these nam
     import _daytona_kernel_streams as _streams
 except ImportError:  # imported from the package (tests)
     from daytona_kernel.runtime import basic as _basic
+    from daytona_kernel.runtime import calls as _calls
     from daytona_kernel.runtime import comms as _comms
     from daytona_kernel.runtime import display as _display
     from daytona_kernel.runtime import files as _files
@@ -73,7 +75,7 @@ class Runtime(object):
 
     def __init__(self, token, options=None):
         self.token = token
-        self.options = options or {}
+        self.options = _calls.options_from(options or {})
         self.lock = threading.RLock()
         self.active = False
         self.last_flush = 0.0
@@ -84,12 +86,12 @@ class Runtime(object):
         self._flusher_wake = threading.Event()
         self._flusher = None
         self._stdin_allowed = False
-        self.output_budget = int(self.options.get("output_limit_chars") or 0)
+        self.output_budget = self.options.output_limit_chars
         self.output_used = 0
         self.dropped_chars = 0
         self._input_seq = 0
         self._inbox_dir = None  # the runtime's private folder: input() replies, files of large output strings
-        self._blob_chars = int(self.options.get("blob_chars") or 0)
+        self._blob_chars = self.options.blob_chars
         self._blob_files = []  # this cell's files of large output strings (the kernel has fetched the last cell's)
         self._blob_bytes = 0
         self._in_cell = False
@@ -112,22 +114,21 @@ class Runtime(object):
         if "comm" in sys.modules and self.ipython is not None:
             self.comms.install(sys.modules["comm"])
         self.workdir = os.getcwd()
-        self.journal = _journal.current = _journal.open_journal(self, self.options.get("journal"))  # for reattaching
+        self.journal = _journal.current = _journal.open_journal(self, self.options.journal)  # for reattaching
         self.durable, restored = _files.open_volume(self.workdir, self.options, self.err.write)
         self._notices.insert(0, restored)
-        start_in = self.options.get("start_in")
+        start_in = self.options.start_in
         if start_in:  # the notebook's sub-folder of the mirrored folder
             os.makedirs(os.path.join(self.workdir, start_in), exist_ok=True)
             os.chdir(os.path.join(self.workdir, start_in))
         rules = None
-        if self.options.get("sync_down"):
-            excludes, includes = self.options.get("sync_excludes") or (), self.options.get("sync_includes") or ()
-            rules = _pathrules.MirrorRules(self.workdir, excludes, includes, secrets=())
+        if self.options.sync_down:
+            rules = _pathrules.MirrorRules(self.workdir, self.options.sync_excludes, self.options.sync_includes, secrets=())
         self.watch = _files.WorkdirWatch(self.workdir, rules)
-        local_root = self.options.get("local_root")  # the user's project folder, mirrored here
+        local_root = self.options.local_root  # the user's project folder, mirrored here
         self.outside = None
         if local_root:
-            excludes, includes = self.options.get("sync_excludes") or (), self.options.get("sync_includes") or ()
+            excludes, includes = self.options.sync_excludes, self.options.sync_includes
             self.outside = _files.OutsideTheMirror(self.workdir, local_root, excludes, includes)
         if threading.current_thread() is threading.main_thread():
             # Python's own SIGINT handler, as under ipykernel: the worker's (a Python function) would
@@ -147,10 +148,10 @@ class Runtime(object):
     def _start_shell(self):
         """IPython's shell when the sandbox's Python can run it, else the basic shell (said once, in the first cell)."""
         module = _ipyshell_module()
-        if not self.options.get("ipython", True):
+        if not self.options.ipython:
             reason = "the kernel asked for it"
         elif module is None or not module.compatible():
-            why = self.options.get("ipython_error") or "IPython 8.0 or newer is not installed"
+            why = self.options.ipython_error or "IPython 8.0 or newer is not installed"
             reason = "Python %d.%d here cannot run IPython: %s" % (sys.version_info[:2] + (why,))
         else:
             return module.make_shell(self, self.user_module)
@@ -178,7 +179,7 @@ class Runtime(object):
                     "cwd": os.getcwd(),
                     "executable": sys.executable,
                     "ipython": _ipyshell_module().release.version if self.ipython else "",
-                    "ipython_cache": "" if self.ipython else self.options.get("ipython_cache") or "",
+                    "ipython_cache": "" if self.ipython else self.options.ipython_cache,
                     "journal": _journal.hello_sessions(self.journal),
                 },
             )
@@ -232,9 +233,9 @@ class Runtime(object):
     def _budget_notice(self):
         if self.dropped_chars:
             self.err.target.write(
-                "\ndaytona-kernel: this cell's output passed the limit of %g MB; %.1f MB more were dropped. "
+                "\ndaytona-kernel: this cell's output passed the limit of %s; %.1f MB more were dropped. "
                 "Raise DaytonaKernel.output_limit_mb to see more.\n"
-                % (self.output_budget / 1048576.0, self.dropped_chars / 1048576.0)
+                % (_calls.limit_text(self.output_budget), self.dropped_chars / float(_calls.MB_CHARS))
             )
 
     def flush_streams_locked(self):
@@ -306,6 +307,21 @@ class Runtime(object):
         self._blob_bytes = 0
 
     # -- requests ----------------------------------------------------------
+
+    def call(self, text):
+        """One call from the kernel (``calls.encode``): decoded by name, then made with keyword arguments."""
+        request = _calls.decode(text)
+        kwargs = _calls.arguments(request)
+        if request.TARGET == "journal":
+            if self.journal is None:
+                raise _calls.missing_runtime("the session journal")
+            return getattr(self.journal, request.METHOD)(**kwargs)
+        if request.TARGET == "fanout":
+            module = sys.modules.get("_daytona_kernel_fanout")
+            if module is None:
+                raise _calls.missing_runtime("the fanout module")
+            return getattr(module, request.METHOD)(self, **kwargs)
+        return getattr(self, request.METHOD)(**kwargs)
 
     def run_cell(
         self, code, count, store_history=True, silent=False, allow_stdin=False, user_expressions=None, synced=None, comms=None

@@ -1,0 +1,116 @@
+"""Calls from the kernel into the runtime: what the runtime's method receives, by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import re
+import sys
+import types
+from typing import Any
+
+import pytest
+from fakes import FakeSandbox, Run
+
+from daytona_kernel.cell import Cell, Recorder
+from daytona_kernel.config import SessionSettings
+from daytona_kernel.runtime import RUNTIME_MODULE
+from daytona_kernel.runtime.calls import (
+    CALLS,
+    CallError,
+    CommOptions,
+    RunCell,
+    Synced,
+    decode,
+    encode,
+    limit_text,
+    output_limit_chars,
+)
+from daytona_kernel.runtime.runtime import Runtime
+from daytona_kernel.session import RuntimeSession
+
+
+class Receiver:
+    """Stands in for the sandbox's ``Runtime``: its own ``call`` decodes, and each method it calls is
+    recorded, bound to the real method's signature."""
+
+    call = Runtime.call
+    journal = None
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(Runtime, name)
+
+        def record(*args: Any, **kwargs: Any) -> None:
+            bound = inspect.signature(real).bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            self.calls.append((name, {k: v for k, v in bound.arguments.items() if k != "self"}))
+
+        return record
+
+
+def received(code: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """Run a call's code string against a recording runtime: the methods called, with their arguments by name."""
+    import daytona_kernel.runtime.runtime as real_module
+
+    receiver = Receiver()
+    fake = types.ModuleType(RUNTIME_MODULE)
+    fake.__dict__.update({k: v for k, v in vars(real_module).items() if not k.startswith("__")})
+    fake.current = receiver  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, RUNTIME_MODULE, fake)
+    exec(code, {})
+    return receiver.calls
+
+
+async def test_a_cells_flags_reach_the_runtime_under_their_own_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swapping two booleans on either side (silent and store_history) must not pass unnoticed."""
+    sandbox = FakeSandbox([Run([])])
+    session = RuntimeSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
+    cell = Cell("x = 1", 7, silent=True, store_history=False, allow_stdin=False, user_expressions={"e": "x"})
+    await session.execute(cell, Recorder())
+    [(method, args)] = received(sandbox.codes[-1], monkeypatch)
+    assert method == "run_cell"
+    assert args["code"] == "x = 1" and args["count"] == 7
+    assert args["silent"] is True and args["store_history"] is False and args["allow_stdin"] is False
+    assert args["user_expressions"] == {"e": "x"}
+
+
+def test_a_call_travels_as_keyword_json_and_is_decoded_by_name() -> None:
+    call = RunCell(code="x", count=2, silent=True, synced=Synced(up={"a.sh": 0o755}), comms=CommOptions(parent="m1"))
+    back = decode(encode(call))
+    assert back == call and isinstance(back.synced, Synced) and isinstance(back.comms, CommOptions)
+
+
+@pytest.mark.parametrize(
+    ("wire", "says"),
+    [
+        ('{"method": "run_cel", "args": {}}', "no runtime method 'run_cel'"),
+        ('{"method": "run_cell", "args": {"code": "x"}}', "count"),
+        ('{"method": "run_cell", "args": {"code": "x", "count": 1, "silnet": true}}', "no argument silnet"),
+        ('{"method": "run_cell", "args": {"code": "x", "count": true}}', "run_cell.count is bool, not int"),
+        ('{"method": "run_cell", "args": {"code": "x", "count": 1, "synced": {"up": {"a": "rwx"}}}}', "is str, not int"),
+        ("[1, 2]", "not {method, args} JSON"),
+    ],
+)
+def test_a_call_that_does_not_fit_its_declaration_is_refused(wire: str, says: str) -> None:
+    with pytest.raises(CallError, match=re.escape(says)):
+        decode(wire)
+
+
+def test_every_call_matches_its_runtime_method_by_name() -> None:
+    from daytona_kernel.runtime import fanout, journal
+
+    targets = {"runtime": Runtime, "journal": journal.Journal, "fanout": fanout}
+    for name, cls in CALLS.items():
+        method = inspect.signature(getattr(targets[cls.TARGET], name))
+        declared = [f.name for f in dataclasses.fields(cls)]
+        params = [p for p in method.parameters if p not in ("self", "rt")]
+        assert params == declared, (name, params, declared)
+
+
+def test_the_output_limit_is_converted_once_and_said_in_its_own_unit() -> None:
+    assert SessionSettings(output_limit_mb=1.5).output_limit_chars == output_limit_chars(1.5) == 1572864
+    assert limit_text(output_limit_chars(20)) == "20 MB"
