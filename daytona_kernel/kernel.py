@@ -13,6 +13,7 @@ import platform
 import signal
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -244,27 +245,23 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         frontend = KernelFrontend(self, parent)
         if self._comms is not None:
             self._comms.note_request(parent)
-        if self._runtime is not None and not self._problems:
-            await self._runtime.auto_attach(frontend)  # attach='auto': continue the previous session first
-            self._adopt()
-        count = self._next_count
-        magics = kernel_magic_lines(code)
-        mapped = daytona_cell(code)
-        if self._problems:
-            content = error_content(ConfigError.ename, "\n".join(self._problems))
+        try:
+            if self._runtime is not None and not self._problems:
+                await self._runtime.auto_attach(frontend)  # attach='auto': continue the previous session first
+                self._adopt()
+            count = self._next_count
+            cell = Cell(code, count, silent, store_history, allow_stdin, dict(user_expressions or {}))
+            outcome = await self._outcome(cell, frontend)
+        except Exception as exc:  # the last resort: a bug below must still end in a reply, with the error shown
+            self.log.exception("daytona-kernel failed while running a cell")
+            count = self._next_count
+            content = error_content(
+                type(exc).__name__,
+                f"{exc} (an unexpected error in daytona-kernel; the kernel log has the traceback, and the kernel "
+                "keeps running: run the cell again, or restart the kernel if it happens again)",
+            )
             self._emit("error", content)
             outcome = CellOutcome(error=content)
-        elif magics:
-            assert self._runtime is not None
-            outcome = CellOutcome(error=await self._runtime.kernel_magics(magics, frontend))
-        elif mapped is not None:
-            assert self._runtime is not None
-            cell = Cell(mapped[1], count, silent, store_history, False, {})
-            outcome = await self._runtime.fan_out(mapped[0], mapped[1], cell, frontend)
-        else:
-            assert self._runtime is not None
-            cell = Cell(code, count, silent, store_history, allow_stdin, dict(user_expressions or {}))
-            outcome = await self._runtime.execute(cell, frontend)
         if store_history:
             self._next_count += 1
             self._history.store(count, code, frontend.last_result)
@@ -275,6 +272,21 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             reply.update(status="ok", user_expressions=outcome.user_expressions)
         self._adopt()  # after %daytona attach: the next cell goes on from the session's count
         return reply
+
+    async def _outcome(self, cell: Cell, frontend: KernelFrontend) -> CellOutcome:
+        """Run one cell where it belongs: a configuration problem, the kernel's magics, a map cell, or the sandbox."""
+        if self._problems:
+            content = error_content(ConfigError.ename, "\n".join(self._problems))
+            self._emit("error", content)
+            return CellOutcome(error=content)
+        assert self._runtime is not None
+        magics = kernel_magic_lines(cell.code)
+        if magics:
+            return CellOutcome(error=await self._runtime.kernel_magics(magics, frontend))
+        mapped = daytona_cell(cell.code)
+        if mapped is not None:
+            return await self._runtime.fan_out(mapped[0], mapped[1], replace(cell, code=mapped[1], allow_stdin=False, user_expressions={}), frontend)
+        return await self._runtime.execute(cell, frontend)
 
     def _adopt(self) -> None:
         """After an attach: go on from the attached session's execution count, with its inputs in the history."""

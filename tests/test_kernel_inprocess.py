@@ -1,0 +1,52 @@
+"""The kernel object in-process (no Jupyter client, no sandbox): what do_execute does when something
+below it fails in a way nobody planned for."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from jupyter_client.session import Session
+
+from daytona_kernel.kernel import DaytonaKernel
+
+
+class Wire:
+    """Stands in for the iopub socket: keeps every message sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, parts: list[bytes], *args: Any, **kwargs: Any) -> None:
+        self.sent.append(list(parts))
+
+
+class BrokenSession:
+    """A runtime session with a bug: running a cell raises something no layer expects."""
+
+    async def auto_attach(self, frontend: Any) -> None:
+        return None
+
+    def take_adopted(self) -> None:
+        return None
+
+    async def execute(self, cell: Any, frontend: Any) -> Any:
+        raise RuntimeError("an unexpected failure")
+
+
+def kernel_with(runtime: Any) -> tuple[DaytonaKernel, Wire, Session]:
+    session, wire = Session(key=b""), Wire()
+    kernel = DaytonaKernel(backend="local", session=session, iopub_socket=wire, log=logging.getLogger("test-kernel"))
+    kernel._runtime = runtime
+    return kernel, wire, session
+
+
+async def test_an_unexpected_exception_still_gets_an_error_reply_and_shows_the_error() -> None:
+    kernel, wire, session = kernel_with(BrokenSession())
+    reply = await kernel.do_execute("x = 1", silent=False)
+    assert reply["status"] == "error" and reply["ename"] == "RuntimeError"
+    assert "an unexpected failure" in reply["evalue"] and "kernel log" in reply["evalue"]
+    shown = [session.deserialize(parts[parts.index(b"<IDS|MSG>") + 1 :]) for parts in wire.sent]
+    errors = [m["content"] for m in shown if m["header"]["msg_type"] == "error"]
+    assert [e["ename"] for e in errors] == ["RuntimeError"]
+    assert reply["execution_count"] == 1 and kernel.execution_count == 2  # the count moves as for any failed cell
