@@ -3,7 +3,7 @@
 Daytona mounts every volume with mount-s3 (``apps/runner/pkg/docker/volumes_mountpaths.go``,
 with ``--allow-delete --allow-overwrite --file-mode 0666 --dir-mode 0777``). The emulator
 mounts this filesystem instead, over a plain folder that stands in for the bucket, so code
-that would fail on a real volume fails here too (see "Volumes are mount-s3" in FACTS.md and
+that would fail on a real volume fails here too (see "Volumes" in docs/daytona-platform.md and
 Mountpoint's doc/SEMANTICS.md):
 
 - no rename (``EXDEV``), no symlinks or hard links (``EPERM``), no chmod or chown (``EPERM``),

@@ -1,8 +1,8 @@
 """The daemon's traps, seen through a real kernel on both backends.
 
 The Daytona daemon's worker (imitated by the emulator and by the local worker)
-makes fd 1 the protocol pipe and holds partial lines back; see "Daemon worker"
-in FACTS.md. The runtime must hide all of that: a notebook sees what ipykernel
+makes fd 1 the protocol pipe and holds partial lines back; see "The interpreter"
+in docs/daytona-platform.md. The runtime must hide all of that: a notebook sees what ipykernel
 would show.
 """
 

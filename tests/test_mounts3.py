@@ -1,6 +1,6 @@
 """The emulated mount-s3 filesystem (tests/mounts3.py) behaves like a Daytona volume.
 
-Each test pins one rule from "Volumes are mount-s3" in FACTS.md, with the ordinary
+Each test pins one rule from "Volumes" in docs/daytona-platform.md, with the ordinary
 library call that trips over it on a real volume. Where FUSE is missing these tests
 skip with the reason; under CI=true that is a failure instead.
 """

@@ -141,7 +141,7 @@ class InterpreterWorker:
 
     This is the daemon side of ``apps/daemon/pkg/toolbox/process/interpreter``
     (repl_client.go, manager.go), shared by the local backend and the test
-    emulator so that both show the daemon's traps (FACTS.md, "Daemon worker"):
+    emulator so that both show the daemon's traps (docs/daytona-platform.md, "The interpreter"):
     - one reader for the worker's whole life reads fd 1 line by line, drops every
       line that is not a JSON object, and stops for good at a line of 1 MiB or more;
     - requests run one at a time (FIFO); a request ends at the worker's control chunk;

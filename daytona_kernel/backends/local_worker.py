@@ -3,7 +3,7 @@
 The Daytona daemon runs one ``python3`` worker per interpreter context
 (``apps/daemon/pkg/toolbox/process/interpreter/repl_worker.py``). This worker
 imitates it, traps included, so that whatever works on the local backend works
-the same on Daytona (see "Daemon worker" in the project's FACTS.md):
+the same on Daytona (see "The interpreter" in docs/daytona-platform.md):
 
 - requests arrive as JSON lines ``{"code": ..., "envs": {...}}`` on stdin;
 - ``exec(compile(code, "<string>", "exec"))`` runs in persistent globals;

@@ -1,7 +1,7 @@
 """What faces the daemon's worker: the cells' output streams and the capture of fds 1 and 2.
 
 ipykernel's ``iostream.py`` for a worker whose fd 1 is the daemon's protocol pipe
-(FACTS.md, "Daemon worker"): ``sys.stdout``/``sys.stderr`` coalesce writes into
+(docs/daytona-platform.md, "The interpreter"): ``sys.stdout``/``sys.stderr`` coalesce writes into
 chunks well under the daemon's 1 MiB line cap and flush past its 1024-character
 hold-back; fds 1 and 2 point at pipes pumped into those streams, and the protocol
 keeps a private duplicate of fd 1. Standard library only, Python 3.9+.
@@ -205,8 +205,8 @@ class FdCapture(object):
 
     In the daemon's worker fd 1 IS the protocol pipe: a subprocess, ``os.system``
     or C code writing there is dropped by the daemon, or glues onto the next
-    protocol line and loses it; fd 2 goes to the daemon's log (FACTS.md, "Daemon
-    worker"). So the runtime keeps a private duplicate of fd 1 for the protocol
+    protocol line and loses it; fd 2 goes to the daemon's log (docs/daytona-platform.md,
+    "The interpreter"). So the runtime keeps a private duplicate of fd 1 for the protocol
     (behind ``sys.__stdout__``, where the worker writes), points fds 1 and 2 at
     pipes, and a thread pumps them into its stdout/stderr streams. Children
     inherit only the pipes, never the protocol fd.
