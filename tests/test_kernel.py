@@ -93,6 +93,11 @@ def test_a_large_output_travels_as_a_file_in_its_place_and_the_next_cell_removes
             assert emulator.count("bulk-download") == downloads + 1
         left = k.execute("[n for n in os.listdir(rt._private_dir()) if n.startswith('out-')]")
         assert left.of_type("execute_result")[0]["data"]["text/plain"] == "[]"
+        k.execute("display({'image/png': base64.b64encode(blob).decode()}, raw=True)")  # its file stays with the runtime
+        folder = k.execute("rt._private_dir()").of_type("execute_result")[0]["data"]["text/plain"]
+        k.restart()  # the sandbox stays; the new runtime removes what the ended one left
+        gone = k.execute(f"import os\nos.path.exists({folder})")
+        assert gone.of_type("execute_result")[0]["data"]["text/plain"] == "False", gone.outputs
 
 
 def test_error_cell_has_one_error_output_showing_the_users_line(kernel: Kernel) -> None:

@@ -16,6 +16,8 @@ import builtins
 import getpass
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -92,6 +94,7 @@ class Runtime(object):
         self._input_seq = 0
         self._inbox_dir = None  # the runtime's private folder: input() replies, files of large output strings
         self._blob_chars = self.options.blob_chars
+        sweep_private_dirs(tempfile.gettempdir())  # what the last cell of an ended runtime left (its large outputs)
         self._blob_files = []  # this cell's files of large output strings (the kernel has fetched the last cell's)
         self._blob_bytes = 0
         self._in_cell = False
@@ -454,6 +457,34 @@ class Runtime(object):
         if self._inbox_dir is None:  # the pid tells `daytona-kernel gc` whether the folder is still in use
             self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
         return self._inbox_dir
+
+
+def sweep_private_dirs(base):
+    """Remove this user's ``daytona-kernel-inbox-<pid>-*`` folders in ``base`` whose interpreter is gone:
+    a runtime removes its large-output files at its next cell, so its last cell's stay until here."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        match = re.match(r"daytona-kernel-inbox-(\d+)-", name)
+        path = os.path.join(base, name)
+        try:
+            if match is None or _alive(int(match.group(1))) or os.lstat(path).st_uid != os.getuid():
+                continue
+        except (OSError, AttributeError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 class _ActiveSession(object):
