@@ -93,6 +93,7 @@ class RuntimeSession:
         self._heard = False  # the current run has received output: its job has left the queue
         self._attempt_task: asyncio.Future[RunError | None] | None = None
         self._gave_up_on: Request | None = None  # the run the watchdog ended while it still waited in the queue
+        self._marker: str | None = None  # the note left for that run's job, until a later run shows it was read
         self._cell_count = 0
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
@@ -271,8 +272,10 @@ class RuntimeSession:
         assert request is not None
         if isinstance(exception, ConnectionLost):
             self._cut_cell_may_run = True  # it may run on: the next job queues behind it
-        elif exception is None and self._heard:
-            self._cut_cell_may_run = False  # this one ran, so nothing was ahead of it any more
+        elif exception is None and self._gave_up_on is None:
+            # this run's job ran, so every job ahead of it (a cut cell, one given up on) has ended
+            self._cut_cell_may_run = False
+            await self._remove_marker()
         await request.settle()
         request.finish()
         end = RunEnd(
@@ -582,6 +585,19 @@ class RuntimeSession:
             return
         if result.exit_code:
             self._log.warning("could not mark the queued cell as cancelled: %s", result.output)
+            return
+        self._marker = marker
+
+    async def _remove_marker(self) -> None:
+        """The job given up on has been dequeued (and removed its note), unless its worker died first: then the
+        note must not outlive it, or a later cell with the same pid and count would be skipped."""
+        marker, self._marker = self._marker, None
+        if marker is None:
+            return
+        try:
+            await self.sandbox.exec(f"rm -f {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not remove %s: %s", marker, exc)
 
     async def _send_sigint(self, live: Live) -> bool:
         try:

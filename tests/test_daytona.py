@@ -155,6 +155,8 @@ def test_an_interrupt_behind_a_cut_cell_that_ignores_it_keeps_the_variables(dayt
         assert "restarted" not in stderr and "had not started" in stderr, stderr
         after = k.execute("kept, 'queued' in globals()", timeout=60)  # runs once the cut cell has ended
         assert result_text(after) == "('here', False)", (after.errors, after.text("stderr"))
+        pid = result_text(k.execute("import os; os.getpid()"))
+    assert not list(Path("/tmp").glob(f"daytona-kernel-cancelled-{pid}-*"))  # the note does not outlive its job
 
 
 def test_kernel_info_answers_while_daytona_is_slow(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]
