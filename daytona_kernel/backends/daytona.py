@@ -233,17 +233,19 @@ class DaytonaSandbox(Sandbox):
         ``stopping``/``starting``/``creating``...: wait (the SDK's wait for a start never resolves on a
         stopping sandbox). ``stopped``/``archived``/``archiving``: start it; a 409 "state change in
         progress" (another kernel or the dashboard is changing it) means wait and look again.
-        ``destroying``/``destroyed``: SandboxGone.
+        ``destroying``/``destroyed``: SandboxGone. ``error`` marked recoverable: ``recover()``, once.
         """
         sandbox = self._sandbox
         began = time.monotonic()
+        recovered = False
         while True:
             state = self._state()
             if state == "started":
                 return
             if state in GONE_STATES:
                 raise SandboxGone(f"The sandbox {sandbox.id} was deleted ({state}).")
-            if state == "error" and sandbox.recoverable:
+            if state == "error" and sandbox.recoverable and not recovered:
+                recovered = True  # once: a recovery that ends in an error again is reported, not retried
                 await self._recover(progress)
                 continue
             if state in FAILED_STATES:
