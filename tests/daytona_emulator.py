@@ -18,7 +18,10 @@ Fidelity:
 
 Test controls: per-endpoint request counters, and faults: the next N calls of
 an endpoint fail with a status, the next websocket is dropped mid-cell, a
-sandbox is stopped underneath the kernel (losing its contexts), delays.
+sandbox is stopped underneath the kernel (losing its contexts), delays; the
+next pause job fails (``fail_next_pause``), a pause or stop gets in just before
+a request (``before_next``), the sandboxes' disks fill up (``upload_space``),
+snapshots with resources (``snapshots``), sandbox classes (``sandbox_class``).
 
 Control plane (``apps/api/src/sandbox/services/sandbox.service.ts``, and
 ``dto/sandbox.dto.ts`` getSandboxState() for the states the API reports):
