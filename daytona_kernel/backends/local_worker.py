@@ -46,10 +46,17 @@ def emit(chunk):
     """One protocol line on fd 1, through whatever sys.__stdout__ is now."""
     out = sys.__stdout__
     try:
+        assert out is not None
         out.write(json.dumps(chunk) + "\n")
         out.flush()
     except Exception as exc:  # the daemon's worker logs this on its stderr and carries on
-        sys.__stderr__.write("could not send a chunk: %r\n" % (exc,))
+        _say("could not send a chunk: %r\n" % (exc,))
+
+
+def _say(text):
+    """A line on the worker's own stderr (the daemon's log)."""
+    if sys.__stderr__ is not None:
+        sys.__stderr__.write(text)
 
 
 class Emitter(io.TextIOBase):
@@ -68,7 +75,7 @@ class Emitter(io.TextIOBase):
         return False
 
     @property
-    def encoding(self):
+    def encoding(self):  # type: ignore[override]  # read-only here
         return "utf-8"
 
     def write(self, data):
@@ -96,7 +103,7 @@ def user_traceback(exc):
     head = "%s: %s\n" % (type(exc).__name__, exc)
     if not frames:
         return head
-    return "Traceback (most recent call last):\n" + "".join('  File "<stdin>", line %d\n' % f.lineno for f in frames) + head
+    return "Traceback (most recent call last):\n" + "".join('  File "<stdin>", line %d\n' % (f.lineno or 0) for f in frames) + head
 
 
 class Worker(object):
@@ -167,7 +174,7 @@ class Worker(object):
             except KeyboardInterrupt:
                 continue  # an interrupt between requests
             except Exception as exc:
-                sys.__stderr__.write("worker loop failed: %r\n" % (exc,))
+                _say("worker loop failed: %r\n" % (exc,))
                 return
 
 
@@ -183,9 +190,9 @@ def die_with_parent():
                 if os.getppid() != parent:  # the parent died before prctl took effect
                     os._exit(1)
                 return
-            sys.__stderr__.write("prctl(PR_SET_PDEATHSIG) failed (errno %d); watching the parent instead\n" % ctypes.get_errno())
+            _say("prctl(PR_SET_PDEATHSIG) failed (errno %d); watching the parent instead\n" % ctypes.get_errno())
         except (OSError, AttributeError) as exc:
-            sys.__stderr__.write("prctl unavailable (%r); watching the parent instead\n" % (exc,))
+            _say("prctl unavailable (%r); watching the parent instead\n" % (exc,))
 
     def watch():
         while os.getppid() == parent:

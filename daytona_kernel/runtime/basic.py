@@ -73,7 +73,7 @@ class BasicShell(object):
         self.reason = reason
         self._loop = None
         self._seq = 0
-        builtins.display = self.display
+        builtins.display = self.display  # type: ignore[attr-defined]  # as IPython puts it there
 
     def execute(self, code, count, store_history=True, silent=False):
         self._seq += 1
@@ -180,8 +180,8 @@ class BasicShell(object):
     def complete_reply(self, code, cursor):
         import rlcompleter
 
-        token = re.search(r"[\w.]*$", code[:cursor]).group()
-        completer, matches = rlcompleter.Completer(self.user_ns), []
+        token = _name_before(code, cursor)
+        completer, matches = rlcompleter.Completer(self.user_ns), []  # type: rlcompleter.Completer, list
         while token:
             match = completer.complete(token, len(matches))
             if match is None:
@@ -190,7 +190,7 @@ class BasicShell(object):
         return {"matches": list(dict.fromkeys(matches)), "cursor_start": cursor - len(token), "cursor_end": cursor, "metadata": {}}
 
     def inspect_reply(self, code, cursor, detail_level=0):
-        name = re.search(r"[\w.]*$", code[:cursor]).group() + re.match(r"\w*", code[cursor:]).group()
+        name = _name_before(code, cursor) + re.match(r"\w*", code[cursor:]).group()  # type: ignore[union-attr]  # \w* always matches
         if not name.strip("."):  # inside a call's parentheses: the function
             call = re.search(r"([\w.]+)\([^()]*$", code[:cursor])
             name = call.group(1) if call else ""
@@ -230,3 +230,9 @@ class BasicShell(object):
             except Exception:
                 results[name] = dict(error_content(*sys.exc_info()), status="error")
         return results
+
+
+def _name_before(code, cursor):
+    """The dotted name that ends at the cursor ("" for none)."""
+    found = re.search(r"[\w.]*$", code[:cursor])
+    return found.group() if found else ""

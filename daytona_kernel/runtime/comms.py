@@ -123,9 +123,9 @@ class Inbox(object):
             except OSError:
                 return []
             batches = sorted((seq, n) for seq, n in ((batch_seq(n), n) for n in names) if seq is not None and seq > self.taken)
-            messages = []
+            messages = []  # type: list
             for i, (seq, name) in enumerate(batches):
-                path = os.path.join(self.path, name)
+                path = os.path.join(self.path or "", name)
                 try:
                     with open(path, encoding="utf-8") as f:
                         batch = json.loads(f.read())
@@ -223,7 +223,8 @@ class Bridge(object):
             self.opened.pop(comm_id, None)
         elif kind == Kind.COMM_OPEN:
             data = content.get("data")
-            state = data.get("state") if isinstance(data, dict) and isinstance(data.get("state"), dict) else {}
+            found = data.get("state") if isinstance(data, dict) else None
+            state = found if isinstance(found, dict) else {}
             keys = ("_model_name", "_model_module", "_view_module")
             self.opened[comm_id] = {"target_name": content.get("target_name"), "state": dict((k, state.get(k)) for k in keys if k in state)}
 

@@ -78,13 +78,13 @@ class ModuleHooks(object):
 
     def find_spec(self, name, path=None, target=None):
         if name in self.sources:
-            return importlib.util.spec_from_loader(name, _SourceLoader(self.sources[name]))
+            return importlib.util.spec_from_loader(name, _SourceLoader(self.sources[name]))  # type: ignore[arg-type]  # a duck-typed loader
         after = self.patches.get(name)
         if after is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader, after)
+            spec.loader = _PatchingLoader(spec.loader, after)  # type: ignore[assignment]  # a duck-typed loader
         return spec
 
     def invalidate_caches(self):

@@ -82,7 +82,7 @@ class DurableCopy(object):
             self._record = {}  # a new disk (or an unreadable record): restore
         files = self._volume_files()
         deadline = None if budget_s is None else time.monotonic() + budget_s
-        restored, problems = 0, []
+        restored, problems = 0, []  # type: int, list
         for index, rel in enumerate(files):
             if deadline is not None and time.monotonic() > deadline:
                 self.pending = files[index:]
@@ -109,7 +109,7 @@ class DurableCopy(object):
 
     def _restore_pending(self):
         pending, self.pending = self.pending, []
-        problems = []
+        problems = []  # type: list
         restored = sum(self._restore_one(rel, problems) for rel in pending)
         self._save()
         text = "daytona-kernel: restored the last %d file(s) from the volume.\n" % restored

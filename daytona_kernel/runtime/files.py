@@ -201,7 +201,7 @@ class OutsideTheMirror(object):
             return
         notes = getattr(exc, "__notes__", None)
         if not isinstance(notes, list):
-            notes = exc.__notes__ = []
+            notes = exc.__notes__ = []  # type: ignore[union-attr]  # Python 3.11's notes, set by hand on older ones
         if note not in notes:
             notes.append(note)
 

@@ -13,6 +13,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import typing
 
 from IPython.core import page, release
 from IPython.core.autocall import ExitAutocall
@@ -107,7 +108,7 @@ class FramePublisher(DisplayPublisher):
 class FrameDisplayHook(DisplayHook):
     """A cell's result (``Out[n]``) as one ``result`` frame: ipykernel's ZMQShellDisplayHook."""
 
-    msg = None
+    msg: typing.Any = None
 
     def start_displayhook(self):
         self.msg = {"data": {}, "metadata": {}, "execution_count": None}
@@ -123,7 +124,8 @@ class FrameDisplayHook(DisplayHook):
         sys.stdout.flush()
         sys.stderr.flush()
         if self.msg and self.msg["data"]:
-            self.shell.runtime.send(Kind.RESULT, self.msg)
+            shell: typing.Any = self.shell
+            shell.runtime.send(Kind.RESULT, self.msg)
         self.msg = None
 
 
@@ -131,8 +133,9 @@ class FrameExitAutocall(ExitAutocall):
     """``exit``/``quit``: ask the frontend to close the kernel (ipykernel's ZMQExitAutocall)."""
 
     def __call__(self, keep_kernel=False):
-        self._ip.keepkernel_on_exit = keep_kernel
-        self._ip.ask_exit()
+        ip: typing.Any = self._ip
+        ip.keepkernel_on_exit = keep_kernel
+        ip.ask_exit()
 
 
 class SandboxShell(InteractiveShell):
@@ -168,7 +171,12 @@ class SandboxShell(InteractiveShell):
 
     def _page(self, strg, start=0, screen_lines=0, pager_cmd=None):
         data = strg if isinstance(strg, dict) else {"text/plain": strg}
-        self.payload_manager.write_payload({"source": "page", "data": data, "start": max(0, start)})
+        self._payloads.write_payload({"source": "page", "data": data, "start": max(0, start)})
+
+    @property
+    def _payloads(self) -> typing.Any:
+        """IPython's payload manager (always there once the shell is made)."""
+        return self.payload_manager
 
     def enable_gui(self, gui=None):
         """No windows from a sandbox: figures stay inline."""
@@ -177,10 +185,10 @@ class SandboxShell(InteractiveShell):
 
     def ask_exit(self):
         self.exit_now = not self.keepkernel_on_exit
-        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": bool(self.keepkernel_on_exit)})
+        self._payloads.write_payload({"source": "ask_exit", "keepkernel": bool(self.keepkernel_on_exit)})
 
     def set_next_input(self, text, replace=False):
-        self.payload_manager.write_payload({"source": "set_next_input", "text": text, "replace": replace})
+        self._payloads.write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
     def showtraceback(self, exc_tuple=None, *args, **kwargs):
         """IPython's, after the runtime's note on a path outside the mirrored folder."""
@@ -220,9 +228,9 @@ class SandboxShell(InteractiveShell):
         return clean(self.user_expressions(expressions))
 
     def send_payloads(self):
-        for payload in self.payload_manager.read_payload():
+        for payload in self._payloads.read_payload():
             self.runtime.send(Kind.PAYLOAD, clean(payload))
-        self.payload_manager.clear_payload()
+        self._payloads.clear_payload()
 
     # -- completion and inspection: ipykernel's do_complete / do_inspect --------
 

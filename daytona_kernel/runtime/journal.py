@@ -296,8 +296,7 @@ class Journal(object):
             return
         try:
             if self._size >= FILE_BYTES and not self._mid_frame:
-                self._rotate()
-                f = self._file
+                f = self._rotate()
             line = json.dumps({"type": kind, "text": text}) + "\n"
             f.write(line)
             f.flush()
@@ -308,13 +307,16 @@ class Journal(object):
             self._fail(exc)
 
     def _rotate(self):
-        self._file.close()
+        """Start the next output file (the one before the last is removed); returns it."""
+        if self._file is not None:
+            self._file.close()
         old = os.path.join(self.folder, "out.%d.jsonl" % (self._n - 1))
         if os.path.exists(old):
             os.remove(old)
         self._n += 1
         self._size = 0
         self._file = open(os.path.join(self.folder, "out.%d.jsonl" % self._n), "a", encoding="utf-8")  # noqa: SIM115
+        return self._file
 
     def _fail(self, exc):
         self.broken = "%s: %s" % (type(exc).__name__, exc)
@@ -426,7 +428,7 @@ def read(folder, n, offset):
     as one record of type SKIPPED whose text is its size, so the reader can say so.
     """
     meta = _read_json(os.path.join(folder, "meta.json")) or {}
-    records, lost, size = [], False, 0
+    records, lost, size = [], False, 0  # type: list, bool, int
     files = [(k, name) for k, name in _out_files(folder) if k >= n]
     if files and files[0][0] > n:
         lost, n, offset = True, files[0][0], 0

@@ -468,9 +468,9 @@ def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
     Symlinks, FIFOs and devices are never listed. Paths skipped as secrets are
     appended to ``skipped`` when it is a list.
     """
-    files = {}
+    files = {}  # type: dict
     rules.forget_gitignores()
-    stack = [("", [])]
+    stack = [("", [])]  # type: list
     deadline = None if budget_s is None else time.monotonic() + budget_s
     while stack:
         if deadline is not None and time.monotonic() > deadline:

@@ -101,7 +101,7 @@ class Runtime(object):
         self._widgets_noticed = False
         self.user_module = types.ModuleType("__main__")
         self.user_ns = self.user_module.__dict__
-        self._notices = []
+        self._notices = []  # type: list
         self.comms = _comms.Bridge(self)
         self.shell = self._start_shell()
         self.ipython = self.shell if not isinstance(self.shell, _basic.BasicShell) else None
@@ -137,7 +137,7 @@ class Runtime(object):
             # Python's own SIGINT handler, as under ipykernel: the worker's (a Python function) would
             # add its frame (local_worker.py on_sigint, the daemon's sigint_handler) to the cell's traceback.
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        builtins.get_ipython = lambda: self.ipython
+        builtins.get_ipython = lambda: self.ipython  # type: ignore[attr-defined]  # as IPython puts it there
         builtins.input = self.input
         getpass.getpass = self.getpass
         if os.name == "posix" and not isinstance(sys.__stdout__, _streams.ProtocolWriter):
@@ -215,8 +215,9 @@ class Runtime(object):
             self.active = False
             if sys.stdout is self.out:
                 sys.stdout = self._frame_target
+            err_target = self.err.target
             if sys.stderr is self.err:
-                sys.stderr = self.err.target
+                sys.stderr = err_target
 
     @property
     def over_budget(self):

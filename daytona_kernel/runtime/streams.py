@@ -33,11 +33,11 @@ class _TextSink(io.TextIOBase):
     """A write-only UTF-8 text stream that is not a terminal: what both of the runtime's streams are."""
 
     @property
-    def encoding(self):
+    def encoding(self):  # type: ignore[override]  # read-only here
         return "utf-8"
 
     @property
-    def errors(self):
+    def errors(self):  # type: ignore[override]  # read-only here
         return "replace"
 
     def isatty(self):
@@ -236,7 +236,7 @@ class FdCapture(object):
             os.close(write_end)
             os.set_blocking(read_end, False)
             self._readers[read_end] = (stream, codecs.getincrementaldecoder("utf-8")("replace"))
-        sys.__stdout__ = protocol
+        sys.__stdout__ = protocol  # type: ignore[misc,assignment]  # where the worker writes its protocol
         threading.Thread(target=self._pump, name="daytona-kernel-fd-pump", daemon=True).start()
 
     def _pump(self):
