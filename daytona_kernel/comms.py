@@ -319,6 +319,12 @@ class CommBridge:
         """Output produced while the sandbox handled a frontend message: under that message."""
         self._publisher.publish_output(kind, content, parent)
 
+    def cell_ended(self) -> None:
+        """A cell's run is over: a batch uploaded too late for it (the runtime said nothing of it) is fetched."""
+        if self._acked < self.seq:
+            self._drain = True
+            self._wake()
+
     def ack(self, event: CommAck) -> None:
         self._acked = max(self._acked, event.seq)
         for seq, ids in [u for u in self._uploads if u[0] <= self._acked]:

@@ -207,6 +207,8 @@ class RuntimeSession:
             self._cell_count = cell.count
             request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
+        if self.comms is not None:
+            self.comms.cell_ended()
         verdict = settle(end, self._timeout() or 0.0, self._settings.interrupt_grace)
         if verdict.restart_context:
             self.supervisor.restart_context()

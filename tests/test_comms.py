@@ -235,3 +235,32 @@ def test_a_comm_opened_before_the_sandbox_has_an_interpreter_is_closed() -> None
     bridge.from_frontend(msg)
     bridge.unreachable(bridge.queue.take())
     assert publisher.comms == [("comm_close", {"comm_id": "control", "data": {}})] and bridge.info(None) == {}
+
+
+def test_a_request_with_no_widget_news_sends_no_acknowledgement(tmp_path: Path) -> None:
+    from daytona_kernel.runtime.calls import CommOptions
+
+    rt = FakeRuntime()
+    rt.active = True
+    bridge = runtime_comms.Bridge(rt)
+    bridge.begin_request(CommOptions(parent="cell-1", inbox=str(tmp_path)))
+    bridge.end_request()
+    assert [k for k, _ in rt.frames] == []  # a plain cell costs no frame
+    write_batch(tmp_path, 1, [click("c1", "b")])
+    bridge.begin_request(CommOptions(parent="cell-2", inbox=str(tmp_path)))
+    bridge.end_request()
+    assert [p for k, p in rt.frames if k == Kind.COMM_ACK] == [{"seq": 1, "more": False}]
+
+
+def test_a_batch_uploaded_after_the_cells_last_look_is_fetched_after_the_cell() -> None:
+    async def go() -> list[list[str]]:
+        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG)
+        transport = bridge.transport = SlowTransport()
+        transport.release.set()
+        bridge.seq = 1  # uploaded; the runtime said nothing of it
+        bridge.cell_ended()
+        await asyncio.sleep(0.2)
+        transport.release.set()
+        return transport.batches
+
+    assert asyncio.run(go()) == [[]]

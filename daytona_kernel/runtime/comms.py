@@ -165,6 +165,7 @@ class Bridge(object):
         self.cell_threads = []  # threads the last cell started
         self.cell_ended = 0.0
         self.kernel_side = False
+        self._taken_before = 0
         self.lock = threading.RLock()
         self._poller = None
         self.facade = KernelFacade(self)
@@ -289,6 +290,7 @@ class Bridge(object):
         self.request_parent = options.parent if options is not None else ""
         self.current = ""
         self.inbox.use(options.inbox if options is not None else "")
+        self._taken_before = self.inbox.taken
         self._flush_outbox()
         self.handle(self.inbox.take())
 
@@ -308,8 +310,9 @@ class Bridge(object):
         pending, self.pending = self.pending, []
         self.handle(pending)
         self._flush_outbox()
-        if self.kernel_side:
-            self.rt.send(Kind.COMM_ACK, {"seq": self.inbox.taken, "more": self.busy_threads()})
+        more = self.busy_threads()
+        if self.kernel_side and (more or self.inbox.taken != self._taken_before):  # only news: a plain cell sends none
+            self.rt.send(Kind.COMM_ACK, {"seq": self.inbox.taken, "more": more})
 
     def start_cell(self):
         """The cell's code starts: from now on the poller hands it frontend messages."""
