@@ -1221,9 +1221,21 @@ class DaytonaEmulator:
                     return
 
         sending = asyncio.ensure_future(send())
+        reading: list[asyncio.Future[None]] = []
+
+        async def discard() -> None:
+            with contextlib.suppress(Exception):
+                async for _ in ws:  # aiohttp answers pings and a client's close, as gorilla does
+                    pass
+
+        def on_attach() -> None:
+            """websocket.go attachWebSocket(): once the job leaves the queue, a reader discards every later
+            client frame (v0.190.0), so a close is answered; before that nothing reads the socket."""
+            reading.append(asyncio.ensure_future(discard()))
+
         # controller.go runs the job in its own goroutine (``go iCtx.enqueueAndExecute``): nothing the
         # client does (closing, vanishing) stops it or the reading of the worker's output.
-        job = asyncio.ensure_future(ctx.worker.execute(req["code"], emit, timeout or None, envs))
+        job = asyncio.ensure_future(ctx.worker.execute(req["code"], emit, timeout or None, envs, on_attach))
         self._background.add(job)
         job.add_done_callback(self._background.discard)
         ending = await asyncio.shield(job)
@@ -1237,6 +1249,8 @@ class DaytonaEmulator:
             sending.cancel()
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             await sending
+        for reader in reading:
+            reader.cancel()
 
     async def process_execute(self, request: web.Request) -> web.Response:
         """execute.go ExecuteCommand(): the shell reads the command on its stdin, in a process group of its

@@ -284,6 +284,24 @@ async def test_a_sandbox_stopped_mid_cell_drops_the_socket(emulator, sandbox, co
     assert close not in (1000, 1001, 4008)
 
 
+async def test_a_client_close_is_answered_once_its_job_runs_not_while_it_waits(emulator, sandbox, context) -> None:  # type: ignore[no-untyped-def]
+    """websocket.go (v0.190.0): attachWebSocket starts a reader when the job leaves the queue; before, nothing
+    reads the socket, so a client's close waits for an answer that does not come (aiohttp then reports 1006)."""
+    url = f"ws://127.0.0.1:{emulator.port}/toolbox/{sandbox.id}/process/interpreter/execute"
+    headers = {"Authorization": f"Bearer {emulator.api_key}"}
+    quick_close = aiohttp.ClientWSTimeout(ws_close=1.0)
+    async with aiohttp.ClientSession() as http:
+        running = await http.ws_connect(url, headers=headers, timeout=quick_close)
+        await running.send_str(json.dumps({"code": "print('on', flush=True)\nimport time\ntime.sleep(3)", "contextId": context.id}))
+        assert json.loads((await running.receive()).data)["text"] == "on\n"  # its job runs
+        waiting = await http.ws_connect(url, headers=headers, timeout=quick_close)
+        await waiting.send_str(json.dumps({"code": "queued = 1", "contextId": context.id}))
+        await waiting.close()
+        assert waiting.close_code == 1006  # not answered: its job still waits behind the running one
+        await running.close()
+        assert running.close_code == 1000  # answered by the reader of the attached job
+
+
 # -- process execute (apps/daemon/pkg/toolbox/process/execute.go) ---------------------
 
 

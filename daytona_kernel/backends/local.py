@@ -241,15 +241,25 @@ class InterpreterWorker:
         if proc is self._proc and self._inbox is not None:
             self._inbox.put_nowait(WorkerEnd.EXITED)
 
-    async def execute(self, code: str, sink: ChunkSink, timeout: float | None = None, envs: dict[str, str] | None = None) -> WorkerEnd:
+    async def execute(
+        self,
+        code: str,
+        sink: ChunkSink,
+        timeout: float | None = None,
+        envs: dict[str, str] | None = None,
+        started: Callable[[], None] | None = None,
+    ) -> WorkerEnd:
         """Run one request; its chunks go to ``sink`` as they are read. ``timeout`` 0/None = none.
 
         ``sink`` runs in the caller's task (context variables and all). The daemon
         ends a request at an error chunk too (its poller sees the error status); the
         worker always follows an error with a control line at once, so waiting for
-        that line changes nothing and keeps it from ending the next request.
+        that line changes nothing and keeps it from ending the next request. ``started`` is called when
+        the request's turn comes (requests run one at a time, in order).
         """
         async with self._queue:
+            if started is not None:
+                started()
             if not self.alive:
                 await self.start()  # silently, like the daemon's GetContext
             proc = self._proc
