@@ -26,14 +26,15 @@ from .config import SessionSettings
 from .errors import BackendError, ConnectionLost, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
 from .ladder import RunEnd, settle
-from .magics import IdleCheckpoint, KernelMagics, notify, resumed_notice
+from .idle import IdleCheckpoint, resumed_notice
+from .magics import KernelMagics
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges, volume_synced
 from .request import InputBridge, Request, fetcher
 from .runtime import call_source
 from .runtime.calls import Adopt, CommOptions, CommTable, Complete, Deliver, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
 from .supervisor import ContextSupervisor, Live, runtime_missing
-from .sync import WorkdirMirror
+from .sync import WorkdirMirror, notify
 
 if TYPE_CHECKING:
     from .comms import CommBridge
@@ -70,14 +71,13 @@ class RuntimeSession:
         options = mirror.runtime_options() if mirror else RuntimeOptions()
         if start_in:  # the notebook's sub-folder of the mirrored folder: where cells start
             options = replace(options, start_in=start_in)
-        self.supervisor = ContextSupervisor(sandbox, settings, log, options)
-        if mirror is not None and mirror.notice:
-            self.supervisor.notices.append(mirror.notice)
         self.outputs = OutputPolicy(settings.output_trusted)  # what the sandbox's output may do in the browser
         self.journal: SessionJournal | None = None  # sessions that outlive the kernel process (docs/reattach.md)
         if sandbox.supports_attach:
             self.journal = SessionJournal(sandbox, settings, identity or KernelIdentity("", ""), self.outputs, log)
-        self.supervisor.journal = self.journal
+        self.supervisor = ContextSupervisor(sandbox, settings, log, options, self.journal)
+        if mirror is not None and mirror.notice:
+            self.supervisor.notices.append(mirror.notice)
         self.adopted: Adopted | None = None  # set by an attach, taken by the kernel (execution count, history)
         self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach, pool)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)

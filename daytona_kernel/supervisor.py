@@ -16,8 +16,9 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
 from .cell import ProgressCallback
 from .config import SessionSettings
@@ -28,8 +29,6 @@ from .request import Request
 from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, discard_file_code, unpack_ipython_code
 from .runtime.calls import Call, RuntimeOptions
 
-if TYPE_CHECKING:
-    from .attach import SessionJournal
 
 RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
 OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps
@@ -57,7 +56,14 @@ def repo_folder(url: str) -> str:
 class ContextSupervisor:
     """See the module docstring. ``runtime_options`` are passed to every new runtime."""
 
-    def __init__(self, sandbox: Sandbox, settings: SessionSettings, log: logging.Logger, runtime_options: RuntimeOptions) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        settings: SessionSettings,
+        log: logging.Logger,
+        runtime_options: RuntimeOptions,
+        journal: SessionJournal | None = None,
+    ) -> None:
         self.sandbox = sandbox
         self._settings = settings
         self._log = log
@@ -71,7 +77,7 @@ class ContextSupervisor:
         self._closing: set[asyncio.Future[None]] = set()  # old contexts being deleted in the background
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
-        self.journal: SessionJournal | None = None  # journals each context's cells, for reattaching
+        self.journal = journal  # journals each context's cells, for reattaching
 
     @property
     def python_version(self) -> str | None:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.base import FileError, ProgressCallback, Sandbox
+from .cell import Frontend, stderr
 from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import DaytonaKernelError, MirrorError
 from .manifest import SyncManifest
@@ -622,3 +623,10 @@ def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
             if kinds["HEAD"] == "file" and (kinds["commondir"] == "file" or "dir" in (kinds["objects"], kinds["refs"])):
                 repos.add(above)
     return Landing(frozenset(envs), frozenset(repos))
+
+
+def notify(report: SyncReport, frontend: Frontend) -> None:
+    """Show what a sync skipped or could not do, if anything."""
+    notices = report.notices()
+    if notices:
+        frontend.emit("stream", stderr(notices))

@@ -345,7 +345,7 @@ async def test_the_idle_checkpoint_is_armed_only_for_a_sandbox_that_stops() -> N
 
     from daytona_kernel.backends.base import IdleMode
     from daytona_kernel.config import SessionSettings
-    from daytona_kernel.magics import IdleCheckpoint
+    from daytona_kernel.idle import IdleCheckpoint
     from daytona_kernel.runtime.calls import RuntimeOptions
     from daytona_kernel.supervisor import ContextSupervisor
 
