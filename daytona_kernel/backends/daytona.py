@@ -31,27 +31,20 @@ brought back with ``recover()``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shlex
-import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-from daytona.common.errors import DaytonaConflictError, DaytonaNotFoundError
+from daytona.common.errors import DaytonaNotFoundError
 
 from ..config import SANDBOX_WORKDIR, DaytonaSettings
 from ..errors import BackendError, SandboxGone, SandboxNotRunning
 from .base import Context, ExecResult, FileError, IdleMode, ProgressCallback, Sandbox, SandboxPolicy
 from .daytona_api import (
     API_REQUEST_TIMEOUT_S,
-    FAILED_STATES,
-    GONE_STATES,
     LABEL_KERNEL,
     PAUSED_STATES,
     RETRY_BUDGET_S,
-    SANDBOX_START_TIMEOUT_S,
-    STARTABLE_STATES,
-    STATE_POLL_S,
     RetriesExhausted,
     api_url_of,
     call_api,
@@ -60,6 +53,7 @@ from .daytona_api import (
     status_of,
 )
 from .daytona_status import status_lines
+from .daytona_states import StateLadder
 from .daytona_toolbox import DaytonaContext, DaytonaToolbox
 from .daytona_workspace import WorkspaceSandboxes
 
@@ -86,6 +80,7 @@ class DaytonaSandbox(Sandbox):
         self._policy = self._workspace.policy
         self._notices = list(self._workspace.notices)
         self.toolbox = DaytonaToolbox(self, SANDBOX_WORKDIR)
+        self._states = StateLadder(self.api, self._notices.append)
         self.id = "(not created yet)"
         self.workdir = SANDBOX_WORKDIR
         self.volume_dir = self._workspace.mount_path
@@ -115,7 +110,8 @@ class DaytonaSandbox(Sandbox):
         return self._sandbox
 
     def take_notices(self) -> list[str]:
-        notices, self._notices = self._notices, []
+        notices = list(self._notices)
+        self._notices.clear()  # the same list: the state ladder adds to it
         return notices
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
@@ -228,85 +224,11 @@ class DaytonaSandbox(Sandbox):
         await self.start(progress)
 
     async def _ensure_started(self, progress: ProgressCallback) -> None:
-        """Bring the sandbox to ``started`` from whatever state the API reports, within a bounded time.
-
-        ``stopping``/``starting``/``creating``...: wait (the SDK's wait for a start never resolves on a
-        stopping sandbox). ``stopped``/``archived``/``archiving``: start it; a 409 "state change in
-        progress" (another kernel or the dashboard is changing it) means wait and look again.
-        ``destroying``/``destroyed``: SandboxGone. ``error`` marked recoverable: ``recover()``, once.
-        """
-        sandbox = self._sandbox
-        began = time.monotonic()
-        recovered = False
-        while True:
-            state = self._state()
-            if state == "started":
-                return
-            if state in GONE_STATES:
-                raise SandboxGone(f"The sandbox {sandbox.id} was deleted ({state}).")
-            if state == "error" and sandbox.recoverable and not recovered:
-                recovered = True  # once: a recovery that ends in an error again is reported, not retried
-                await self._recover(progress)
-                continue
-            if state in FAILED_STATES:
-                raise BackendError(
-                    f"The sandbox {sandbox.id} is in the {state} state ({sandbox.error_reason or 'no reason given'}). "
-                    "Fix the snapshot or image, or delete the sandbox in the Daytona dashboard, then restart the kernel."
-                )
-            waited = time.monotonic() - began
-            if waited > SANDBOX_START_TIMEOUT_S:
-                raise BackendError(
-                    f"The sandbox {sandbox.id} stayed {state} for {SANDBOX_START_TIMEOUT_S} s. Look at it in the "
-                    "Daytona dashboard (or delete it), then run the cell again."
-                )
-            if state in STARTABLE_STATES:
-                progress(f"{'resuming' if state == 'paused' else 'starting'} {state} sandbox {sandbox.id}…")
-                if await self._start_or_conflict(SANDBOX_START_TIMEOUT_S - waited):
-                    return
-            else:
-                progress(f"waiting for sandbox {sandbox.id}: {state} ({waited:.0f} s)…")
-            await asyncio.sleep(STATE_POLL_S)
-            await self.refresh_state()
-
-    async def _recover(self, progress: ProgressCallback) -> None:
-        """A recoverable error (a pause job that failed, job-state-handler.service.ts): ``recover()`` starts
-        the sandbox again; its disk is kept, its processes are new."""
-        sandbox = self._sandbox
-        reason = sandbox.error_reason or "no reason given"
-        progress(f"recovering sandbox {sandbox.id} from an error ({reason})…")
-        log.warning("sandbox %s is in a recoverable error (%s); recovering it", sandbox.id, reason)
-        await self.api("recover the sandbox", lambda: sandbox.recover(timeout=SANDBOX_START_TIMEOUT_S), retry=False)
-        self._notices.append(f"The sandbox {sandbox.id} was in the error state ({reason}); Daytona recovered it.\n")
-        await self.refresh_state()
-
-    async def _start_or_conflict(self, timeout_s: float) -> bool:
-        """Start the sandbox and wait for ``started``; False if its state is already changing (409)."""
-        sandbox = self._sandbox
-        try:
-            await self.api("start the sandbox", lambda: sandbox.start(timeout=max(timeout_s, 1.0)))
-            return True
-        except BackendError as exc:
-            if isinstance(exc.__cause__, DaytonaConflictError):  # 409 "state change in progress" (sandbox.service.ts start())
-                log.info("start of %s: %s; waiting for the state change to finish", sandbox.id, exc.__cause__)
-                return False
-            # Newer API code answers the same conflict as a 400 (SandboxError): wait if the state moved on.
-            if status_of(exc.__cause__) == 400 and await self.refresh_state() not in ("stopped", "archived", "paused"):
-                log.info("start of %s: %s; its state is changing, waiting", sandbox.id, exc.__cause__)
-                return False
-            raise
+        await self._states.ensure_started(self._sandbox, progress)
 
     async def refresh_state(self) -> str:
         """The sandbox's state now. Raises SandboxGone if it no longer exists or is being destroyed."""
-        try:
-            await self.api("check the sandbox", lambda: self._sandbox.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
-        except BackendError as exc:
-            if isinstance(exc.__cause__, DaytonaNotFoundError):
-                raise SandboxGone(f"The sandbox {self.id} no longer exists (deleted, or ephemeral and stopped).") from exc
-            raise
-        state = self._state()
-        if state in GONE_STATES:
-            raise SandboxGone(f"The sandbox {self.id} was deleted ({state}).")
-        return state
+        return await self._states.refresh(self._sandbox)
 
     async def create_context(self) -> DaytonaContext:
         try:
