@@ -172,7 +172,7 @@ def pid_is_kernel(pid: int) -> bool:
 class Detached:
     """A session in the sandbox that this kernel process does not own."""
 
-    session: str  # its interpreter context's id
+    context_id: str  # its interpreter context's id (the journal's "session")
     notebook: str  # the keyed hash of its notebook's path (``KernelIdentity.notebook_tag``)
     name: str  # its notebook's file name, for messages
     token: str
@@ -207,7 +207,7 @@ class Detached:
         last = times[0] or times[1] or now
         notebook = meta.get("notebook")
         return cls(
-            session=session,
+            context_id=session,
             notebook=notebook if isinstance(notebook, str) and _HEX.match(notebook) else "",
             name=shown(meta.get("name")),
             token=token,
@@ -328,10 +328,10 @@ class SessionJournal:
         live = await self._sandbox.live_contexts()
         found: list[Detached] = []
         for session in self._parsed(scanned):
-            if session.session == mine or session.owner.get("instance") == self.identity.instance:
+            if session.context_id == mine or session.owner.get("instance") == self.identity.instance:
                 continue
-            if session.session not in live:
-                await self._exec("remove", self.folder(session.session))  # its context was deleted
+            if session.context_id not in live:
+                await self._exec("remove", self.folder(session.context_id))  # its context was deleted
                 continue
             if self.expired(session):
                 await self.end(session, f"idle for {session.idle_s / 60:.0f} min")
@@ -346,9 +346,9 @@ class SessionJournal:
         )
 
     async def end(self, session: Detached, why: str) -> None:
-        self._log.info("ending detached session %s (%s)", session.session, why)
-        await self._sandbox.end_context(session.session)
-        await self._exec("remove", self.folder(session.session))
+        self._log.info("ending detached session %s (%s)", session.context_id, why)
+        await self._sandbox.end_context(session.context_id)
+        await self._exec("remove", self.folder(session.context_id))
 
     def _parsed(self, scanned: dict[str, Any]) -> list[Detached]:
         """The sessions of a scan, each checked; a malformed one is logged and left out, never raised."""
@@ -374,7 +374,7 @@ class SessionJournal:
         if self._looked or self._settings.attach == "never":
             return ""
         self._looked = True
-        found = [s for s in self._parsed(scanned) if s.session != mine and s.owner.get("instance") != self.identity.instance]
+        found = [s for s in self._parsed(scanned) if s.context_id != mine and s.owner.get("instance") != self.identity.instance]
         try:
             for session in [s for s in found if self.expired(s)]:
                 found.remove(session)
@@ -382,7 +382,7 @@ class SessionJournal:
             candidates = self.attachable(found)
             if candidates:  # the journal survives a stop of the sandbox, its contexts do not: ask the daemon
                 live = await self._sandbox.live_contexts()
-                candidates = [s for s in candidates if s.session in live]
+                candidates = [s for s in candidates if s.context_id in live]
         except DaytonaKernelError as exc:
             self._log.warning("could not look at the detached sessions: %s", exc)
             return ""
@@ -413,7 +413,7 @@ class SessionJournal:
         parts = []
         for s in sessions:
             who = "detached" if s.owner_alive is False else f"owned by kernel {s.owner_kernel} {_where(s)}"
-            parts.append(f"{s.session[:8]} ({s.name or 'notebook unknown'}: {s.describe()}; {who})")
+            parts.append(f"{s.context_id[:8]} ({s.name or 'notebook unknown'}: {s.describe()}; {who})")
         return f"{len(sessions)}: " + "; ".join(parts) + f"; detached ones end after {limit:g} min idle"
 
     # -- attaching -------------------------------------------------------------------
@@ -423,7 +423,7 @@ class SessionJournal:
         wanted = [a for a in args if not a.startswith("--")]
         sessions = await self.sessions(mine)
         if wanted:
-            chosen = [s for s in sessions if s.session.startswith(wanted[0])]
+            chosen = [s for s in sessions if s.context_id.startswith(wanted[0])]
         else:
             chosen = [s for s in sessions if s.notebook == self.identity.notebook_tag]
         if not force:
@@ -431,7 +431,7 @@ class SessionJournal:
             chosen = [s for s in chosen if s.owner_alive is False]
             if not chosen and busy:
                 raise UsageError(
-                    f"The session {busy[0].session[:8]} belongs to kernel {busy[0].owner_kernel} {_where(busy[0])}, "
+                    f"The session {busy[0].context_id[:8]} belongs to kernel {busy[0].owner_kernel} {_where(busy[0])}, "
                     "which may still run. `%daytona attach --force` takes it over (that kernel's next cell is then refused)."
                 )
         if not chosen:
@@ -444,7 +444,7 @@ class SessionJournal:
     async def claim(self, session: Detached) -> None:
         """Become the session's owner; fails if another kernel claimed it first."""
         owner = json.dumps(self.identity.owner())
-        result = await self._exec("claim", self.folder(session.session), str(session.owner.get("instance") or ""), owner)
+        result = await self._exec("claim", self.folder(session.context_id), str(session.owner.get("instance") or ""), owner)
         if result.get("ok") is not True:
             other = result.get("owner")
             kernel = shown(other.get("kernel"), 40) if isinstance(other, dict) else ""
@@ -456,9 +456,9 @@ class SessionJournal:
         """Give a claimed session back to its previous owner (the user stopped following it)."""
         previous = json.dumps(session.owner)
         try:
-            await self._exec("claim", self.folder(session.session), self.identity.instance, previous)
+            await self._exec("claim", self.folder(session.context_id), self.identity.instance, previous)
         except DaytonaKernelError as exc:
-            self._log.warning("could not give the session %s back: %s", session.session, exc)
+            self._log.warning("could not give the session %s back: %s", session.context_id, exc)
 
     async def follow(self, session: Detached, frontend: Frontend, stop: asyncio.Event) -> bool:
         """Replay the session's last cell into ``frontend``, then follow it live until it ends.
@@ -472,7 +472,7 @@ class SessionJournal:
 
         budget = OutputBudget(self._settings.output_limit_chars)
         request = Request(session.token, frontend.emit, no_input, self._policy, budget, fetch=fetcher(self._sandbox))
-        folder = self.folder(session.session)
+        folder = self.folder(session.context_id)
         n = offset = 0
         loop = asyncio.get_running_loop()
         checked = loop.time()
@@ -509,7 +509,7 @@ class SessionJournal:
                     return False
                 if loop.time() - checked > FOLLOW_LIVE_CHECK_S:  # the daemon has the last word on a context
                     checked = loop.time()
-                    if session.session not in await _unless(stop, self._sandbox.live_contexts()):
+                    if session.context_id not in await _unless(stop, self._sandbox.live_contexts()):
                         return False
                 await _unless(stop, asyncio.sleep(FOLLOW_POLL_S))
         finally:
@@ -557,19 +557,19 @@ async def reclaim_detached(sandbox: Any, workdir: str, idle_minutes: float, dry_
         if session is None:
             out(f"skipped a malformed session journal in {sandbox.id}")
             continue
-        if session.session not in contexts or session.owner_alive is True:
+        if session.context_id not in contexts or session.owner_alive is True:
             continue
-        what = f"detached session {session.session[:8]} in {sandbox.id} ({session.name or 'notebook unknown'}: {session.describe()})"
+        what = f"detached session {session.context_id[:8]} in {sandbox.id} ({session.name or 'notebook unknown'}: {session.describe()})"
         if session.running or session.idle_s <= idle_minutes * 60:
             kept += 1
             out(f"kept {what}: `%daytona attach` continues it; it is ended after {idle_minutes:g} min idle")
         elif dry_run:
             out(f"would end {what}")
         else:
-            await sandbox.code_interpreter.delete_context(contexts[session.session])
+            await sandbox.code_interpreter.delete_context(contexts[session.context_id])
             await sandbox.process.exec(
                 " ".join(
-                    ["python3", "-I", "-c", shlex.quote(journal_script()), "remove", shlex.quote(posixpath.join(root, session.session))]
+                    ["python3", "-I", "-c", shlex.quote(journal_script()), "remove", shlex.quote(posixpath.join(root, session.context_id))]
                 ),
                 timeout=int(JOURNAL_EXEC_TIMEOUT_S),
             )

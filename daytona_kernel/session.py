@@ -468,7 +468,7 @@ class RuntimeSession:
                 "The session's interpreter ended while it ran detached (out of memory, or killed); its variables are gone. "
                 "This kernel keeps its fresh namespace."
             )
-        context = await self.sandbox.adopt_context(session.session)
+        context = await self.sandbox.adopt_context(session.context_id)
         old = await self.supervisor.adopt(Live(context, session.token, session.pid, session.python))
         if old is not None:
             await journal.forget(old.id)

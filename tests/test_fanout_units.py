@@ -135,7 +135,7 @@ class StandInRuntime:
         self.workdir = "/"  # the tests give absolute paths
         self.replies: list[Any] = []
 
-    def session(self) -> Any:
+    def request_output(self) -> Any:
         import contextlib
 
         return contextlib.nullcontext()

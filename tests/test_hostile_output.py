@@ -435,7 +435,7 @@ def test_end_to_end_active_content_does_not_reach_iopub_on_daytona(daytona_env: 
 def test_end_to_end_a_forged_inspect_reply_and_set_next_input_are_cleaned(daytona_env: Any, workdir: Path) -> None:
     forge = FORGE + (
         "def evil(code, cursor, detail_level=0):\n"
-        "    with rt.session():\n"
+        "    with rt.request_output():\n"
         "        rt.send('reply', {'found': True, 'data': {'text/html': '<b>doc</b><script>window.__owned = 1</script>'}, "
         "'metadata': {}})\n"
         "rt.inspect = evil\n"

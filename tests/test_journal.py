@@ -37,7 +37,7 @@ class StubRuntime:
         self.initial_names: frozenset[str] = frozenset()
         self.sent: list[tuple[str, Any]] = []
 
-    def session(self) -> Any:
+    def request_output(self) -> Any:
         return contextlib.nullcontext()
 
     def send(self, kind: str, payload: Any) -> None:

@@ -50,7 +50,7 @@ def _write(path: str, blob: bytes) -> None:
 def scatter(rt: Any, names: List[str], paths: List[str]) -> None:
     """Split each named sequence of the namespace into ``len(paths)`` chunks and pickle rank R's
     chunks, as ``{name: chunk}``, to ``paths[R]``. The reply says what went, or what is wrong."""
-    with rt.session():
+    with rt.request_output():
         rt.send(Kind.REPLY, _scatter(rt.user_ns, names, [os.path.join(rt.workdir, p) for p in paths]))
 
 
@@ -96,7 +96,7 @@ def prelude(rt: Any, rank: int, world: int, path: str) -> None:
 
 def dump(rt: Any, names: List[str], path: str) -> None:
     """After a worker's cell: pickle ``{name: value}`` of the gathered names to ``path``."""
-    with rt.session():
+    with rt.request_output():
         rt.send(Kind.REPLY, _dump(rt.user_ns, names, os.path.join(rt.workdir, path)))
 
 
@@ -118,7 +118,7 @@ def _dump(user_ns: Dict[str, Any], names: List[str], path: str) -> Dict[str, Any
 def gather(rt: Any, names: List[str], paths: List[str]) -> None:
     """In the main sandbox: set each name to the list of the workers' values, in rank order
     (``paths[R]`` holds rank R's ``{name: value}``; the files are removed)."""
-    with rt.session():
+    with rt.request_output():
         rt.send(Kind.REPLY, _gather(rt.user_ns, names, [os.path.join(rt.workdir, p) for p in paths]))
 
 

@@ -225,7 +225,7 @@ class Journal(object):
         owner = _read_json(os.path.join(self.folder, "owner.json")) or {}
         kernel = owner.get("kernel")
         kernel = re.sub(r"[^A-Za-z0-9_.-]", "", kernel)[:40] if isinstance(kernel, str) else ""
-        with self._rt.session():
+        with self._rt.request_output():
             self._rt.send(
                 "error",
                 {
@@ -340,7 +340,7 @@ class Journal(object):
             if match and isinstance(value, str):
                 inputs.append([int(match.group(1)), value])
         inputs.sort()
-        with self._rt.session():
+        with self._rt.request_output():
             self._rt.send(
                 "reply",
                 {"count": self.meta["count"], "inputs": inputs[-INPUTS_KEPT:], "variables": self.meta["variables"]},

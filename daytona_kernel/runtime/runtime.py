@@ -167,13 +167,13 @@ class Runtime(object):
 
     def sync_volume(self):
         """Wait (boundedly) until the volume holds the working directory's latest files (at shutdown)."""
-        with self.session():
+        with self.request_output():
             done = self.durable.flush(VOLUME_FLUSH_TIMEOUT_S) if self.durable is not None else True
             self.send(Kind.REPLY, {"done": done})
 
     def hello(self):
         """First call after bootstrap: report who we are."""
-        with self.session():
+        with self.request_output():
             self.send(
                 Kind.HELLO,
                 {
@@ -189,8 +189,9 @@ class Runtime(object):
 
     # -- output plumbing -------------------------------------------------
 
-    def session(self):
-        return _ActiveSession(self)
+    def request_output(self):
+        """``with rt.request_output():`` one request's stretch of output: streams and frames go to the kernel."""
+        return _RequestOutput(self)
 
     def begin(self):
         with self.lock:
@@ -344,7 +345,7 @@ class Runtime(object):
             return self.journal.refuse()  # another kernel attached to this session
         self.output_used = self.dropped_chars = 0
         self._drop_blobs()
-        with self.session():
+        with self.request_output():
             self._in_cell = True
             for notice in self._notices:  # once per runtime, on the first cell's stderr
                 self.err.write(notice)
@@ -375,7 +376,7 @@ class Runtime(object):
 
     def deliver(self, messages, comms=None):
         """Frontend comm messages while no cell runs (and a background thread's held updates)."""
-        with self.session():
+        with self.request_output():
             try:
                 self.comms.begin_request(comms)
                 self.comms.handle(messages)
@@ -384,29 +385,29 @@ class Runtime(object):
 
     def comm_table(self):
         """Reply with the comms open here (a kernel that attaches takes them over: ``CommBridge.adopt``)."""
-        with self.session():
+        with self.request_output():
             self.send(Kind.REPLY, {"comms": self.comms.table()})
 
     def complete(self, code, cursor):
         """Reply with completions from the live namespace; never touches user state."""
-        with self.session():
+        with self.request_output():
             self.send(Kind.REPLY, self.shell.complete_reply(code, cursor))
 
     def inspect(self, code, cursor, detail_level=0):
         """Reply with what ``obj?`` and Shift+Tab show."""
-        with self.session():
+        with self.request_output():
             self.send(Kind.REPLY, self.shell.inspect_reply(code, cursor, detail_level))
 
     def file_changes(self, synced=None):
         """Reply with what changed in the working directory and is not yet acknowledged (for %sync)."""
         self.watch.note(synced)
-        with self.session():
+        with self.request_output():
             self.err.write(self.watch.take_notice())
             self.send(Kind.REPLY, self.watch.changes() or {"changed": {}, "deleted": [], "truncated": False})
 
     def checkpoint(self, path):
         """Pickle the user's variables to path (relative: in the working directory); the volume's copy follows."""
-        with self.session():
+        with self.request_output():
             reply = _files.save_checkpoint(os.path.join(self.workdir, path), self.user_ns, self.initial_names)
             if self.durable is not None:
                 self.durable.wake()
@@ -414,7 +415,7 @@ class Runtime(object):
 
     def restore(self, path):
         """Load the variables of a checkpoint back into the namespace (relative: in the working directory)."""
-        with self.session():
+        with self.request_output():
             self.send(Kind.REPLY, _files.load_checkpoint(os.path.join(self.workdir, path), self.user_ns))
 
     def explain(self, exc):
@@ -488,7 +489,7 @@ def _alive(pid):
     return True
 
 
-class _ActiveSession(object):
+class _RequestOutput(object):
     def __init__(self, runtime):
         self._rt = runtime
 
