@@ -16,7 +16,10 @@ the same one reads it instead of compressing 15 MB again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import secrets
 import hashlib
 import importlib.metadata as metadata
 import io
@@ -29,6 +32,10 @@ from jupyter_core.paths import jupyter_data_dir
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+
+from .backends.base import Context, Sandbox
+from .errors import DaytonaKernelError
+from .runtime import discard_file_code, unpack_ipython_code
 
 ROOTS = ("ipython", "matplotlib-inline")
 NATIVE_ONLY = frozenset({"psutil"})  # IPython imports it lazily (%kitty); no pure-Python form exists
@@ -121,3 +128,28 @@ def _build(dists: list[metadata.Distribution]) -> bytes:
                 if path.is_file():
                     tar.add(str(path), arcname=rel, recursive=False)
     return buf.getvalue()
+
+
+async def ship(sandbox: Sandbox, context: Context, python: str, folder: str, timeout_s: float) -> tuple[str, int]:
+    """Upload the archive for ``python`` into the sandbox and unpack it into ``folder`` (through
+    ``context``): ("", its size in bytes), or (why it could not be installed, 0)."""
+    archive_path = f"{folder}.{secrets.token_hex(4)}.tar.gz"  # its own: kernels may ship at once
+    output: list[str] = []
+    data = b""
+    try:
+        data = await asyncio.to_thread(archive, python)
+        try:
+            await sandbox.upload([(data, archive_path)])
+        except DaytonaKernelError:
+            # the daemon writes in place: an upload that failed (a full disk) leaves a truncated file
+            with contextlib.suppress(DaytonaKernelError):
+                await context.run_code(discard_file_code(archive_path), output.append, output.append, timeout_s)
+            raise
+        error = await context.run_code(unpack_ipython_code(archive_path, folder), output.append, output.append, timeout_s)
+    except DaytonaKernelError as exc:
+        error, output = None, [str(exc)]
+    if error is not None:
+        return f"{error.name}: {error.value}", 0
+    if output:
+        return "".join(output).strip(), 0
+    return "", len(data)

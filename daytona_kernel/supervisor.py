@@ -8,7 +8,6 @@ stopped sandbox back. Everyone else asks it for the live context (``ready``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import posixpath
@@ -26,7 +25,7 @@ from . import ipython_bundle
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .protocol import Hello
 from .request import Request
-from .runtime import RUNTIME_MISSING, bootstrap_code, call_source, discard_file_code, unpack_ipython_code
+from .runtime import RUNTIME_MISSING, bootstrap_code, call_source
 from .runtime.calls import Call, RuntimeOptions
 
 
@@ -189,33 +188,15 @@ class ContextSupervisor:
         """
         self.report("installing IPython in the sandbox (once per sandbox)…")
         started = time.monotonic()
-        archive = f"{hello.ipython_cache}.{secrets.token_hex(4)}.tar.gz"  # its own: kernels may ship at once
-        output: list[str] = []
-        try:
-            data = await asyncio.to_thread(ipython_bundle.archive, hello.python)
-            try:
-                await self.sandbox.upload([(data, archive)])
-            except DaytonaKernelError:
-                # the daemon writes in place: an upload that failed (a full disk) leaves a truncated file
-                with contextlib.suppress(DaytonaKernelError):
-                    await context.run_code(discard_file_code(archive), output.append, output.append, RUNTIME_CALL_TIMEOUT_S)
-                raise
-            code = unpack_ipython_code(archive, hello.ipython_cache)
-            error = await context.run_code(code, output.append, output.append, RUNTIME_CALL_TIMEOUT_S)
-        except DaytonaKernelError as exc:
-            error, output = None, [str(exc)]
-        if error is not None or output:
-            reason = f"{error.name}: {error.value}" if error is not None else "".join(output).strip()
+        reason, size = await ipython_bundle.ship(self.sandbox, context, hello.python, hello.ipython_cache, RUNTIME_CALL_TIMEOUT_S)
+        if reason:
             self._log.warning("could not install IPython in the sandbox: %s", reason)
             self.notices.append(
                 f"daytona-kernel: could not install IPython in the sandbox ({reason}); cells run on a basic shell.\n"
             )
             return False
         self._log.info(
-            "IPython %s installed in the sandbox: %.1f MB in %.1f s",
-            ipython_bundle.ipython_version(),
-            len(data) / 1e6,
-            time.monotonic() - started,
+            "IPython %s installed in the sandbox: %.1f MB in %.1f s", ipython_bundle.ipython_version(), size / 1e6, time.monotonic() - started
         )
         return True
 
