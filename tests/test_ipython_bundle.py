@@ -70,9 +70,10 @@ def test_the_runtime_is_compiled_once_per_sandbox_and_a_bad_cache_is_compiled_ag
     import subprocess
 
     from daytona_kernel.runtime import bootstrap_code
+    from daytona_kernel.runtime.calls import RuntimeOptions
 
     boot, result = tmp_path / "boot.py", tmp_path / "result.txt"
-    boot.write_text(bootstrap_code("tok", {}))
+    boot.write_text(bootstrap_code("tok", RuntimeOptions()))
     probe = f"exec(open({str(boot)!r}).read())\nimport sys\nopen({str(result)!r}, 'w').write(repr(getattr(sys.modules['_daytona_kernel_framing'], 'MARK_OF_THE_CACHE', None)))\n"
 
     def bootstrap() -> str:
