@@ -188,12 +188,11 @@ async def reclaim_sessions(client: Any, owner: str, config: DaytonaKernelConfig,
     """End detached sessions idle past ``detached_idle_minutes`` in this installation's started
     sandboxes (docs/reattach.md); returns the ids of sandboxes that keep one."""
     from daytona import ListSandboxesQuery
+    from daytona.common.errors import DaytonaError
 
     from .attach import reclaim_detached
     from .backends.daytona_api import LABEL_APP, LABEL_OWNER, state_name
     from .config import SANDBOX_WORKDIR
-
-    from daytona.common.errors import DaytonaError
 
     holding = set()
     async for sandbox in client.list(ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_OWNER: owner})):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-from IPython.core.profiledir import ProfileDir
 from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
+from IPython.core.profiledir import ProfileDir
 from jupyter_client.session import Session
 from traitlets import Dict, Type
 

@@ -19,8 +19,8 @@ from .backends import Sandbox, open_sandbox, open_worker_sandbox
 from .config import DaytonaKernelConfig, MirrorSettings, SessionSettings, settings_from
 from .fanout import Spawn, WorkerPool
 from .outputs import OutputPolicy
-from .session import RuntimeSession
 from .project import project_root
+from .session import RuntimeSession
 from .sync import WorkdirMirror, open_mirror
 
 KERNEL_FILE_PREFIX = "kernel-"

@@ -19,17 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import secrets
 import hashlib
 import importlib.metadata as metadata
 import io
 import logging
 import os
+import secrets
 import tarfile
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
-
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 

@@ -20,15 +20,14 @@ from typing import Any, Awaitable, Callable
 from .backends.base import IdleMode
 from .cell import Frontend, error_content, stderr, stdout
 from .config import SessionSettings
-from .protocol import checkpointed, file_changes, restored
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageError
 from .fanout import MAP_USAGE, WorkerPool
 from .idle import CHECKPOINT_FILE, checkpoint_path, resumed_notice
+from .protocol import checkpointed, file_changes, restored
 from .runtime.calls import Checkpoint, FileChanges, Restore
 from .runtime.framing import KERNEL_MAGICS
 from .supervisor import ContextSupervisor, Live
 from .sync import SyncReport, WorkdirMirror, notify
-
 
 __all__ = ["KERNEL_MAGICS", "KernelMagics"]
 

@@ -25,8 +25,8 @@ from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .errors import BackendError, ConnectionLost, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
-from .ladder import RunEnd, settle
 from .idle import IdleCheckpoint, resumed_notice
+from .ladder import RunEnd, settle
 from .magics import KernelMagics
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges, volume_synced

@@ -17,17 +17,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import ipython_bundle
 from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
 from .cell import ProgressCallback
 from .config import SessionSettings
-from . import ipython_bundle
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .protocol import Hello
 from .request import Request
 from .runtime import RUNTIME_MISSING, bootstrap_code, call_source
 from .runtime.calls import Call, RuntimeOptions
-
 
 RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
 OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps

@@ -47,8 +47,8 @@ from .backends.base import FileError, ProgressCallback, Sandbox
 from .cell import Frontend, stderr
 from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import DaytonaKernelError, MirrorError
-from .manifest import SyncManifest
 from .localfs import NOFOLLOW, LocalFolder, safe_relpath, shown
+from .manifest import SyncManifest
 from .runtime.calls import RuntimeOptions, Synced
 from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, load_rules, scan
 from .syncplan import (

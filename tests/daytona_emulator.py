@@ -135,7 +135,6 @@ from daytona_toolbox_api_client.models.files_download_request import FilesDownlo
 from daytona_toolbox_api_client.models.git_clone_request import GitCloneRequest
 from daytona_toolbox_api_client.models.interpreter_context import InterpreterContext
 from daytona_toolbox_api_client.models.list_contexts_response import ListContextsResponse
-
 from mounts3 import MountS3, fuse_missing
 
 from daytona_kernel.backends.local import Chunk, InterpreterWorker, WorkerEnd

@@ -13,7 +13,6 @@ from conftest import REAL_DAYTONA_ENV, sandboxes_of
 from kernels import Kernel, result_text
 from test_conformance import DaytonaLocalConformance
 
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WS = "GET /toolbox/{sid}/process/interpreter/execute"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import pytest

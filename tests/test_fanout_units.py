@@ -15,8 +15,8 @@ from daytona_kernel.errors import UsageError
 from daytona_kernel.fanout import MapSpec, WorkerOutput, WorkerRun, combined_error, parse_map
 from daytona_kernel.interactive import daytona_cell, kernel_magic_lines
 from daytona_kernel.runtime import MODULES, call_source
-from daytona_kernel.runtime.calls import Prelude
 from daytona_kernel.runtime import fanout as sandbox_side
+from daytona_kernel.runtime.calls import Prelude
 
 
 def test_map_arguments() -> None:

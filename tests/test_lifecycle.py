@@ -16,9 +16,6 @@ from conftest import sandboxes_of
 from kernels import Kernel, result_text
 
 
-
-
-
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "daytona_kernel.cli", *args],

@@ -8,12 +8,11 @@ import logging
 
 from fakes import FakeSandbox, Run, frame
 
-from daytona_kernel.runtime import HANDLE, RUNTIME_MISSING
-
 from daytona_kernel.backends.base import RunError
 from daytona_kernel.cell import Cell, Recorder
 from daytona_kernel.config import SessionSettings
 from daytona_kernel.errors import BackendError, ContextDied, ContextTimeout, SandboxNotRunning
+from daytona_kernel.runtime import HANDLE, RUNTIME_MISSING
 from daytona_kernel.runtime.calls import Complete
 from daytona_kernel.session import RuntimeSession
 

@@ -52,8 +52,8 @@ from .daytona_api import (
     state_name,
     status_of,
 )
-from .daytona_status import status_lines
 from .daytona_states import StateLadder
+from .daytona_status import status_lines
 from .daytona_toolbox import DaytonaContext, DaytonaToolbox
 from .daytona_workspace import WorkspaceSandboxes
 

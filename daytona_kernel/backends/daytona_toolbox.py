@@ -25,7 +25,16 @@ import aiohttp
 from daytona import FileDownloadRequest, FileUpload
 from daytona.common.errors import DaytonaError
 
-from ..errors import AuthError, BackendError, ConnectionLost, ContextDied, ContextTimeout, SandboxGone, SandboxNotRunning, SandboxPaused
+from ..errors import (
+    AuthError,
+    BackendError,
+    ConnectionLost,
+    ContextDied,
+    ContextTimeout,
+    SandboxGone,
+    SandboxNotRunning,
+    SandboxPaused,
+)
 from .base import Context, ExecResult, FileError, OutputCallback, RunError
 from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, RETRY_BUDGET_S, RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S
 
