@@ -103,7 +103,7 @@ def archive(python: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError:
-        pass
+        pass  # not cached on this machine yet: built below
     data = _build(dists)
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

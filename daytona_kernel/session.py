@@ -617,7 +617,7 @@ class RuntimeSession:
             await asyncio.wait_for(request.done.wait(), grace)
             return
         except asyncio.TimeoutError:
-            pass
+            pass  # the cell ignored the interrupt for the whole grace: its context is closed below
         attempt = self._attempt_task
         if self._cut_cell_may_run and not self._heard and request is self._current and attempt is not None:
             # Its job has not started: the SIGINT went to a cut cell that ignores it. End this run, leave the

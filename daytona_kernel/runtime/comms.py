@@ -137,7 +137,7 @@ class Inbox(object):
                 try:
                     os.remove(path)
                 except OSError:
-                    pass
+                    pass  # already gone: the batch is read, and self.taken keeps it from being read twice
                 if isinstance(batch, list):
                     messages.extend(m for m in batch if isinstance(m, dict))
             return messages

@@ -171,7 +171,7 @@ def split_blobs(payload: Any, min_chars: int) -> Tuple[Any, List[Tuple[List[Unio
                     found.append((keys, node.encode("utf-8")))
                     return ""
                 except UnicodeEncodeError:
-                    pass
+                    pass  # a lone surrogate: the string stays inline, where JSON escapes it
             return node
         if len(keys) >= BLOB_MAX_DEPTH:
             return node

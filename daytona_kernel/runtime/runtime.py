@@ -307,7 +307,7 @@ class Runtime(object):
             try:
                 os.remove(path)
             except OSError:
-                pass
+                pass  # already gone; what an ended runtime leaves is swept at the next start (sweep_private_dirs)
         self._blob_files = []
         self._blob_bytes = 0
 
