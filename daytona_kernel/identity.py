@@ -36,32 +36,28 @@ def journal_key() -> str:
     """A private key (mode 0600, beside the owner id) for what the session journal keeps in the sandbox
     about this machine: keyed hashes of the host name and the notebook's path, and the kernel's pid sealed
     with it, so a cell can match them but not read them. Unlike the owner id, it is never sent anywhere."""
-    path = journal_key_path()
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        text = _create(path)
-    except OSError as exc:
-        raise ConfigError(f"Could not read {path}: {exc}. Check the file's permissions.") from exc
-    if not _VALID.match(text):
-        raise ConfigError(f"The key in {path} is not valid. Delete the file to get a new one.")
-    return text
+    return _read_or_create(journal_key_path(), "the key", "")
 
 
 def owner_id() -> str:
     """This installation's owner id, created on first use (safe when two kernels race)."""
-    path = owner_id_path()
+    return _read_or_create(
+        owner_id_path(),
+        "the owner id",
+        " (the sandboxes of the old id are then no longer found or cleaned up by this installation)",
+    )
+
+
+def _read_or_create(path: Path, what: str, after_delete: str) -> str:
+    """The random hex id in ``path``, made on first use; a ConfigError that says what to do otherwise."""
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
         text = _create(path)
     except OSError as exc:
-        raise ConfigError(f"Could not read the owner id {path}: {exc}. Check the file's permissions.") from exc
+        raise ConfigError(f"Could not read {what} {path}: {exc}. Check the file's permissions.") from exc
     if not _VALID.match(text):
-        raise ConfigError(
-            f"The owner id in {path} is not valid. Delete the file to get a new one "
-            "(the sandboxes of the old id are then no longer found or cleaned up by this installation)."
-        )
+        raise ConfigError(f"{what.capitalize()} in {path} is not valid. Delete the file to get a new one{after_delete}.")
     return text
 
 
