@@ -53,6 +53,10 @@ INPUT_POLL_S = 0.01
 # daemon's queue behind another job; the cell returns at once when its turn comes. The kernel writes the same name.
 CANCELLED_CELL = "/tmp/daytona-kernel-cancelled-%d-%d"
 CELL_BLOB_BYTES = 128 * 1024 * 1024  # large output strings one cell may leave in files; past this they go inline
+# Comm frames wait like stream text (streams.FLUSH_INTERVAL_S) and go out together: a widget's creation is about
+# twenty messages, and each write is a pipe write, a daemon line and a wake-up of the kernel during the cell's loop.
+BATCHED_KINDS = frozenset((Kind.COMM_OPEN, Kind.COMM_MSG, Kind.COMM_CLOSE))
+BATCH_CHARS = 64 * 1024  # waiting frames past this go out at once (far under the daemon's 1 MiB line)
 
 
 def _ipyshell_module():
@@ -84,6 +88,8 @@ class Runtime(object):
         self.out = _streams.OutputStream(self, "stdout")
         self.err = _streams.OutputStream(self, "stderr")
         self._frame_target = None
+        self._waiting_frames = []  # comm frame lines held for one write (BATCHED_KINDS), before any newer text
+        self._waiting_chars = 0
         self.fds = None
         self._flusher_wake = threading.Event()
         self._flusher = None
@@ -244,7 +250,13 @@ class Runtime(object):
             )
 
     def flush_streams_locked(self):
-        """Send what both streams hold; only a real send starts a new FLUSH_INTERVAL_S (the first line of a cell goes at once)."""
+        """Send the waiting comm frames, then what both streams hold (in that order: the frames were sent before
+        the text); only a real send starts a new FLUSH_INTERVAL_S (the first line of a cell goes at once)."""
+        target = self._frame_target
+        if self._waiting_frames and target is not None:
+            lines, self._waiting_frames, self._waiting_chars = self._waiting_frames, [], 0
+            target.write("".join(lines))
+            self.last_flush = time.monotonic()
         if self.out._buf or self.err._buf:
             self.out._send_locked()
             self.err._send_locked()
@@ -274,12 +286,23 @@ class Runtime(object):
         with self.lock:
             if self.fds is not None:
                 self.fds.drain()
-            self.flush_streams_locked()
+            if self.out._buf or self.err._buf:
+                self.flush_streams_locked()  # the text written before this frame
             target = self._frame_target
             if target is None:
                 return
             payload, blobs = self._spill(payload) if self._in_cell and self._blob_chars else (payload, None)
-            for line in _framing.encode_frame(self.token, kind, payload, blobs=blobs):
+            lines = _framing.encode_frame(self.token, kind, payload, blobs=blobs)
+            if kind in BATCHED_KINDS and self.active and len(lines) == 1:
+                self._waiting_frames.append(lines[0])
+                self._waiting_chars += len(lines[0])
+                if self._waiting_chars >= BATCH_CHARS or time.monotonic() - self.last_flush >= _streams.FLUSH_INTERVAL_S:
+                    self.flush_streams_locked()
+                else:
+                    self.wake_flusher()
+                return
+            self.flush_streams_locked()  # the comm frames waiting before this one
+            for line in lines:
                 target.write(line)
 
     def _spill(self, payload):
