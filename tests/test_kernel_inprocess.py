@@ -58,7 +58,7 @@ def test_messages_are_packed_by_orjson() -> None:
     depends on it: the JSON encoding of a 2 MB PNG's display went from about 13-20 ms to under 1 ms
     (docs/benchmarks.md). The message a client decodes is the same."""
     session = Session(key=b"key")
-    assert session.packer == "orjson"
+    assert session.packer == "orjson", "orjson is not installed here: `pip install -e '.[test]'` (it is a dependency)"
     content = {"data": {"image/png": "iVBORw0KGgo" * 1000, "text/plain": "é ✓"}, "metadata": {}, "transient": {}}
     assert json.loads(session.pack(content)) == content
     assert session.unpack(session.pack(session.msg("display_data", content)))["header"]["date"].endswith("Z")
