@@ -61,9 +61,10 @@ class Publisher(Protocol):
 
 
 class Transport(Protocol):
-    """How frontend messages reach the sandbox (the runtime session)."""
+    """How frontend messages reach the sandbox (``delivery.CommDelivery``)."""
 
-    in_cell: bool
+    @property
+    def in_cell(self) -> bool: ...
 
     async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None: ...
 

@@ -76,7 +76,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         if self._runtime is not None:
             policy = WidgetPolicy(self._runtime.outputs, frozenset(self.widget_modules))
             self._comms = self._runtime.comms = CommBridge(self, policy, self.log)
-            self._comms.transport = self._runtime
+            self._comms.transport = self._runtime.delivery
 
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .backends.base import Sandbox
@@ -256,6 +257,18 @@ def fetcher(sandbox: Sandbox) -> Fetch:
         return got
 
     return fetch
+
+
+@dataclass
+class InFlight:
+    """What runs in the interpreter context now, shared by the session's parts (the cell's run, the
+    interrupt, widget delivery): one call at a time (a cell, or a comm delivery), the request whose output
+    is being read, and while a cell runs, the inbox its frontend comm messages go to."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    request: Request | None = None
+    in_cell: bool = False  # a cell's request is under way (frontend comm messages then go to its inbox)
+    cell_inbox: str | None = None
 
 
 class InputBridge:

@@ -11,35 +11,33 @@ watchdog. It knows nothing about Jupyter messages: output goes to a
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import posixpath
-import shlex
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .attach import Adopted, KernelIdentity, SessionJournal
 from .backends.base import LOCAL_ATTACH, IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
-from .errors import BackendError, ConnectionLost, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
+from .delivery import CommDelivery, comm_options
+from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
 from .idle import IdleCheckpoint, resumed_notice
+from .interrupts import Interrupts
 from .ladder import RunEnd, settle
 from .magics import KernelMagics
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges, volume_synced
-from .request import InputBridge, Request, fetcher
+from .request import InFlight, InputBridge, Request, fetcher
 from .runtime import call_source
-from .runtime.calls import Adopt, CommOptions, CommTable, Complete, Deliver, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
+from .runtime.calls import Adopt, CommTable, Complete, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
 from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror, notify
 
 if TYPE_CHECKING:
     from .comms import CommBridge
 
-INTERRUPT_EXEC_TIMEOUT_S = 10.0
 GAVE_UP_QUEUED = (
     "This cell had not started: it waited behind a cell whose connection was cut, which still runs in the sandbox "
     "and ignores the interrupt. This cell will not run; your variables are kept. The next cell waits until that "
@@ -47,7 +45,6 @@ GAVE_UP_QUEUED = (
 )
 AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 STILL_STARTING = "The sandbox is still starting in the background; the next cell waits for it.\n"
-COMM_WAIT_S = 0.01  # how often a frontend message waits for the cell's inbox or the end of another call
 
 
 class RuntimeSession:
@@ -81,20 +78,10 @@ class RuntimeSession:
         self.adopted: Adopted | None = None  # set by an attach, taken by the kernel (execution count, history)
         self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach, pool)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
-        self._current: Request | None = None
+        self.inflight = InFlight()  # what runs in the context now
+        self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
+        self.delivery = CommDelivery(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # widgets
         self.comms: CommBridge | None = None  # widgets: the kernel's comm bridge (comms.py), if it has one
-        self.in_cell = False  # a cell's request is under way (frontend comm messages then go to its inbox)
-        self._cell_inbox: str | None = None  # where frontend comm messages go while the cell runs
-        self._run_lock = asyncio.Lock()  # one call in the context at a time: a cell, or a comm delivery
-        self._watchdog: asyncio.Future[None] | None = None
-        # After a cell's connection was cut while it ran on in the sandbox, the next cell's job waits behind it in
-        # the daemon's queue (docs/reattach.md): an interrupt then reaches that cut cell, not the one the user sees.
-        self._cut_cell_may_run = False
-        self._heard = False  # the current run has received output: its job has left the queue
-        self._attempt_task: asyncio.Future[RunError | None] | None = None
-        self._gave_up_on: Request | None = None  # the run the watchdog ended while it still waited in the queue
-        self._marker: str | None = None  # the note left for that run's job, until a later run shows it was read
-        self._cell_count = 0
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
         self._shut_down = False
@@ -117,11 +104,11 @@ class RuntimeSession:
 
     async def shutdown(self, restart: bool = False) -> None:
         """Stop the timers, then release the sandbox (kept for the next process on a restart). Safe to call twice."""
-        self._shut_down = True
+        self._shut_down = self.delivery.closed = True
         self._idle_checkpoint.disarm()
         if self.pool is not None:
             await self.pool.close()  # workers never outlive their kernel, a restart included
-        if self.sandbox.volume_dir and self.supervisor.live is not None and self._current is None:
+        if self.sandbox.volume_dir and self.supervisor.live is not None and self.inflight.request is None:
             # finish the volume's copy of the working directory before the sandbox goes
             reply = await self.supervisor.query(SyncVolume())
             if reply is not None and not volume_synced(reply).done:
@@ -133,11 +120,11 @@ class RuntimeSession:
     async def execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         """Run one cell. Every failure becomes the cell's one error output."""
         self._idle_checkpoint.disarm()
-        self.in_cell = True
+        self.inflight.in_cell = True
         try:
             return await self._execute(cell, frontend)
         finally:
-            self.in_cell, self._cell_inbox = False, None
+            self.inflight.in_cell, self.inflight.cell_inbox = False, None
             self._last_cell_end = time.time()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
@@ -187,7 +174,7 @@ class RuntimeSession:
         while notices:
             frontend.emit("stream", stderr(notices.pop(0)))
         synced = await self._push(frontend)
-        comms = self._comm_options(live)
+        comms = comm_options(self.comms, live, self.sandbox.temp_dir)
         code = call_source(
             RunCell(
                 code=cell.code,
@@ -202,9 +189,9 @@ class RuntimeSession:
         )
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
         budget = OutputBudget(self._settings.output_limit_chars)
-        async with self._run_lock:
-            self._cell_inbox = comms.inbox if comms is not None else None
-            self._cell_count = cell.count
+        async with self.inflight.lock:
+            self.inflight.cell_inbox = comms.inbox if comms is not None else None
+            self.interrupts.cell_count = cell.count
             request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
         if self.comms is not None:
@@ -248,36 +235,31 @@ class RuntimeSession:
         run_error: RunError | None = None
         exception: BackendError | None = None
         started = asyncio.get_running_loop().time()
-        self._gave_up_on = None
+        self.interrupts.begin()
         try:
             try:
-                run_error = await self._attempt_now(live, code, frontend, bridge, budget)
+                run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
             except SandboxPaused:  # nothing ran: resume the sandbox; the context and its variables carry on
                 await self._resume(frontend)
-                run_error = await self._attempt_now(live, code, frontend, bridge, budget)
+                run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self._recover(exc, frontend)
                 await self._push(frontend)  # a new sandbox lacks what was only in the old one
-                run_error = await self._attempt_now(live, code, frontend, bridge, budget)
+                run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
         except BackendError as exc:
             exception = exc
         except asyncio.CancelledError:
-            if self._gave_up_on is None or self._gave_up_on is not self._current:
+            if not self.interrupts.gave_up():
                 raise  # not the watchdog's doing
             frontend.emit("stream", stderr(GAVE_UP_QUEUED))
             run_error = RunError("KeyboardInterrupt", "Interrupted by user", "")
         finally:
-            request = self._current
-            self._current = None
+            request = self.inflight.request
+            self.inflight.request = None
             if bridge is not None:
                 bridge.cancel()
         assert request is not None
-        if isinstance(exception, ConnectionLost):
-            self._cut_cell_may_run = True  # it may run on: the next job queues behind it
-        elif exception is None and self._gave_up_on is None:
-            # this run's job ran, so every job ahead of it (a cut cell, one given up on) has ended
-            self._cut_cell_may_run = False
-            await self._remove_marker()
+        await self.interrupts.ran(exception)
         await request.settle()
         request.finish()
         end = RunEnd(
@@ -290,23 +272,13 @@ class RuntimeSession:
         )
         return request, end
 
-    async def _attempt_now(
-        self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
-    ) -> RunError | None:
-        """``_attempt`` as a task the interrupt watchdog can end (a run that still waits in the queue)."""
-        self._attempt_task = asyncio.ensure_future(self._attempt(live, code, frontend, bridge, budget))
-        try:
-            return await self._attempt_task
-        finally:
-            self._attempt_task = None
-
     async def _attempt(
         self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
     ) -> RunError | None:
         """One run in ``live``. A fresh worker without the runtime (the daemon replaced a dead one)
         answers in the same round trip; the runtime is installed again and the cell run there."""
         request = self._new_request(live, frontend, bridge, budget)
-        run_error = await live.context.run_code(code, self._heard_via(request.on_stdout), self._heard_via(request.on_stderr), self._timeout())
+        run_error = await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
         if not runtime_missing(run_error):
             return run_error
         request.finish()
@@ -315,80 +287,13 @@ class RuntimeSession:
         while notices:
             frontend.emit("stream", stderr(notices.pop(0)))
         request = self._new_request(live, frontend, bridge, budget)
-        return await live.context.run_code(code, self._heard_via(request.on_stdout), self._heard_via(request.on_stderr), self._timeout())
+        return await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None
-        self._current = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox))
-        self._heard = False
-        return self._current
-
-    def _heard_via(self, callback: Callable[[str], None]) -> Callable[[str], None]:
-        """``callback``, noting that the run's job has started (it sends output)."""
-
-        def heard(text: str) -> None:
-            self._heard = True
-            callback(text)
-
-        return heard
-
-    # -- widgets: frontend comm messages into the sandbox --------------------------
-
-    def _comm_options(self, live: Live) -> CommOptions | None:
-        """What the runtime's comm bridge needs for a call: the request's message id, and the inbox
-        (named after the interpreter's pid, as input()'s inbox, so ``daytona-kernel gc`` knows it)."""
-        if self.comms is None:
-            return None
-        self.comms.runtime_is(live.token)
-        parent = self.comms.request_parent.get("header", {}).get("msg_id", "")
-        inbox = posixpath.join(self.sandbox.temp_dir, f"daytona-kernel-inbox-{live.pid}-comms-{live.token[:12]}")
-        return CommOptions(parent=parent, inbox=inbox)
-
-    async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None:
-        """Frontend comm messages into the sandbox: while a cell runs, one file upload to its inbox
-        (not queued behind the cell); while idle, a short call of their own, whose output goes under
-        the messages. An empty batch while idle fetches what the sandbox holds (a background thread's updates)."""
-        while True:
-            if self.in_cell and self._cell_inbox is not None:
-                if batch:
-                    bridge.seq += 1
-                    path = posixpath.join(self._cell_inbox, f"comms-{bridge.seq}.json")
-                    await self.sandbox.upload([(json.dumps(batch).encode(), path)])
-                    bridge.uploaded(bridge.seq, batch)
-                return
-            if not self.in_cell and not self._run_lock.locked():
-                break
-            await asyncio.sleep(COMM_WAIT_S)
-        live = self.supervisor.live
-        if live is None or self._shut_down:  # no interpreter (yet): no comm target is registered there
-            bridge.unreachable(batch)
-            return
-        async with self._run_lock:
-            try:
-                try:
-                    error = await self._deliver_once(live, batch, bridge)
-                except SandboxPaused:  # a widget moved after the sandbox paused itself: resume it, as a cell would
-                    await self.supervisor.resume(None)
-                    error = await self._deliver_once(live, batch, bridge)
-            finally:
-                bridge.handled([m["header"]["msg_id"] for m in batch])
-        if runtime_missing(error):
-            bridge.closed_all()  # the interpreter was replaced: its widgets are gone
-        elif error is not None:
-            self._log.warning("widget messages failed in the sandbox: %s: %s", error.name, error.value)
-
-    async def _deliver_once(self, live: Live, batch: list[dict[str, Any]], bridge: CommBridge) -> RunError | None:
-        parent = bridge.request_parent
-        budget = OutputBudget(self._settings.output_limit_chars)
-        self._current = request = Request(
-            live.token, lambda kind, content: bridge.output(kind, content, parent), None, self.outputs, budget, bridge
-        )
-        try:  # a callback may run as long as a cell may (an interrupt stops it)
-            code = call_source(Deliver(messages=batch, comms=self._comm_options(live)))
-            return await live.context.run_code(code, request.on_stdout, request.on_stderr, self._timeout())
-        finally:
-            self._current = None
-            request.finish()
+        request = self.inflight.request = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox))
+        self.interrupts.new_request()
+        return request
 
     def _timeout(self) -> float | None:
         return self._settings.cell_timeout or None
@@ -553,10 +458,8 @@ class RuntimeSession:
     # -- interrupts --------------------------------------------------------
 
     async def interrupt(self) -> None:
-        """Send SIGINT to the worker; restart the context if the cell does not yield.
-
-        Returns once the signal is sent; the watchdog waits in the background.
-        """
+        """Stop what runs: a map cell's workers, the wait for the sandbox, an attach that follows a cell,
+        or the run in the context (``interrupts.Interrupts``). Returns once the signal is sent."""
         if self.pool is not None and self.pool.running:  # a %%daytona map cell: every worker
             await self.pool.interrupt()
             return
@@ -566,67 +469,4 @@ class RuntimeSession:
         if self._stop_following is not None:  # %daytona attach follows a cell: stop following it
             self._stop_following.set()
             return
-        request, live = self._current, self.supervisor.live
-        if request is None or live is None:
-            return
-        request.interrupted = True
-        sent = await self._send_sigint(live)
-        grace = self._settings.interrupt_grace if sent else 0.0
-        if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.ensure_future(self._interrupt_watchdog(request, live, grace))
-
-    async def _skip_when_dequeued(self, live: Live) -> None:
-        """Leave the runtime's note that the current cell must not run (``run_cell`` looks for it first)."""
-        from .runtime.runtime import CANCELLED_CELL
-
-        marker = CANCELLED_CELL % (live.pid, self._cell_count)
-        try:
-            result = await self.sandbox.exec(f"touch {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
-        except DaytonaKernelError as exc:
-            self._log.warning("could not mark the queued cell as cancelled: %s", exc)
-            return
-        if result.exit_code:
-            self._log.warning("could not mark the queued cell as cancelled: %s", result.output)
-            return
-        self._marker = marker
-
-    async def _remove_marker(self) -> None:
-        """The job given up on has been dequeued (and removed its note), unless its worker died first: then the
-        note must not outlive it, or a later cell with the same pid and count would be skipped."""
-        marker, self._marker = self._marker, None
-        if marker is None:
-            return
-        try:
-            await self.sandbox.exec(f"rm -f {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
-        except DaytonaKernelError as exc:
-            self._log.warning("could not remove %s: %s", marker, exc)
-
-    async def _send_sigint(self, live: Live) -> bool:
-        try:
-            result = await self.sandbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
-        except DaytonaKernelError as exc:
-            self._log.warning("could not send the interrupt: %s", exc)
-            return False
-        if result.exit_code != 0:
-            self._log.warning("kill -INT %s failed: %s", live.pid, result.output)
-        return result.exit_code == 0
-
-    async def _interrupt_watchdog(self, request: Request, live: Live, grace: float) -> None:
-        """Close the context of a cell that ignores the interrupt; the ladder then reports it."""
-        try:
-            await asyncio.wait_for(request.done.wait(), grace)
-            return
-        except asyncio.TimeoutError:
-            pass  # the cell ignored the interrupt for the whole grace: its context is closed below
-        attempt = self._attempt_task
-        if self._cut_cell_may_run and not self._heard and request is self._current and attempt is not None:
-            # Its job has not started: the SIGINT went to a cut cell that ignores it. End this run, leave the
-            # context (and every variable) alone, and make the job return at once when its turn comes.
-            self._log.warning("the cell waits behind a cut cell that ignores the interrupt; ending the wait, not the context")
-            await self._skip_when_dequeued(live)
-            self._gave_up_on = request
-            attempt.cancel()
-            return
-        self._log.warning("the cell ignored the interrupt for %ss; restarting the context", grace)
-        request.restarted_by_watchdog = True
-        await self.supervisor.close_quietly(live.context)
+        await self.interrupts.interrupt()

@@ -349,7 +349,7 @@ async def test_a_flood_of_output_stays_interruptible() -> None:
     sess = session(Run(["y" * MB] * 8, wait=forever), Run(["fresh\n"]), output_limit_mb=1.0, interrupt_grace=0.05)
     front = Recorder()
     running = asyncio.ensure_future(sess.execute(Cell("while True: os.write(1, b'y' * 2**20)", 1), front))
-    while sess._current is None:
+    while sess.inflight.request is None:
         await asyncio.sleep(0.001)
     await sess.interrupt()
     outcome = await running

@@ -129,7 +129,7 @@ async def test_a_cell_that_ignores_the_interrupt_has_its_context_restarted() -> 
     session = session_for(sandbox, interrupt_grace=0.05)
     front = Recorder()
     running = asyncio.ensure_future(session.execute(Cell("while True: pass", 1), front))
-    while session._current is None:
+    while session.inflight.request is None:
         await asyncio.sleep(0.001)
     await session.interrupt()
     outcome = await running
