@@ -200,7 +200,7 @@ class CommBridge:
     """See the module docstring. The kernel sets ``request_parent`` for each request and hands
     frontend messages to ``from_frontend``; requests hand the sandbox's comm events to ``from_sandbox``."""
 
-    def __init__(self, publisher: Publisher, policy: WidgetPolicy, log: logging.Logger) -> None:
+    def __init__(self, publisher: Publisher, policy: WidgetPolicy, log: logging.Logger, transport: Transport | None = None) -> None:
         self._publisher = publisher
         self.policy = policy
         self._log = log
@@ -208,7 +208,7 @@ class CommBridge:
         self._parents: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.request_parent: dict[str, Any] = {}
         self.queue = FrontendQueue()
-        self.transport: Transport | None = None
+        self.transport = transport
         self.seq = 0  # the last inbox batch uploaded
         self._acked = 0
         self._drain = False  # fetch what the sandbox holds (a background thread's updates, an unread batch)

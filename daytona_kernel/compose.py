@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .attach import KernelIdentity
 from .backends import Sandbox, open_sandbox, open_worker_sandbox
+from .comms import Publisher
 from .config import DaytonaKernelConfig, MirrorSettings, SessionSettings, settings_from
 from .fanout import Spawn, WorkerPool
 from .outputs import OutputPolicy
@@ -28,9 +29,15 @@ NOTEBOOK_ENV = "JPY_SESSION_NAME"  # jupyter_server gives a kernel its notebook'
 
 
 def build_session(
-    config: DaytonaKernelConfig, folder: str, kernel_id: str, log: logging.Logger, mirror: bool = True
+    config: DaytonaKernelConfig,
+    folder: str,
+    kernel_id: str,
+    log: logging.Logger,
+    mirror: bool = True,
+    publisher: Publisher | None = None,
 ) -> RuntimeSession:
     """The session for a notebook in ``folder``; ``mirror=False`` leaves the folder alone (doctor).
+    With a ``publisher`` (the kernel's iopub), the session has a comm bridge: widgets work.
 
     The folder mirrored (and keyed) is the project's root (``project.project_root``: ``sync_root``,
     the git root, a project marker, else ``folder``); cells start in the notebook's sub-folder of it,
@@ -44,7 +51,7 @@ def build_session(
     scratch = Path(tempfile.gettempdir()) / f"daytona-kernel-fanout-{os.getpid()}-{secrets.token_hex(4)}"
     spawn = worker_spawner(config, sandbox, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up)
     pool = WorkerPool(spawn, settings, log, OutputPolicy(settings.output_trusted), start_in, scratch)
-    return RuntimeSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool)
+    return RuntimeSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool, publisher)
 
 
 def worker_spawner(

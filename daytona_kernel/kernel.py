@@ -23,7 +23,7 @@ from jupyter_client.session import Session
 
 from . import __version__
 from .cell import Cell, CellOutcome, error_content
-from .comms import CommBridge, WidgetPolicy
+from .comms import CommBridge
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
 from .errors import ConfigError, DaytonaKernelError
@@ -70,13 +70,11 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self.shell_handlers.update(comm_open=self._comm, comm_msg=self._comm, comm_close=self._comm)
         if not self._problems:
             try:
-                self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log)
+                self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
         if self._runtime is not None:
-            policy = WidgetPolicy(self._runtime.outputs, frozenset(self.widget_modules))
-            self._comms = self._runtime.comms = CommBridge(self, policy, self.log)
-            self._comms.transport = self._runtime.delivery
+            self._comms = self._runtime.comms
 
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""

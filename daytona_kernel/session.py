@@ -14,11 +14,12 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .attach import Adopted, KernelIdentity, SessionJournal
 from .backends.base import LOCAL_ATTACH, IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
+from .comms import CommBridge, Publisher, WidgetPolicy
 from .config import SessionSettings
 from .delivery import CommDelivery, comm_options
 from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
@@ -34,9 +35,6 @@ from .runtime import call_source
 from .runtime.calls import Adopt, CommTable, Complete, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
 from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror, notify
-
-if TYPE_CHECKING:
-    from .comms import CommBridge
 
 GAVE_UP_QUEUED = (
     "This cell had not started: it waited behind a cell whose connection was cut, which still runs in the sandbox "
@@ -59,6 +57,7 @@ class RuntimeSession:
         start_in: str = "",
         identity: KernelIdentity | None = None,
         pool: WorkerPool | None = None,
+        publisher: Publisher | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.pool = pool  # %%daytona map's workers
@@ -81,7 +80,9 @@ class RuntimeSession:
         self.inflight = InFlight()  # what runs in the context now
         self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
         self.delivery = CommDelivery(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # widgets
-        self.comms: CommBridge | None = None  # widgets: the kernel's comm bridge (comms.py), if it has one
+        self.comms: CommBridge | None = None  # widgets: the comm bridge (comms.py), when a kernel publishes them
+        if publisher is not None:
+            self.comms = CommBridge(publisher, WidgetPolicy(self.outputs, frozenset(settings.widget_modules)), log, self.delivery)
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
         self._shut_down = False

@@ -104,8 +104,8 @@ class SlowTransport:
 
 def test_messages_that_arrive_during_a_delivery_go_in_order_in_the_next_batch() -> None:
     async def go() -> list[list[str]]:
-        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG)
-        transport = bridge.transport = SlowTransport()
+        transport = SlowTransport()
+        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG, transport)
         for comm_id in ("s", "b"):
             bridge.from_frontend({"header": {"msg_id": "open-" + comm_id, "msg_type": "comm_open"}, "content": {"comm_id": comm_id, "target_name": "jupyter.widget"}})
         await asyncio.sleep(0)
@@ -122,8 +122,8 @@ def test_messages_that_arrive_during_a_delivery_go_in_order_in_the_next_batch() 
 
 def test_a_background_threads_updates_are_fetched_after_the_cell_ends_not_during_it() -> None:
     async def go() -> tuple[list[list[str]], list[list[str]]]:
-        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG)
-        transport = bridge.transport = SlowTransport()
+        transport = SlowTransport()
+        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG, transport)
         transport.release.set()
         transport.in_cell = True
         bridge.ack(CommAck(seq=0, more=True))  # the cell's last frame: a thread may still publish
@@ -254,8 +254,8 @@ def test_a_request_with_no_widget_news_sends_no_acknowledgement(tmp_path: Path) 
 
 def test_a_batch_uploaded_after_the_cells_last_look_is_fetched_after_the_cell() -> None:
     async def go() -> list[list[str]]:
-        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG)
-        transport = bridge.transport = SlowTransport()
+        transport = SlowTransport()
+        bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG, transport)
         transport.release.set()
         bridge.seq = 1  # uploaded; the runtime said nothing of it
         bridge.cell_ended()
