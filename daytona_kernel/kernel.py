@@ -245,7 +245,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             self._comms.note_request(parent)
         try:
             if self._runtime is not None and not self._problems:
-                await self._runtime.auto_attach(frontend)  # attach='auto': continue the previous session first
+                await self._runtime.attacher.auto_attach(frontend)  # attach='auto': continue the previous session first
                 self._adopt()
             count = self._next_count
             cell = Cell(code, count, silent, store_history, allow_stdin, dict(user_expressions or {}))
@@ -288,7 +288,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     def _adopt(self) -> None:
         """After an attach: go on from the attached session's execution count, with its inputs in the history."""
-        adopted = self._runtime.take_adopted() if self._runtime is not None else None
+        adopted = self._runtime.attacher.take_adopted() if self._runtime is not None else None
         if adopted is None:
             return
         self._history.prepend(adopted.inputs)

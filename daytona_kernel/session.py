@@ -16,13 +16,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from .attach import Adopted, KernelIdentity, SessionJournal
-from .backends.base import LOCAL_ATTACH, IdleMode, RunError, Sandbox
+from .attach import KernelIdentity, SessionJournal
+from .backends.base import IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .comms import CommBridge, Publisher, WidgetPolicy
 from .config import SessionSettings
 from .delivery import CommDelivery, comm_options
-from .errors import BackendError, DaytonaKernelError, Interrupted, SandboxNotRunning, SandboxPaused, UsageError
+from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
 from .idle import IdleCheckpoint, resumed_notice
 from .interrupts import Interrupts
@@ -30,9 +30,10 @@ from .ladder import RunEnd, settle
 from .magics import KernelMagics
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import FileChanges, volume_synced
+from .reattach import Attacher
 from .request import InFlight, InputBridge, Request, fetcher
 from .runtime import call_source
-from .runtime.calls import Adopt, CommTable, Complete, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
+from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
 from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import WorkdirMirror, notify
 
@@ -74,8 +75,6 @@ class RuntimeSession:
         self.supervisor = ContextSupervisor(sandbox, settings, log, options, self.journal)
         if mirror is not None and mirror.notice:
             self.supervisor.notices.append(mirror.notice)
-        self.adopted: Adopted | None = None  # set by an attach, taken by the kernel (execution count, history)
-        self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attach, pool)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self.inflight = InFlight()  # what runs in the context now
         self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
@@ -83,8 +82,9 @@ class RuntimeSession:
         self.comms: CommBridge | None = None  # widgets: the comm bridge (comms.py), when a kernel publishes them
         if publisher is not None:
             self.comms = CommBridge(publisher, WidgetPolicy(self.outputs, frozenset(settings.widget_modules)), log, self.delivery)
+        self.attacher = Attacher(sandbox, self.supervisor, self.journal, self.comms, settings.attach)
+        self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attacher.attach, pool)
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
-        self._stop_following: asyncio.Event | None = None  # set by an interrupt while %daytona attach follows a cell
         self._shut_down = False
         # When this kernel last kept the sandbox busy, by the wall clock: Daytona counts idle time by it, and a
         # monotonic clock stands still while a laptop sleeps (the sandbox may pause meanwhile).
@@ -342,78 +342,6 @@ class RuntimeSession:
         )
         return live
 
-    # -- attaching to a session another kernel process left ---------------
-
-    async def attach(self, frontend: Frontend, args: list[str]) -> str:
-        """``%daytona attach``: replay the detached session's last cell, follow it to its end, then make
-        its context this kernel's (namespace, execution count, inputs). See docs/reattach.md."""
-        journal = self.journal
-        if journal is None:
-            raise UsageError(LOCAL_ATTACH)
-        live = await self.supervisor.ready(frontend.progress)
-        session = await journal.pick(args, live.context.id)
-        await journal.claim(session)
-        frontend.emit(
-            "stream",
-            stderr(f"daytona-kernel: attaching to {session.name or 'this folder'}'s session ({session.describe()}); its last cell's output follows.\n"),
-        )
-        self._stop_following = asyncio.Event()
-        try:
-            followed = await journal.follow(session, frontend, self._stop_following)
-        except Interrupted:
-            await journal.release(session)
-            raise Interrupted(
-                "Interrupted by user: stopped following the session's cell, which goes on in the sandbox. "
-                "`%daytona attach` follows it again; this kernel keeps its fresh namespace."
-            ) from None
-        finally:
-            self._stop_following = None
-        if not followed:
-            await journal.end(session, "its interpreter died")
-            raise BackendError(
-                "The session's interpreter ended while it ran detached (out of memory, or killed); its variables are gone. "
-                "This kernel keeps its fresh namespace."
-            )
-        context = await self.sandbox.adopt_context(session.context_id)
-        old = await self.supervisor.adopt(Live(context, session.token, session.pid, session.python))
-        if old is not None:
-            await journal.forget(old.id)
-        reply = await self.supervisor.call_code("attach", call_source(Adopt(instance=journal.identity.instance)))
-        self.adopted = journal.adopted(reply)
-        return (
-            f"attached: {reply.get('variables')} variable(s), execution count {self.adopted.count}{await self._adopt_comms()}; "
-            "your next cells run in this session.\n"
-        )
-
-    async def _adopt_comms(self) -> str:
-        """The attached session's widgets become this kernel's (reload the page to see them again)."""
-        if self.comms is None:
-            return ""
-        self.comms.closed_all()
-        count = self.comms.adopt(await self.supervisor.query(CommTable()))
-        if self.supervisor.live is not None:
-            self.comms.runtime_is(self.supervisor.live.token)
-        return f", {count} widget(s) (reload the page to see them)" if count else ""
-
-    async def auto_attach(self, frontend: Frontend) -> None:
-        """With attach='auto', attach before the first cell when a session of this notebook was found."""
-        if self.journal is None or self._settings.attach != "auto":
-            return
-        try:
-            await self.supervisor.ready(frontend.progress)
-        except DaytonaKernelError:
-            return  # the cell itself reports it
-        if not self.journal.take_auto():
-            return
-        try:
-            frontend.emit("stream", stderr(await self.attach(frontend, [])))
-        except DaytonaKernelError as exc:
-            frontend.emit("stream", stderr(f"daytona-kernel: could not attach to the previous session: {exc}\n"))
-
-    def take_adopted(self) -> Adopted | None:
-        adopted, self.adopted = self.adopted, None
-        return adopted
-
     # -- the workdir mirror ------------------------------------------------
 
     async def _push(self, frontend: Frontend, resumed: bool = False) -> Synced | None:
@@ -467,7 +395,6 @@ class RuntimeSession:
         if self._stop_waiting is not None:  # the cell still waits for the sandbox: stop waiting
             self._stop_waiting.set()
             return
-        if self._stop_following is not None:  # %daytona attach follows a cell: stop following it
-            self._stop_following.set()
+        if self.attacher.stop_following():  # %daytona attach follows a cell: it stops following it
             return
         await self.interrupts.interrupt()

@@ -22,14 +22,18 @@ class Wire:
         self.sent.append(list(parts))
 
 
-class BrokenSession:
-    """A runtime session with a bug: running a cell raises something no layer expects."""
-
+class NoAttach:
     async def auto_attach(self, frontend: Any) -> None:
         return None
 
     def take_adopted(self) -> None:
         return None
+
+
+class BrokenSession:
+    """A runtime session with a bug: running a cell raises something no layer expects."""
+
+    attacher = NoAttach()
 
     async def execute(self, cell: Any, frontend: Any) -> Any:
         raise RuntimeError("an unexpected failure")
