@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -24,25 +23,25 @@ from .config import SessionSettings
 from .delivery import CommDelivery, comm_options
 from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
-from .idle import IdleCheckpoint, resumed_notice
+from .idle import IdleCheckpoint
 from .interrupts import Interrupts
 from .ladder import RunEnd, settle
 from .magics import KernelMagics
 from .outputs import OutputBudget, OutputPolicy
-from .protocol import FileChanges, volume_synced
+from .protocol import volume_synced
 from .reattach import Attacher
 from .request import InFlight, InputBridge, Request, fetcher
 from .runtime import call_source
-from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
+from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, SyncVolume
 from .supervisor import ContextSupervisor, Live, runtime_missing
-from .sync import WorkdirMirror, notify
+from .sync import WorkdirMirror
+from .upkeep import Upkeep
 
 GAVE_UP_QUEUED = (
     "This cell had not started: it waited behind a cell whose connection was cut, which still runs in the sandbox "
     "and ignores the interrupt. This cell will not run; your variables are kept. The next cell waits until that "
     "cell ends; restart the kernel to end it now (variables are lost then).\n"
 )
-AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 STILL_STARTING = "The sandbox is still starting in the background; the next cell waits for it.\n"
 
 
@@ -76,6 +75,7 @@ class RuntimeSession:
         if mirror is not None and mirror.notice:
             self.supervisor.notices.append(mirror.notice)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
+        self.upkeep = Upkeep(sandbox, self.supervisor, mirror, self._idle_checkpoint, log)  # resume, recover, push, pull
         self.inflight = InFlight()  # what runs in the context now
         self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
         self.delivery = CommDelivery(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # widgets
@@ -86,9 +86,6 @@ class RuntimeSession:
         self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attacher.attach, pool)
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
         self._shut_down = False
-        # When this kernel last kept the sandbox busy, by the wall clock: Daytona counts idle time by it, and a
-        # monotonic clock stands still while a laptop sleeps (the sandbox may pause meanwhile).
-        self._last_cell_end = time.time()
 
     # -- lifecycle -------------------------------------------------------
 
@@ -126,7 +123,7 @@ class RuntimeSession:
             return await self._execute(cell, frontend)
         finally:
             self.inflight.in_cell, self.inflight.cell_inbox = False, None
-            self._last_cell_end = time.time()
+            self.upkeep.busy()
             if not self._shut_down:
                 self._idle_checkpoint.arm()
 
@@ -143,9 +140,9 @@ class RuntimeSession:
             if self.pool is None:
                 raise UsageError("%%daytona map is not available in this session.")
             if spec.scatter or spec.gather:  # they run in the main sandbox: a paused one is resumed first
-                self._last_cell_end = time.time()  # (only they keep it from being idle)
+                self.upkeep.busy()  # (only they keep it from being idle)
                 if self.sandbox.idle_mode is IdleMode.PAUSE:
-                    await self._resume(frontend)
+                    await self.upkeep.resume(frontend)
             return await self.pool.run(spec, body, cell, frontend, self.supervisor)
         except DaytonaKernelError as exc:
             return failed_cell(exc, frontend)
@@ -160,8 +157,8 @@ class RuntimeSession:
     async def _execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         try:
             live = await self._ready_unless_interrupted(frontend)
-            if live is not None and self._may_have_paused():
-                await self._resume(frontend)  # before the cell's files go up: a paused sandbox refuses them
+            if live is not None and self.upkeep.may_have_paused():
+                await self.upkeep.resume(frontend)  # before the cell's files go up: a paused sandbox refuses them
         except DaytonaKernelError as exc:
             content = error_content(exc.ename, str(exc))
             frontend.emit("error", content)
@@ -174,7 +171,7 @@ class RuntimeSession:
         notices = self.supervisor.notices
         while notices:
             frontend.emit("stream", stderr(notices.pop(0)))
-        synced = await self._push(frontend)
+        synced = await self.upkeep.push(frontend)
         comms = comm_options(self.comms, live, self.sandbox.temp_dir)
         code = call_source(
             RunCell(
@@ -209,7 +206,7 @@ class RuntimeSession:
         if verdict.error is not None:
             request.fail(verdict.error, overrides=verdict.overrides)
         if request.files is not None:
-            await self._pull(request.files, frontend)
+            await self.upkeep.pull(request.files, frontend)
         if request.error is not None and not request.error_shown:
             frontend.emit("error", request.error)
         return CellOutcome(error=request.error, user_expressions=request.user_expressions, payload=request.payload)
@@ -241,11 +238,11 @@ class RuntimeSession:
             try:
                 run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
             except SandboxPaused:  # nothing ran: resume the sandbox; the context and its variables carry on
-                await self._resume(frontend)
+                await self.upkeep.resume(frontend)
                 run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
-                live = await self._recover(exc, frontend)
-                await self._push(frontend)  # a new sandbox lacks what was only in the old one
+                live = await self.upkeep.recover(exc, frontend)
+                await self.upkeep.push(frontend)  # a new sandbox lacks what was only in the old one
                 run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
         except BackendError as exc:
             exception = exc
@@ -298,91 +295,6 @@ class RuntimeSession:
 
     def _timeout(self) -> float | None:
         return self._settings.cell_timeout or None
-
-    def _may_have_paused(self) -> bool:
-        """Idle long enough for the sandbox's auto-pause? (A cell that comes sooner pays no request for this.)"""
-        pause_s = self.sandbox.auto_pause_s
-        return bool(pause_s) and time.time() - self._last_cell_end >= pause_s - AUTO_PAUSE_MARGIN_S
-
-    async def _resume(self, frontend: Frontend) -> bool:
-        """Resume a paused sandbox, with one line saying so; False if it was not paused. Raises
-        DaytonaKernelError if it cannot."""
-        try:
-            took = await self.supervisor.resume(frontend.progress)
-        finally:
-            frontend.progress("")
-        if took is not None:
-            frontend.emit("stream", stderr(resumed_notice(took)))
-        return took is not None
-
-    async def _recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
-        generation = self.sandbox.generation
-        live = await self.supervisor.recover(cause, frontend.progress)
-        notices = self.supervisor.notices  # what bringing it back took (a recovery from an error ...)
-        while notices:
-            frontend.emit("stream", stderr(notices.pop(0)))
-        if self.sandbox.generation != generation:  # gone (deleted, ephemeral auto-stop): another sandbox now
-            frontend.emit(
-                "stream",
-                stderr(
-                    f"{cause} Your cell runs in another sandbox ({self.sandbox.id}): variables were reset, "
-                    "packages installed with %pip are gone; files on the volume are intact.\n"
-                ),
-            )
-            return live
-        restore = " Your variables were checkpointed before the stop: `%daytona restore` brings them back."
-        frontend.emit(
-            "stream",
-            stderr(
-                f"{cause} It was started again and your cell runs in a fresh interpreter: "
-                "variables were reset; files in the working directory are intact."
-                + (restore if self._idle_checkpoint.saved else "")
-                + "\n"
-            ),
-        )
-        return live
-
-    # -- the workdir mirror ------------------------------------------------
-
-    async def _push(self, frontend: Frontend, resumed: bool = False) -> Synced | None:
-        """Upload local changes before a cell; returns the mirror's note for the runtime. Never fails the cell.
-
-        An upload that fails because the sandbox was paused meanwhile (from the dashboard, or by auto-pause
-        while this laptop slept) resumes it and uploads again, so the cell sees the files edited meanwhile.
-        """
-        if self.mirror is None:
-            return None
-        try:
-            report = await self.mirror.push(frontend.progress)
-        except (DaytonaKernelError, OSError) as exc:
-            frontend.progress("")
-            if not resumed and isinstance(exc, DaytonaKernelError) and await self._resume_after(exc, frontend):
-                return await self._push(frontend, resumed=True)
-            frontend.emit("stream", stderr(f"Could not sync your folder to the sandbox: {exc}\n"))
-            return self.mirror.handover()
-        finally:
-            frontend.progress("")
-        notify(report, frontend)
-        return self.mirror.handover()
-
-    async def _resume_after(self, failure: DaytonaKernelError, frontend: Frontend) -> bool:
-        """Did ``failure`` come from a sandbox that was paused? Then it is resumed now."""
-        try:
-            return await self._resume(frontend)
-        except DaytonaKernelError as exc:
-            self._log.warning("after %s, the sandbox could not be resumed: %s", failure, exc)
-            return False
-
-    async def _pull(self, changes: FileChanges, frontend: Frontend) -> None:
-        """Download what the cell changed, before the cell's reply."""
-        if self.mirror is None:
-            return
-        try:
-            report = await self.mirror.pull(changes.as_dict())
-        except (DaytonaKernelError, OSError) as exc:
-            frontend.emit("stream", stderr(f"Could not copy the cell's files back from the sandbox: {exc}\n"))
-            return
-        notify(report, frontend)
 
     # -- interrupts --------------------------------------------------------
 
