@@ -43,39 +43,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .backends.base import FileError, ProgressCallback, Sandbox
+from .backends.base import ProgressCallback, Sandbox
 from .cell import Frontend, stderr
 from .config import DaytonaKernelConfig, MirrorSettings, settings_from
-from .errors import DaytonaKernelError, MirrorError
-from .localfs import NOFOLLOW, LocalFolder, safe_relpath, shown
+from .errors import MirrorError
+from .localfs import NOFOLLOW, LocalFolder
 from .manifest import SyncManifest
 from .runtime.calls import RuntimeOptions, Synced
-from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, load_rules, scan
+from .runtime.pathrules import MirrorRules, load_rules, scan
+from .syncdown import BATCH_FILES, MirrorDown
 from .syncplan import (
-    ENV_MARKERS,
-    MB,
-    Landing,
-    Refusal,
-    Stat,
     SyncReport,
     UpPlan,
     choose_up,
-    code_refusal,
-    conflict_name,
     describe_up,
-    folders_above,
-    parse_report,
-    plan_down,
-    sandbox_landing,
     size_text,
-    why_not_down,
 )
 
-BATCH_FILES = 500
 BATCH_BYTES = 64 * 1024 * 1024
 SHOW_PROGRESS_FILES = 50
 SCAN_BUDGET_S = 2.0  # the scan of the notebook folder before each cell
-DEFAULT_FILE_MODE = 0o644
 
 
 def open_mirror(
@@ -126,12 +113,9 @@ class WorkdirMirror:
         self._rules = load_rules(str(self.local_root), config.sync_exclude, config.sync_include)
         self._manifest = SyncManifest(manifest_path, self.local_root, log)
         self._secrets_noticed: set[str] = set()
-        self._acked: dict[str, list[int]] = {}  # changes handled since the runtime last heard from us
-        self._gone: list[str] = []
-        self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since then
-        self._failed: dict[str, Stat] = {}  # sandbox files that failed in a way a retry would repeat
-        self._reported = Landing()  # the environments and repositories the last change report makes
+        self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since the runtime last heard from us
         self._generation: int | None = None  # the sandbox the manifest describes (Sandbox.generation)
+        self._down = MirrorDown(self._folder, sandbox, config, self._rules, self._manifest, self._secrets_noticed, self.mode == "both")
 
     @property
     def syncs_up(self) -> bool:
@@ -160,11 +144,10 @@ class WorkdirMirror:
         them and does not report the files back); ``acked``: reported changes the
         kernel has handled, with the stat it saw; ``gone``: reported deletions handled.
         """
-        note = Synced(up=self._up_modes, acked=self._acked, gone=self._gone)
-        self._up_modes, self._acked, self._gone = {}, {}, []
+        acked, gone = self._down.take_handled()
+        note = Synced(up=self._up_modes, acked=acked, gone=gone)
+        self._up_modes = {}
         return note
-
-    # -- manifest ----------------------------------------------------------
 
     # -- up ------------------------------------------------------------------
 
@@ -201,7 +184,7 @@ class WorkdirMirror:
         if self._generation is not None and generation != self._generation and self._manifest:
             self._log.info("a new sandbox: the %d file(s) synced to the old one are checked again", len(self._manifest))
             self._manifest.clear()
-            self._failed.clear()
+            self._down.failed.clear()
         self._generation = generation
 
     async def push(self, progress: ProgressCallback | None = None) -> SyncReport:
@@ -248,167 +231,30 @@ class WorkdirMirror:
 
     # -- down ----------------------------------------------------------------
 
-    async def pull(self, changes: Any, retry_failed: bool = False) -> SyncReport:
-        """Download what a cell changed, as the runtime reported it (untrusted input).
+    # -- down: MirrorDown (syncdown.py) ----------------------------------------
 
-        ``retry_failed`` (for %sync) tries again the files that failed in a way
-        a plain retry would repeat.
-        """
-        report = SyncReport()
+    async def pull(self, changes: Any, retry_failed: bool = False) -> SyncReport:
+        """Download what a cell changed, as the runtime reported it (``MirrorDown.pull``)."""
         if not self.syncs_down:
-            return report
-        if retry_failed:
-            self._failed.clear()
-        changed, deleted = parse_report(changes, report)
-        self._rules.forget_gitignores()
-        self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
-        landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
-        plan = await asyncio.to_thread(
-            plan_down, changed, report, self._config, self._rules, self._failed, self._secrets_noticed, landing, self._sandbox.on_this_disk
-        )
-        self._secrets_noticed.update(report.secrets_down + report.code_kept)
-        for raw, reported in plan.acked:
-            self._ack(raw, reported)
-        wanted = plan.wanted
-        max_file = int(self._config.sync_max_file_mb * MB)
-        for start in range(0, len(wanted), BATCH_FILES):
-            chunk = wanted[start : start + BATCH_FILES]
-            limits = {self.remote_path(rel): min(reported[0], max_file) for rel, _, reported in chunk}
-            try:
-                contents = await self._sandbox.download(list(limits), limits)
-            except DaytonaKernelError as exc:
-                report.left_behind += [(rel, f"{exc}; it is tried again after the next cell") for rel, _, _ in chunk]
-                continue
-            await asyncio.to_thread(self._write_batch, chunk, contents, report)
-        for rel, raw, reported in plan.placed:
-            await self._fetch_placed(rel, raw, reported, report)
-        if deleted:
-            await asyncio.to_thread(self._apply_deletions, deleted, report)
-        if report.down or report.deleted or report.conflicts:
-            await asyncio.to_thread(self._manifest.save)
-        return report
+            return SyncReport()
+        return await self._down.pull(changes, retry_failed)
+
+    async def download_paths(self, remote: str, dest: str | None) -> SyncReport:
+        """%download (``MirrorDown.download_paths``)."""
+        return await self._down.download_paths(remote, dest, self.start_in)
 
     # -- big files on a sandbox on this disk (the local backend) ------------------------------------
-
-    @property
-    def _links(self) -> bool:
-        """Hard links only when changes travel both ways: a cell writing into one changes the user's
-        file at once, which is what the mirror does after the cell anyway."""
-        return self.mode == "both"
 
     async def _place(self, rel: str, report: SyncReport) -> None:
         """A file over sync_max_file_mb goes to a sandbox on this disk as a clone or a link (``share_file``)."""
         try:
-            await self._sandbox.place(str(self.local_root / rel), self.remote_path(rel), self._links)
+            await self._sandbox.place(str(self.local_root / rel), self.remote_path(rel), self.mode == "both")
             await asyncio.to_thread(self._manifest.record_file, rel)
         except OSError as exc:
             report.skipped.append((rel, f"could not place it in the sandbox ({exc.strerror or exc})"))
             return
         self._up_modes[rel] = self._manifest[rel][3]
         report.up.append(rel)
-
-    async def _fetch_placed(self, rel: str, raw: str, reported: Stat, report: SyncReport) -> None:
-        """A file over sync_max_file_mb a cell wrote, from a sandbox on this disk: nothing to move when it is
-        the user's own file (a link), else a clone or a link of it, or a conflict copy beside a changed one."""
-        remote = self.remote_path(rel)
-        landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [rel])
-        refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
-        if refusal is not None:  # the writer asks the one decision too, with the folders as they are now
-            if refusal[0] is Refusal.REFUSED:
-                report.refused.append((rel, refusal[1]))
-            self._ack(raw, reported)
-            return
-        try:
-            if not self._sandbox.same_file(remote, str(self.local_root / rel)):
-                st = self._folder.lstat(rel)
-                target = rel
-                if st is not None and not stat.S_ISREG(st.st_mode):
-                    raise MirrorError("a folder, symlink or special file is in its place here, and is not replaced")
-                if st is not None and (rel.lower().endswith(".ipynb") or self._manifest.locally_changed(rel, file_stat(st))):
-                    target = _free_conflict_name(self._folder, rel)  # an earlier conflict copy is never replaced
-                path = await asyncio.to_thread(self._folder.path_for_writing, target)
-                await self._sandbox.fetch(remote, str(path), self._links)
-                if target != rel:
-                    report.conflicts.append((rel, target))
-                    self._ack(raw, reported)
-                    return
-                report.down.append(rel)
-            await asyncio.to_thread(self._manifest.record_file, rel)
-        except (MirrorError, OSError) as exc:
-            self._left_behind(rel, raw, reported, str(exc) if isinstance(exc, MirrorError) else exc.strerror or str(exc), False, report)
-            return
-        self._ack(raw, reported)
-
-    def _ack(self, raw: str, reported: Stat) -> None:
-        self._acked[raw] = [reported[0], reported[1], reported[2]] if reported[2] >= 0 else [reported[0], reported[1]]
-
-    def _write_batch(self, chunk: list[tuple[str, str, Stat]], contents: dict[str, Any], report: SyncReport) -> None:
-        max_file = int(self._config.sync_max_file_mb * MB)
-        # The writer asks the one decision again, with the folders here as they are now (after the download).
-        landing = self._reported | local_landing(self._folder, [rel for rel, _, _ in chunk])
-        for rel, raw, reported in chunk:
-            content = contents.get(self.remote_path(rel))
-            if isinstance(content, FileError) and content.over_limit:
-                why = f"it is more than the sandbox reported ({size_text(reported[0])})"
-                self._left_behind(rel, raw, reported, why if reported[0] <= max_file else content.message, False, report)
-                continue
-            if isinstance(content, FileError) or not isinstance(content, bytes):
-                error = content if isinstance(content, FileError) else FileError("the sandbox sent nothing for it", retry=True)
-                self._left_behind(rel, raw, reported, error.message, error.retry, report)
-                continue
-            if len(content) > min(reported[0], max_file):  # a backend that ignored the limit
-                self._left_behind(rel, raw, reported, f"it is {size_text(len(content))}, more than the sandbox reported", False, report)
-                continue
-            refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
-            if refusal is not None:
-                if refusal[0] is Refusal.REFUSED:
-                    report.refused.append((rel, refusal[1]))
-                self._ack(raw, reported)
-                continue
-            try:
-                _write_down(self._folder, self._manifest, rel, content, reported[2], report)
-            except MirrorError as exc:
-                self._left_behind(rel, raw, reported, str(exc), False, report)
-                continue
-            except OSError as exc:
-                self._left_behind(rel, raw, reported, exc.strerror or str(exc), False, report)
-                continue
-            self._ack(raw, reported)
-
-    def _left_behind(self, rel: str, raw: str, reported: Stat, why: str, retry: bool, report: SyncReport) -> None:
-        if retry:
-            report.left_behind.append((rel, f"{why}; it is tried again after the next cell"))
-        else:
-            self._failed[raw] = reported
-            report.left_behind.append((rel, f"{why}; run %sync to try again, or fetch it with %download {rel}"))
-
-    def _apply_deletions(self, deleted: list[str], report: SyncReport) -> None:
-        """Deletions the sandbox reported: applied only with sync_deletes, and only to unchanged files."""
-        for raw in deleted:
-            self._gone.append(raw)
-            if not self._config.sync_deletes:
-                continue
-            try:
-                rel = safe_relpath(raw)
-                if self._rules.check(rel, False) is not None:
-                    continue
-                why = "a notebook is never deleted from the sandbox" if rel.lower().endswith(".ipynb") else None
-                why = why or code_refusal(rel, local_landing(self._folder, [rel]))
-                if why is not None:
-                    report.refused.append((rel, f"not deleted here: {why}"))
-                    continue
-                st = self._folder.lstat(rel)
-                if st is None or not stat.S_ISREG(st.st_mode) or self._manifest.locally_changed(rel, file_stat(st)):
-                    continue
-                self._folder.unlink(rel)
-            except MirrorError as exc:
-                report.refused.append((shown(raw), str(exc)))
-                continue
-            except OSError as exc:
-                report.left_behind.append((raw, f"not deleted here: {exc.strerror or exc}"))
-                continue
-            self._manifest.pop(rel, None)
-            report.deleted.append(rel)
 
     # -- by hand -------------------------------------------------------------
 
@@ -442,27 +288,6 @@ class WorkdirMirror:
         for start in range(0, len(files), BATCH_FILES):
             await self._sandbox.upload(files[start : start + BATCH_FILES])
         self._up_modes.update(modes)
-        return report
-
-    async def download_paths(self, remote: str, dest: str | None) -> SyncReport:
-        """%download: fetch a sandbox file here (a conflict copy if the local one changed).
-
-        The local path stays inside the notebook folder and out of .git; a file
-        that looks like a secret may be fetched this way.
-        """
-        report = SyncReport()
-        remote_path = remote if remote.startswith("/") else self.remote_path(posixpath.join(self.start_in, remote))
-        name = posixpath.join(self.start_in, dest or (remote if not remote.startswith("/") else posixpath.basename(remote)))
-        try:
-            rel = safe_relpath(name)
-        except MirrorError as exc:
-            raise MirrorError(f"%download: {name} cannot be written here: {exc}. Give a DEST inside the notebook folder.") from None
-        if any(self._rules.classify(part, True) == NEVER_REASON for part in rel.split("/")):
-            raise MirrorError(f"%download: {rel} is inside a version-control folder; the mirror never writes there.")
-        content = (await self._sandbox.download([remote_path]))[remote_path]
-        if isinstance(content, FileError):
-            raise MirrorError(f"%download: could not fetch {remote} from the sandbox: {content.message}")
-        await asyncio.to_thread(_write_down, self._folder, self._manifest, rel, content, -1, report)
         return report
 
 
@@ -532,97 +357,6 @@ def _read_for_upload(src: Path, target: str, include: list[str], workdir: str, r
         report.up.append(remote_rel)
         report.bytes_up += len(content)
     return files, modes
-
-
-def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: bytes, mode: int, report: SyncReport) -> None:
-    """Write one downloaded file here, or a conflict copy beside it. Raises MirrorError or OSError.
-
-    Modes only narrow: the sandbox's bits, without any the local file lacks (a 0600 file never
-    becomes readable by others). A notebook is never overwritten, nor is an earlier conflict copy."""
-    mode = DEFAULT_FILE_MODE if mode < 0 else mode & 0o777
-    digest = hashlib.sha256(content).hexdigest()
-    st = folder.lstat(rel)
-    if st is not None:
-        if not stat.S_ISREG(st.st_mode):
-            what = "folder" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "special file"
-            raise MirrorError(f"a {what} is in its place here, and is not replaced")
-        now = file_stat(st)
-        mode &= now[2]
-        known = manifest.get(rel)
-        locally_changed = manifest.locally_changed(rel, now)
-        if known is not None and known[2] == digest and not locally_changed:
-            if now[2] != mode:
-                folder.chmod(rel, mode)
-                manifest.record(rel, digest, folder.lstat(rel))
-            return  # already the same here
-        if rel.lower().endswith(".ipynb") or locally_changed:
-            report.conflicts.append((rel, _write_conflict_copy(folder, rel, content, mode)))
-            return
-    folder.write(rel, content, mode)
-    manifest.record(rel, digest, folder.lstat(rel))
-    report.down.append(rel)
-    report.bytes_down += len(content)
-
-
-CONFLICT_COPIES = 100  # data.sandbox-conflict.csv, then data.sandbox-conflict-2.csv ... up to this many
-
-
-def _conflict_names(rel: str) -> list[str]:
-    """``data.sandbox-conflict.csv``, ``data.sandbox-conflict-2.csv`` ... up to CONFLICT_COPIES."""
-    first = conflict_name(rel)
-    stem, dot, ext = first.rpartition(".sandbox-conflict")
-    return [first] + [f"{stem}{dot}-{n}{ext}" for n in range(2, CONFLICT_COPIES + 1)]
-
-
-def _free_conflict_name(folder: LocalFolder, rel: str) -> str:
-    for copy in _conflict_names(rel):
-        if folder.lstat(copy) is None:
-            return copy
-    raise MirrorError(f"{CONFLICT_COPIES} conflict copies of it are here already; merge or remove them")
-
-
-def _write_conflict_copy(folder: LocalFolder, rel: str, content: bytes, mode: int) -> str:
-    """Write the sandbox's version beside the local file under a name nothing has: an existing conflict copy
-    (which the user may be merging in) is never overwritten."""
-    for copy in _conflict_names(rel):
-        if folder.lstat(copy) is not None:
-            continue
-        try:
-            folder.write(copy, content, mode, exclusive=True)
-        except FileExistsError:
-            continue  # made meanwhile
-        return copy
-    raise MirrorError(f"{CONFLICT_COPIES} conflict copies of it are here already; merge or remove them")
-
-
-def _normalised(raws: list[str]) -> list[str]:
-    """The reported paths that are paths at all (``safe_relpath``); the others are refused by the planner."""
-    found = []
-    for raw in raws:
-        try:
-            found.append(safe_relpath(raw))
-        except MirrorError:
-            continue
-    return found
-
-
-def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
-    """Which folders on the way of these reported paths are, here, a Python environment (a pyvenv.cfg or a
-    conda-meta/ in it) or a folder git takes for a repository (HEAD beside objects/, refs/ or commondir)."""
-    envs: set[str] = set()
-    repos: set[str] = set()
-    looked: set[str] = set()
-    for rel in _normalised(raws):
-        for above in folders_above(rel):
-            if above in looked:
-                continue
-            looked.add(above)
-            kinds = folder.kinds(above, (*ENV_MARKERS, "HEAD", "objects", "refs", "commondir"))
-            if kinds["pyvenv.cfg"] == "file" or kinds["conda-meta"] == "dir":
-                envs.add(above)
-            if kinds["HEAD"] == "file" and (kinds["commondir"] == "file" or "dir" in (kinds["objects"], kinds["refs"])):
-                repos.add(above)
-    return Landing(frozenset(envs), frozenset(repos))
 
 
 def notify(report: SyncReport, frontend: Frontend) -> None:

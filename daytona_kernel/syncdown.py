@@ -1,0 +1,334 @@
+"""The workdir mirror's down half: what a cell changed in the sandbox, written here (and ``%download``).
+
+The sandbox's change report is untrusted: ``syncplan`` decides what comes down (``plan_down``, and
+``why_not_down`` asked again by the writer with the folders as they are now); files are written through
+``LocalFolder`` (never following a symlink), a file changed on both sides keeps both versions (a conflict
+copy beside it), and a notebook is never downloaded over a local file. What was handled is acknowledged
+to the runtime on its next call (``take_handled``). See ``sync.py`` for the whole mirror.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import posixpath
+import stat
+from typing import Any
+
+from .backends.base import FileError, Sandbox
+from .config import MirrorSettings
+from .errors import DaytonaKernelError, MirrorError
+from .localfs import LocalFolder, safe_relpath, shown
+from .manifest import SyncManifest
+from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat
+from .syncplan import (
+    ENV_MARKERS,
+    MB,
+    Landing,
+    Refusal,
+    Stat,
+    SyncReport,
+    code_refusal,
+    conflict_name,
+    folders_above,
+    parse_report,
+    plan_down,
+    sandbox_landing,
+    size_text,
+    why_not_down,
+)
+
+BATCH_FILES = 500  # files per download request
+DEFAULT_FILE_MODE = 0o644
+
+
+class MirrorDown:
+    """See the module docstring. ``links``: a big file on a sandbox on this disk comes back as a hard link
+    (only when the mirror runs both ways). ``failed`` holds the sandbox files that failed in a way a retry
+    would repeat (cleared by ``%sync`` and for a new sandbox)."""
+
+    def __init__(
+        self,
+        folder: LocalFolder,
+        sandbox: Sandbox,
+        config: MirrorSettings,
+        rules: MirrorRules,
+        manifest: SyncManifest,
+        secrets_noticed: set[str],
+        links: bool,
+    ) -> None:
+        self._folder = folder
+        self._sandbox = sandbox
+        self._config = config
+        self._rules = rules
+        self._manifest = manifest
+        self._secrets_noticed = secrets_noticed  # shared with the up half: each secret is named once
+        self._links = links
+        self._acked: dict[str, list[int]] = {}  # changes handled since the runtime last heard from us
+        self._gone: list[str] = []
+        self.failed: dict[str, Stat] = {}
+        self._reported = Landing()  # the environments and repositories the last change report makes
+
+    def take_handled(self) -> tuple[dict[str, list[int]], list[str]]:
+        """The reported changes and deletions handled since the last call, for the runtime (``Synced``)."""
+        handled = (self._acked, self._gone)
+        self._acked, self._gone = {}, []
+        return handled
+
+    def remote_path(self, rel: str) -> str:
+        return posixpath.join(self._sandbox.workdir, rel)
+
+    async def pull(self, changes: Any, retry_failed: bool = False) -> SyncReport:
+        """Download what a cell changed, as the runtime reported it (untrusted input).
+
+        ``retry_failed`` (for %sync) tries again the files that failed in a way
+        a plain retry would repeat.
+        """
+        report = SyncReport()
+        if retry_failed:
+            self.failed.clear()
+        changed, deleted = parse_report(changes, report)
+        self._rules.forget_gitignores()
+        self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
+        landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
+        plan = await asyncio.to_thread(
+            plan_down, changed, report, self._config, self._rules, self.failed, self._secrets_noticed, landing, self._sandbox.on_this_disk
+        )
+        self._secrets_noticed.update(report.secrets_down + report.code_kept)
+        for raw, reported in plan.acked:
+            self._ack(raw, reported)
+        wanted = plan.wanted
+        max_file = int(self._config.sync_max_file_mb * MB)
+        for start in range(0, len(wanted), BATCH_FILES):
+            chunk = wanted[start : start + BATCH_FILES]
+            limits = {self.remote_path(rel): min(reported[0], max_file) for rel, _, reported in chunk}
+            try:
+                contents = await self._sandbox.download(list(limits), limits)
+            except DaytonaKernelError as exc:
+                report.left_behind += [(rel, f"{exc}; it is tried again after the next cell") for rel, _, _ in chunk]
+                continue
+            await asyncio.to_thread(self._write_batch, chunk, contents, report)
+        for rel, raw, reported in plan.placed:
+            await self._fetch_placed(rel, raw, reported, report)
+        if deleted:
+            await asyncio.to_thread(self._apply_deletions, deleted, report)
+        if report.down or report.deleted or report.conflicts:
+            await asyncio.to_thread(self._manifest.save)
+        return report
+
+
+    async def _fetch_placed(self, rel: str, raw: str, reported: Stat, report: SyncReport) -> None:
+        """A file over sync_max_file_mb a cell wrote, from a sandbox on this disk: nothing to move when it is
+        the user's own file (a link), else a clone or a link of it, or a conflict copy beside a changed one."""
+        remote = self.remote_path(rel)
+        landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [rel])
+        refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
+        if refusal is not None:  # the writer asks the one decision too, with the folders as they are now
+            if refusal[0] is Refusal.REFUSED:
+                report.refused.append((rel, refusal[1]))
+            self._ack(raw, reported)
+            return
+        try:
+            if not self._sandbox.same_file(remote, str(self._folder.root / rel)):
+                st = self._folder.lstat(rel)
+                target = rel
+                if st is not None and not stat.S_ISREG(st.st_mode):
+                    raise MirrorError("a folder, symlink or special file is in its place here, and is not replaced")
+                if st is not None and (rel.lower().endswith(".ipynb") or self._manifest.locally_changed(rel, file_stat(st))):
+                    target = _free_conflict_name(self._folder, rel)  # an earlier conflict copy is never replaced
+                path = await asyncio.to_thread(self._folder.path_for_writing, target)
+                await self._sandbox.fetch(remote, str(path), self._links)
+                if target != rel:
+                    report.conflicts.append((rel, target))
+                    self._ack(raw, reported)
+                    return
+                report.down.append(rel)
+            await asyncio.to_thread(self._manifest.record_file, rel)
+        except (MirrorError, OSError) as exc:
+            self._left_behind(rel, raw, reported, str(exc) if isinstance(exc, MirrorError) else exc.strerror or str(exc), False, report)
+            return
+        self._ack(raw, reported)
+
+    def _ack(self, raw: str, reported: Stat) -> None:
+        self._acked[raw] = [reported[0], reported[1], reported[2]] if reported[2] >= 0 else [reported[0], reported[1]]
+
+    def _write_batch(self, chunk: list[tuple[str, str, Stat]], contents: dict[str, Any], report: SyncReport) -> None:
+        max_file = int(self._config.sync_max_file_mb * MB)
+        # The writer asks the one decision again, with the folders here as they are now (after the download).
+        landing = self._reported | local_landing(self._folder, [rel for rel, _, _ in chunk])
+        for rel, raw, reported in chunk:
+            content = contents.get(self.remote_path(rel))
+            if isinstance(content, FileError) and content.over_limit:
+                why = f"it is more than the sandbox reported ({size_text(reported[0])})"
+                self._left_behind(rel, raw, reported, why if reported[0] <= max_file else content.message, False, report)
+                continue
+            if isinstance(content, FileError) or not isinstance(content, bytes):
+                error = content if isinstance(content, FileError) else FileError("the sandbox sent nothing for it", retry=True)
+                self._left_behind(rel, raw, reported, error.message, error.retry, report)
+                continue
+            if len(content) > min(reported[0], max_file):  # a backend that ignored the limit
+                self._left_behind(rel, raw, reported, f"it is {size_text(len(content))}, more than the sandbox reported", False, report)
+                continue
+            refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
+            if refusal is not None:
+                if refusal[0] is Refusal.REFUSED:
+                    report.refused.append((rel, refusal[1]))
+                self._ack(raw, reported)
+                continue
+            try:
+                _write_down(self._folder, self._manifest, rel, content, reported[2], report)
+            except MirrorError as exc:
+                self._left_behind(rel, raw, reported, str(exc), False, report)
+                continue
+            except OSError as exc:
+                self._left_behind(rel, raw, reported, exc.strerror or str(exc), False, report)
+                continue
+            self._ack(raw, reported)
+
+    def _left_behind(self, rel: str, raw: str, reported: Stat, why: str, retry: bool, report: SyncReport) -> None:
+        if retry:
+            report.left_behind.append((rel, f"{why}; it is tried again after the next cell"))
+        else:
+            self.failed[raw] = reported
+            report.left_behind.append((rel, f"{why}; run %sync to try again, or fetch it with %download {rel}"))
+
+    def _apply_deletions(self, deleted: list[str], report: SyncReport) -> None:
+        """Deletions the sandbox reported: applied only with sync_deletes, and only to unchanged files."""
+        for raw in deleted:
+            self._gone.append(raw)
+            if not self._config.sync_deletes:
+                continue
+            try:
+                rel = safe_relpath(raw)
+                if self._rules.check(rel, False) is not None:
+                    continue
+                why = "a notebook is never deleted from the sandbox" if rel.lower().endswith(".ipynb") else None
+                why = why or code_refusal(rel, local_landing(self._folder, [rel]))
+                if why is not None:
+                    report.refused.append((rel, f"not deleted here: {why}"))
+                    continue
+                st = self._folder.lstat(rel)
+                if st is None or not stat.S_ISREG(st.st_mode) or self._manifest.locally_changed(rel, file_stat(st)):
+                    continue
+                self._folder.unlink(rel)
+            except MirrorError as exc:
+                report.refused.append((shown(raw), str(exc)))
+                continue
+            except OSError as exc:
+                report.left_behind.append((raw, f"not deleted here: {exc.strerror or exc}"))
+                continue
+            self._manifest.pop(rel, None)
+            report.deleted.append(rel)
+
+
+    async def download_paths(self, remote: str, dest: str | None, start_in: str) -> SyncReport:
+        """%download: fetch a sandbox file here (a conflict copy if the local one changed).
+
+        The local path stays inside the notebook folder and out of .git; a file
+        that looks like a secret may be fetched this way.
+        """
+        report = SyncReport()
+        remote_path = remote if remote.startswith("/") else self.remote_path(posixpath.join(start_in, remote))
+        name = posixpath.join(start_in, dest or (remote if not remote.startswith("/") else posixpath.basename(remote)))
+        try:
+            rel = safe_relpath(name)
+        except MirrorError as exc:
+            raise MirrorError(f"%download: {name} cannot be written here: {exc}. Give a DEST inside the notebook folder.") from None
+        if any(self._rules.classify(part, True) == NEVER_REASON for part in rel.split("/")):
+            raise MirrorError(f"%download: {rel} is inside a version-control folder; the mirror never writes there.")
+        content = (await self._sandbox.download([remote_path]))[remote_path]
+        if isinstance(content, FileError):
+            raise MirrorError(f"%download: could not fetch {remote} from the sandbox: {content.message}")
+        await asyncio.to_thread(_write_down, self._folder, self._manifest, rel, content, -1, report)
+        return report
+
+
+def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: bytes, mode: int, report: SyncReport) -> None:
+    """Write one downloaded file here, or a conflict copy beside it. Raises MirrorError or OSError.
+
+    Modes only narrow: the sandbox's bits, without any the local file lacks (a 0600 file never
+    becomes readable by others). A notebook is never overwritten, nor is an earlier conflict copy."""
+    mode = DEFAULT_FILE_MODE if mode < 0 else mode & 0o777
+    digest = hashlib.sha256(content).hexdigest()
+    st = folder.lstat(rel)
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            what = "folder" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "special file"
+            raise MirrorError(f"a {what} is in its place here, and is not replaced")
+        now = file_stat(st)
+        mode &= now[2]
+        known = manifest.get(rel)
+        locally_changed = manifest.locally_changed(rel, now)
+        if known is not None and known[2] == digest and not locally_changed:
+            if now[2] != mode:
+                folder.chmod(rel, mode)
+                manifest.record(rel, digest, folder.lstat(rel))
+            return  # already the same here
+        if rel.lower().endswith(".ipynb") or locally_changed:
+            report.conflicts.append((rel, _write_conflict_copy(folder, rel, content, mode)))
+            return
+    folder.write(rel, content, mode)
+    manifest.record(rel, digest, folder.lstat(rel))
+    report.down.append(rel)
+    report.bytes_down += len(content)
+
+
+CONFLICT_COPIES = 100  # data.sandbox-conflict.csv, then data.sandbox-conflict-2.csv ... up to this many
+
+
+def _conflict_names(rel: str) -> list[str]:
+    """``data.sandbox-conflict.csv``, ``data.sandbox-conflict-2.csv`` ... up to CONFLICT_COPIES."""
+    first = conflict_name(rel)
+    stem, dot, ext = first.rpartition(".sandbox-conflict")
+    return [first] + [f"{stem}{dot}-{n}{ext}" for n in range(2, CONFLICT_COPIES + 1)]
+
+
+def _free_conflict_name(folder: LocalFolder, rel: str) -> str:
+    for copy in _conflict_names(rel):
+        if folder.lstat(copy) is None:
+            return copy
+    raise MirrorError(f"{CONFLICT_COPIES} conflict copies of it are here already; merge or remove them")
+
+
+def _write_conflict_copy(folder: LocalFolder, rel: str, content: bytes, mode: int) -> str:
+    """Write the sandbox's version beside the local file under a name nothing has: an existing conflict copy
+    (which the user may be merging in) is never overwritten."""
+    for copy in _conflict_names(rel):
+        if folder.lstat(copy) is not None:
+            continue
+        try:
+            folder.write(copy, content, mode, exclusive=True)
+        except FileExistsError:
+            continue  # made meanwhile
+        return copy
+    raise MirrorError(f"{CONFLICT_COPIES} conflict copies of it are here already; merge or remove them")
+
+
+def _normalised(raws: list[str]) -> list[str]:
+    """The reported paths that are paths at all (``safe_relpath``); the others are refused by the planner."""
+    found = []
+    for raw in raws:
+        try:
+            found.append(safe_relpath(raw))
+        except MirrorError:
+            continue
+    return found
+
+
+def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
+    """Which folders on the way of these reported paths are, here, a Python environment (a pyvenv.cfg or a
+    conda-meta/ in it) or a folder git takes for a repository (HEAD beside objects/, refs/ or commondir)."""
+    envs: set[str] = set()
+    repos: set[str] = set()
+    looked: set[str] = set()
+    for rel in _normalised(raws):
+        for above in folders_above(rel):
+            if above in looked:
+                continue
+            looked.add(above)
+            kinds = folder.kinds(above, (*ENV_MARKERS, "HEAD", "objects", "refs", "commondir"))
+            if kinds["pyvenv.cfg"] == "file" or kinds["conda-meta"] == "dir":
+                envs.add(above)
+            if kinds["HEAD"] == "file" and (kinds["commondir"] == "file" or "dir" in (kinds["objects"], kinds["refs"])):
+                repos.add(above)
+    return Landing(frozenset(envs), frozenset(repos))
