@@ -32,13 +32,14 @@ from .backends.base import RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr, stdout
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, QuotaExceeded, SandboxNotRunning, UsageError
+from .installer import RUNTIME_CALL_TIMEOUT_S
 from .ladder import RunEnd, settle
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import fanout_done
 from .request import Request, fetcher
 from .runtime import call_source
 from .runtime.calls import Dump, Gather, Prelude, RunCell, RuntimeOptions, Scatter, Synced
-from .supervisor import RUNTIME_CALL_TIMEOUT_S, ContextSupervisor, Live, runtime_missing
+from .supervisor import ContextSupervisor, Live, runtime_missing
 from .sync import SyncReport, WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0

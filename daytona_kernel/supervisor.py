@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import posixpath
-import secrets
-import shlex
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import ipython_bundle
 from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
 from .cell import ProgressCallback
 from .config import SessionSettings
-from .errors import BackendError, DaytonaKernelError, RuntimeCallError
-from .protocol import Hello
+from .errors import DaytonaKernelError, RuntimeCallError
+from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
 from .request import Request
-from .runtime import RUNTIME_MISSING, bootstrap_code, call_source
+from .runtime import RUNTIME_MISSING, call_source
 from .runtime.calls import Call, RuntimeOptions
 
-RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
-OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps
 WORKER_REPLACED = (
     "The sandbox's Python process had ended since the last request and was replaced by a fresh one: "
     "variables were reset; files in the working directory are intact.\n"
@@ -44,11 +37,6 @@ class Live:
     token: str
     pid: int
     python: str
-
-
-def repo_folder(url: str) -> str:
-    """The folder a clone of ``url`` goes to, in the working directory."""
-    return posixpath.basename(url.rstrip("/")).removesuffix(".git") or "repo"
 
 
 class ContextSupervisor:
@@ -76,6 +64,7 @@ class ContextSupervisor:
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
         self.journal = journal  # journals each context's cells, for reattaching
+        self._installer = RuntimeInstaller(sandbox, settings, log, journal, self.report, self.notices.append)
 
     @property
     def python_version(self) -> str | None:
@@ -127,77 +116,21 @@ class ContextSupervisor:
         self._sandbox_started = True
         self.notices += self.sandbox.take_notices()
         context = await self.sandbox.create_context()
-        token, hello = await self._bootstrap(context)
-        if self._wants_ipython(hello) and await self._ship_ipython(context, hello):
+        token, hello = await self._installer.install(context, self._runtime_options)
+        if self._installer.wants_ipython(hello) and await self._installer.ship_ipython(context, hello):
             old = context  # a new context finds the shipped IPython; the old one goes meanwhile
             context, _ = await asyncio.gather(self.sandbox.create_context(), self.close_quietly(old))
-            token, hello = await self._bootstrap(context)
+            token, hello = await self._installer.install(context, self._runtime_options)
         self.live = Live(context, token, hello.pid, hello.python)
         if self._settings.repo_url and self._repo_staged_in != self.sandbox.generation:
             self._repo_staged_in = self.sandbox.generation  # once per sandbox: a new one needs it again
-            await self._stage_repo()
+            await self._installer.stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
         if self.journal is not None:
             notice = await self.journal.look(context.id, hello.journal)
             if notice:
                 self.notices.append(notice)
         return self.live
-
-    async def _bootstrap(self, context: Context) -> tuple[str, Hello]:
-        """Install the runtime into ``context`` and wait for its hello. On any failure
-        (a timeout too) the context is closed, so a retry leaks nothing."""
-        token = secrets.token_hex(8)
-        request = Request(token, self._output_outside_a_cell)
-        options = replace(
-            self._runtime_options,
-            volume_dir=self.sandbox.volume_relpath(),
-            volume_link=self.sandbox.on_this_disk,  # a volume on this disk: its copy is made of hard links
-            ship_ipython=ipython_bundle.ipython_version(),
-        )
-        if self.journal is not None:
-            options = replace(options, journal=self.journal.options(context.id))
-        if self._settings.repo_url:  # a clone is not kept on the volume: a new sandbox clones it again
-            options = replace(options, volume_excludes=["/" + repo_folder(self._settings.repo_url) + "/"])
-        code = bootstrap_code(token, options)
-        try:
-            error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
-        except BackendError:
-            await self.close_quietly(context)
-            raise
-        finally:
-            request.finish()
-        hello = request.hello
-        if error is not None or hello is None:
-            await self.close_quietly(context)
-            detail = f"{error.name}: {error.value}" if error else "it did not report back"
-            raise BackendError(
-                f"The runtime could not start in the sandbox ({detail}). The sandbox needs Python 3.9 or newer as `python3`."
-            )
-        return token, hello
-
-    @staticmethod
-    def _wants_ipython(hello: Hello) -> bool:
-        """The sandbox's Python has no usable IPython, and the kernel's own runs there."""
-        return not hello.ipython and bool(hello.ipython_cache) and ipython_bundle.supports(hello.python)
-
-    async def _ship_ipython(self, context: Context, hello: Hello) -> bool:
-        """Upload the kernel's pure-Python IPython into the sandbox's cache folder, once per sandbox.
-
-        False (with a notice; cells then run on the basic shell) if it could not be installed.
-        """
-        self.report("installing IPython in the sandbox (once per sandbox)…")
-        started = time.monotonic()
-        reason, size = await ipython_bundle.ship(self.sandbox, context, hello.python, hello.ipython_cache, RUNTIME_CALL_TIMEOUT_S)
-        if reason:
-            self._log.warning("could not install IPython in the sandbox: %s", reason)
-            self.notices.append(
-                f"daytona-kernel: could not install IPython in the sandbox ({reason}); cells run on a basic shell.\n"
-            )
-            return False
-        self._log.info(
-            "IPython %s installed in the sandbox: %.1f MB in %.1f s", ipython_bundle.ipython_version(), size / 1e6, time.monotonic() - started
-        )
-        return True
 
     async def rebootstrap(self, live: Live) -> Live:
         """The worker behind ``live`` was silently replaced by a fresh one (the daemon does that
@@ -206,7 +139,7 @@ class ContextSupervisor:
         a new context."""
         self._log.warning("the interpreter of context %s was replaced by a fresh one; bootstrapping again", live.context.id)
         try:
-            live.token, hello = await self._bootstrap(live.context)
+            live.token, hello = await self._installer.install(live.context, self._runtime_options)
         except DaytonaKernelError:
             if self.live is live:
                 self.live, self._starting = None, None
@@ -214,26 +147,6 @@ class ContextSupervisor:
         live.pid, live.python = hello.pid, hello.python
         self.notices.append(WORKER_REPLACED)
         return live
-
-    async def _stage_repo(self) -> None:
-        """Clone repo_url into the working directory (on the sandbox's disk), unless it is already cloned there."""
-        url = self._settings.repo_url
-        dest = repo_folder(url)
-        check = await self.sandbox.exec(f"test -d {shlex.quote(dest)}/.git")
-        if check.exit_code == 0:
-            self.notices.append(f"{dest}/ is already cloned in the working directory; left as it is.\n")
-            return
-        self.report(f"cloning {dest}…")
-        await self.sandbox.clone(
-            url, self._settings.repo_ref or None, dest, os.environ.get("GIT_USERNAME"), os.environ.get("GIT_TOKEN")
-        )
-        self.notices.append(f"Cloned {dest}/ into the working directory.\n")
-
-    def _output_outside_a_cell(self, kind: str, content: dict[str, Any]) -> None:
-        """Logged as a bounded prefix: a sandbox must not be able to flood the kernel's log."""
-        text = repr(content)
-        more = f" … ({len(text) - OUTSIDE_A_CELL_LOG_CHARS} more characters)" if len(text) > OUTSIDE_A_CELL_LOG_CHARS else ""
-        self._log.warning("output outside a cell: %s %s%s", kind, text[:OUTSIDE_A_CELL_LOG_CHARS], more)
 
     def restart_context(self) -> None:
         """Replace the context in the background; the next request waits for it."""
@@ -287,10 +200,7 @@ class ContextSupervisor:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def close_quietly(self, context: Context) -> None:
-        try:
-            await context.close()
-        except DaytonaKernelError as exc:
-            self._log.warning("could not delete the old context %s: %s", context.id, exc)
+        await close_quietly(context, self._log)
 
     async def shutdown(self, restart: bool = False) -> None:
         """Stop provisioning, then release the sandbox: on a restart keep it for the next kernel process
@@ -329,7 +239,7 @@ class ContextSupervisor:
         return request.reply
 
     async def _call_once(self, live: Live, code: str) -> tuple[Request, RunError | None]:
-        request = Request(live.token, self._output_outside_a_cell)
+        request = Request(live.token, self._installer.output_outside_a_cell)
         try:
             error = await live.context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
         finally:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kernels import Kernel, result_text
 
-from daytona_kernel import supervisor as supervisor_module
+from daytona_kernel import installer as installer_module
 from daytona_kernel.compose import build_session
 from daytona_kernel.config import DaytonaKernelConfig
 from daytona_kernel.errors import DaytonaKernelError
@@ -91,9 +91,9 @@ def test_a_timeout_that_had_to_kill_the_worker_then_the_next_cell_says_variables
 
 async def test_a_bootstrap_that_times_out_leaks_no_context(kernel_name: str, tmp_path, monkeypatch, emulator) -> None:  # type: ignore[no-untyped-def]
     """Each retry of a slow start used to leave its context (and worker) behind."""
-    monkeypatch.setattr(supervisor_module, "RUNTIME_CALL_TIMEOUT_S", 1.0)
-    bootstrap = supervisor_module.bootstrap_code
-    monkeypatch.setattr(supervisor_module, "bootstrap_code", lambda *a: "import time\ntime.sleep(30)\n" + bootstrap(*a))
+    monkeypatch.setattr(installer_module, "RUNTIME_CALL_TIMEOUT_S", 1.0)
+    bootstrap = installer_module.bootstrap_code
+    monkeypatch.setattr(installer_module, "bootstrap_code", lambda *a: "import time\ntime.sleep(30)\n" + bootstrap(*a))
     backend = "local" if kernel_name == "daytona-local" else "daytona"
     config = DaytonaKernelConfig(backend=backend, sandbox_policy="ephemeral")
     session = build_session(config, str(tmp_path), "bootstrap-timeout", logging.getLogger("test"), mirror=False)
