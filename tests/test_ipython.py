@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import re
 
+import pytest
 from kernels import Kernel, result_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -32,6 +33,44 @@ def test_tracebacks_are_ipythons_with_xmode_and_last_traceback(kernel_name: str)
         k.execute("%xmode Minimal")
         err = k.execute("f()").errors[0]
         assert [ANSI.sub("", line) for line in err["traceback"]] == ["ZeroDivisionError: division by zero\n"]
+
+
+def test_the_reply_says_error_even_when_the_traceback_cannot_be_shown(kernel_name: str) -> None:
+    """As ipykernel: the reply's status comes from IPython's result, not from whether an error output was
+    shown. IPython prints its fallback when a traceback cannot be rendered (here an exception whose
+    ``_render_traceback_`` fails; a second Ctrl-C while a traceback is built does the same) and sends none."""
+    with Kernel(kernel_name) as k:
+        run = k.execute(
+            "class Unshowable(Exception):\n    def _render_traceback_(self):\n        raise ValueError('cannot render')\n"
+            "raise Unshowable('x')"
+        )
+        assert (run.reply["content"]["status"], run.reply["content"].get("ename"), run.reply["content"].get("evalue")) == (
+            "error",
+            "Unshowable",
+            "x",
+        )
+        assert run.errors == [] and "ValueError: cannot render" in run.text("stderr")
+        assert "Unexpected exception formatting exception" in run.text()
+        assert k.execute("1 + 1").status == "ok"
+
+
+def test_an_interrupts_traceback_ends_where_the_cell_called_into_the_runtime() -> None:
+    """A Ctrl-C that lands in the runtime's stream code under a cell's print: the cell's frames are shown,
+    not the kernel's (one stopped between two lines has no line number, and IPython could not format it)."""
+    from daytona_kernel.runtime.ipyshell import cut_runtime_frames
+
+    namespace: dict[str, object] = {}
+    exec(compile("def write(text):\n    raise KeyboardInterrupt\n", "<daytona-kernel-streams>", "exec"), namespace)
+    exec(compile("def cell():\n    write('x')\n", "/tmp/ipykernel_1/2.py", "exec"), namespace)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        namespace["cell"]()  # type: ignore[operator]
+    tb = caught.value.__traceback__
+    cut_runtime_frames(tb)
+    files = []
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert files == [__file__, "/tmp/ipykernel_1/2.py"]
 
 
 def test_debug_reads_its_commands_from_stdin(kernel_name: str) -> None:

@@ -76,6 +76,20 @@ def murmur2_x86(data, seed):
     return h
 
 
+def cut_runtime_frames(tb):
+    """End a traceback before its first frame of the runtime's own code (``<daytona-kernel-…>``).
+
+    A Ctrl-C lands wherever the main thread is: often inside the runtime's stream code under a
+    cell's ``print``. As under ipykernel, the user sees the cell's frames (and the call that was
+    interrupted), not the kernel's; and IPython cannot format some of those frames at all (a frame
+    stopped between two lines has no line number, which IPython asserts on)."""
+    while tb is not None and tb.tb_next is not None:
+        if tb.tb_next.tb_frame.f_code.co_filename.startswith("<daytona-kernel-"):
+            tb.tb_next = None
+            return
+        tb = tb.tb_next
+
+
 def cell_file_name(code):
     """``<tmp>/ipykernel_<pid>/<murmur2 of the cell>.py``, or ``$IPYKERNEL_CELL_NAME``, as ipykernel names a cell."""
     name = os.environ.get("IPYKERNEL_CELL_NAME")
@@ -148,6 +162,7 @@ class SandboxShell(InteractiveShell):
     runtime = Any()
     exiter = Instance(ExitAutocall)
     keepkernel_on_exit = None
+    error_sent = False  # this cell's error frame went out (``execute`` sends one if IPython showed none)
 
     def _exiter_default(self):
         return FrameExitAutocall(self)
@@ -191,11 +206,16 @@ class SandboxShell(InteractiveShell):
         self._payloads.write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
     def showtraceback(self, exc_tuple=None, *args, **kwargs):
-        """IPython's, after the runtime's note on a path outside the mirrored folder."""
+        """IPython's, after the runtime's note on a path outside the mirrored folder. An interrupt's
+        traceback ends where the cell's code called into the runtime (``cut_runtime_frames``)."""
         try:
-            self.runtime.explain(self._get_exc_info(exc_tuple)[1])
+            etype, evalue, tb = self._get_exc_info(exc_tuple)
         except ValueError:
             pass  # no exception to show: IPython says so
+        else:
+            self.runtime.explain(evalue)
+            if issubclass(etype, KeyboardInterrupt):
+                cut_runtime_frames(tb)
         super().showtraceback(exc_tuple, *args, **kwargs)
 
     def _showtraceback(self, etype, evalue, stb):
@@ -203,6 +223,7 @@ class SandboxShell(InteractiveShell):
         sys.stderr.flush()
         content = {"traceback": [str(line) for line in stb], "ename": str(etype.__name__), "evalue": str(evalue)}
         self.runtime.send(Kind.ERROR, content)
+        self.error_sent = True
         self._last_traceback = stb
 
     def show_usage_error(self, exc):
@@ -210,6 +231,7 @@ class SandboxShell(InteractiveShell):
         sys.stderr.write("UsageError: %s\n" % exc)  # IPython's line, in one write
         sys.stderr.flush()
         self.runtime.send(Kind.ERROR, {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [], "reply_only": True})
+        self.error_sent = True
 
     def system_piped(self, cmd):
         """``!cmd``: output streamed as it comes, the exit code in ``_exit_code`` (ipykernel's system_piped)."""
@@ -220,9 +242,20 @@ class SandboxShell(InteractiveShell):
     system = system_piped
 
     def execute(self, code, count, store_history=True, silent=False):
-        """Run one cell for the runtime, as ipykernel's do_execute does."""
+        """Run one cell for the runtime, as ipykernel's do_execute does: the reply's status is IPython's
+        result's. When IPython could not show the error (it printed its fallback instead: a traceback
+        that fails to render, a second Ctrl-C while one is built), the reply still names it."""
         self.execution_count = count
-        self.run_cell(code, store_history=store_history, silent=silent)
+        self.error_sent = False
+        result = self.run_cell(code, store_history=store_history, silent=silent)
+        if result.success or self.error_sent:
+            return
+        err = result.error_before_exec if result.error_before_exec is not None else result.error_in_exec
+        try:
+            evalue = str(err)
+        except Exception:  # an exception whose str() fails: its name still says what went wrong
+            evalue = "<unprintable %s object>" % type(err).__name__
+        self.runtime.send(Kind.ERROR, {"ename": type(err).__name__, "evalue": evalue, "traceback": [], "reply_only": True})
 
     def expressions_reply(self, expressions):
         return clean(self.user_expressions(expressions))
