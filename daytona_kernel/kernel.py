@@ -67,10 +67,11 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._runtime: RuntimeSession | None = None
         self._terminating: asyncio.Future[None] | None = None
         self._comms: CommBridge | None = None
+        self._publisher = IopubPublisher(self)
         self.shell_handlers.update(comm_open=self._comm, comm_msg=self._comm, comm_close=self._comm)
         if not self._problems:
             try:
-                self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self)
+                self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self._publisher)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
         if self._runtime is not None:
@@ -130,26 +131,12 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             if handled is not None:  # idle follows the output of the sandbox's handler, as with ipykernel
                 await handled
         elif parent["header"]["msg_type"] == "comm_open":  # no sandbox: close it, as for an unknown target
-            self.publish_comm("comm_close", {"comm_id": parent["content"].get("comm_id"), "data": {}}, {}, [], parent)
+            self._publisher.publish_comm("comm_close", {"comm_id": parent["content"].get("comm_id"), "data": {}}, {}, [], parent)
 
     async def comm_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
         target_name = parent["content"].get("target_name")
         comms = self._comms.info(target_name) if self._comms is not None else {}
         self._messages.send(stream, "comm_info_reply", {"status": "ok", "comms": comms}, parent, ident)
-
-    def publish_comm(
-        self,
-        msg_type: str,
-        content: dict[str, Any],
-        metadata: dict[str, Any],
-        buffers: Sequence[bytes],
-        parent: dict[str, Any],
-    ) -> None:
-        topic = f"comm-{content.get('comm_id')}".encode()
-        self._messages.send(self.iopub_socket, msg_type, content, parent, ident=topic, metadata=metadata, buffers=list(buffers))
-
-    def publish_output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
-        self._emit(kind, content, parent)
 
     # -- execution count: ipykernel's rules ------------------------------
 
@@ -294,22 +281,6 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._history.prepend(adopted.inputs)
         self._next_count = max(self._next_count, adopted.count + 1)
 
-    async def _ask_frontend(self, prompt: str, password: bool) -> str:
-        """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""
-        parent = self.get_parent("shell")
-        ident = self._get_shell_context_var(self._shell_parent_ident)
-        while True:  # drop stale replies, as ipykernel does
-            try:
-                self.stdin_socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-        self._messages.send(self.stdin_socket, "input_request", {"prompt": prompt, "password": password}, parent, ident=ident)
-        while True:
-            _, reply = self._messages.recv(self.stdin_socket, zmq.NOBLOCK)
-            if reply is not None:
-                return str(reply["content"].get("value", ""))
-            await asyncio.sleep(STDIN_POLL_S)
-
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
@@ -353,6 +324,23 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             hist_access_type, output=output, session=session, start=start, stop=stop, n=n, pattern=pattern, unique=unique
         )
         return {"status": "ok", "history": entries}
+
+
+class IopubPublisher:
+    """The comm bridge's ``Publisher``: comm messages, and the output of the sandbox's widget callbacks, on iopub."""
+
+    def __init__(self, kernel: DaytonaKernel) -> None:
+        self._kernel = kernel
+
+    def publish_comm(
+        self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any], buffers: Sequence[bytes], parent: dict[str, Any]
+    ) -> None:
+        topic = f"comm-{content.get('comm_id')}".encode()
+        kernel = self._kernel
+        kernel._messages.send(kernel.iopub_socket, msg_type, content, parent, ident=topic, metadata=metadata, buffers=list(buffers))
+
+    def publish_output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
+        self._kernel._emit(kind, content, parent)
 
 
 class KernelFrontend:
@@ -405,4 +393,18 @@ class KernelFrontend:
         self._status_id = ""
 
     async def ask(self, prompt: str, password: bool) -> str:
-        return await self._kernel._ask_frontend(prompt, password)
+        """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""
+        kernel = self._kernel
+        parent = kernel.get_parent("shell")
+        ident = kernel._get_shell_context_var(kernel._shell_parent_ident)
+        while True:  # drop stale replies, as ipykernel does
+            try:
+                kernel.stdin_socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        kernel._messages.send(kernel.stdin_socket, "input_request", {"prompt": prompt, "password": password}, parent, ident=ident)
+        while True:
+            _, reply = kernel._messages.recv(kernel.stdin_socket, zmq.NOBLOCK)
+            if reply is not None:
+                return str(reply["content"].get("value", ""))
+            await asyncio.sleep(STDIN_POLL_S)
