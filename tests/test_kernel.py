@@ -75,7 +75,7 @@ def test_a_large_output_travels_as_a_file_in_its_place_and_the_next_cell_removes
     code = (
         "import os, sys, base64\nrt = sys.stdout._rt\nblob = os.urandom(3 * 1024 * 1024)\nprint('before', flush=True)\n"
         "display({'image/png': base64.b64encode(blob).decode(), 'text/plain': 'img'}, raw=True)\n"
-        "print('after', [n for n in os.listdir(rt._private_dir()) if n.startswith('out-')], flush=True)\n"
+        "print('after', [n for n in os.listdir(rt.private.path()) if n.startswith('out-')], flush=True)\n"
         "display({'text/plain': 'small'}, raw=True)\nimport hashlib\nhashlib.sha256(blob).hexdigest()"
     )
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
@@ -91,10 +91,10 @@ def test_a_large_output_travels_as_a_file_in_its_place_and_the_next_cell_removes
         assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
         if kernel_name == "daytona":
             assert emulator.count("bulk-download") == downloads + 1
-        left = k.execute("[n for n in os.listdir(rt._private_dir()) if n.startswith('out-')]")
+        left = k.execute("[n for n in os.listdir(rt.private.path()) if n.startswith('out-')]")
         assert left.of_type("execute_result")[0]["data"]["text/plain"] == "[]"
         k.execute("display({'image/png': base64.b64encode(blob).decode()}, raw=True)")  # its file stays with the runtime
-        folder = k.execute("rt._private_dir()").of_type("execute_result")[0]["data"]["text/plain"]
+        folder = k.execute("rt.private.path()").of_type("execute_result")[0]["data"]["text/plain"]
         k.restart()  # the sandbox stays; the new runtime removes what the ended one left
         gone = k.execute(f"import os\nos.path.exists({folder})")
         assert gone.of_type("execute_result")[0]["data"]["text/plain"] == "False", gone.outputs

@@ -97,12 +97,8 @@ class Runtime(object):
         self.output_budget = self.options.output_limit_chars
         self.output_used = 0
         self.dropped_chars = 0
-        self._input_seq = 0
-        self._inbox_dir = None  # the runtime's private folder: input() replies, files of large output strings
-        self._blob_chars = self.options.blob_chars
         sweep_private_dirs(tempfile.gettempdir())  # what the last cell of an ended runtime left (its large outputs)
-        self._blob_files = []  # this cell's files of large output strings (the kernel has fetched the last cell's)
-        self._blob_bytes = 0
+        self.private = PrivateFolder(self.options.blob_chars)  # input() replies, files of large output strings
         self._in_cell = False
         self._widgets_noticed = False
         self.user_module = types.ModuleType("__main__")
@@ -291,7 +287,7 @@ class Runtime(object):
             target = self._frame_target
             if target is None:
                 return
-            payload, blobs = self._spill(payload) if self._in_cell and self._blob_chars else (payload, None)
+            payload, blobs = self.private.spill(payload) if self._in_cell else (payload, None)
             lines = _framing.encode_frame(self.token, kind, payload, blobs=blobs)
             if kind in BATCHED_KINDS and self.active and len(lines) == 1:
                 self._waiting_frames.append(lines[0])
@@ -304,35 +300,6 @@ class Runtime(object):
             self.flush_streams_locked()  # the comm frames waiting before this one
             for line in lines:
                 target.write(line)
-
-    def _spill(self, payload):
-        """A cell's large output strings go into a file the kernel downloads in one request, instead of
-        through JSON and the daemon's lines (framing's ``split_blobs``). Returns (payload, blobs or None);
-        when the file cannot be written (a full disk) or the cell wrote too many, the frame carries everything."""
-        thin, found = _framing.split_blobs(payload, self._blob_chars)
-        size = sum(len(data) for _, data in found)
-        if not found or self._blob_bytes + size > CELL_BLOB_BYTES:
-            return payload, None
-        try:
-            path = os.path.join(self._private_dir(), "out-%d" % len(self._blob_files))
-            with open(path, "wb") as f:
-                for _, data in found:
-                    f.write(data)
-        except OSError:
-            return payload, None
-        self._blob_files.append(path)
-        self._blob_bytes += size
-        return thin, {"path": path, "sizes": [[keys, len(data)] for keys, data in found]}
-
-    def _drop_blobs(self):
-        """The last cell's files of large output strings: the kernel fetched them before it sent this cell."""
-        for path in self._blob_files:
-            try:
-                os.remove(path)
-            except OSError:
-                pass  # already gone; what an ended runtime leaves is swept at the next start (sweep_private_dirs)
-        self._blob_files = []
-        self._blob_bytes = 0
 
     # -- requests ----------------------------------------------------------
 
@@ -367,7 +334,7 @@ class Runtime(object):
         if self.journal is not None and not self.journal.arm(count):
             return self.journal.refuse()  # another kernel attached to this session
         self.output_used = self.dropped_chars = 0
-        self._drop_blobs()
+        self.private.drop_blobs()
         with self.request_output():
             self._in_cell = True
             for notice in self._notices:  # once per runtime, on the first cell's stderr
@@ -465,8 +432,7 @@ class Runtime(object):
             raise StdinNotImplementedError(
                 "%s was called, but this frontend does not support input requests." % name
             )
-        self._input_seq += 1
-        path = os.path.join(self._private_dir(), "reply-%d.json" % self._input_seq)
+        path = self.private.reply_path()
         self.send(Kind.INPUT, {"prompt": prompt, "password": password, "path": path})
         reply = _read_reply(path)
         while reply is None:  # waiting outside any except block: Ctrl-C here is a plain KeyboardInterrupt
@@ -478,10 +444,59 @@ class Runtime(object):
         return reply.get("value", "")
 
 
-    def _private_dir(self):
-        if self._inbox_dir is None:  # the pid tells `daytona-kernel gc` whether the folder is still in use
-            self._inbox_dir = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
-        return self._inbox_dir
+class PrivateFolder(object):
+    """The runtime's private folder in the temporary folder, made when first needed: the files of a cell's
+    large output strings (the kernel downloads them) and input()'s answers (the kernel uploads them). Its
+    name carries the interpreter's pid, so ``daytona-kernel gc`` and a later runtime (``sweep_private_dirs``)
+    know when it is no longer in use."""
+
+    def __init__(self, blob_chars):
+        self._path = None
+        self._blob_chars = blob_chars  # a cell's strings of at least this many characters go into files (0: never)
+        self._blob_files = []  # this cell's files of large output strings (the kernel has fetched the last cell's)
+        self._blob_bytes = 0
+        self._input_seq = 0
+
+    def path(self):
+        if self._path is None:
+            self._path = tempfile.mkdtemp(prefix="daytona-kernel-inbox-%d-" % os.getpid())
+        return self._path
+
+    def reply_path(self):
+        """Where the kernel writes the answer to the next input request."""
+        self._input_seq += 1
+        return os.path.join(self.path(), "reply-%d.json" % self._input_seq)
+
+    def spill(self, payload):
+        """A cell's large output strings go into a file the kernel downloads in one request, instead of
+        through JSON and the daemon's lines (framing's ``split_blobs``). Returns (payload, blobs or None);
+        when the file cannot be written (a full disk) or the cell wrote too many, the frame carries everything."""
+        if not self._blob_chars:
+            return payload, None
+        thin, found = _framing.split_blobs(payload, self._blob_chars)
+        size = sum(len(data) for _, data in found)
+        if not found or self._blob_bytes + size > CELL_BLOB_BYTES:
+            return payload, None
+        try:
+            path = os.path.join(self.path(), "out-%d" % len(self._blob_files))
+            with open(path, "wb") as f:
+                for _, data in found:
+                    f.write(data)
+        except OSError:
+            return payload, None
+        self._blob_files.append(path)
+        self._blob_bytes += size
+        return thin, {"path": path, "sizes": [[keys, len(data)] for keys, data in found]}
+
+    def drop_blobs(self):
+        """The last cell's files of large output strings: the kernel fetched them before it sent this cell."""
+        for path in self._blob_files:
+            try:
+                os.remove(path)
+            except OSError:
+                pass  # already gone; what an ended runtime leaves is swept at the next start (sweep_private_dirs)
+        self._blob_files = []
+        self._blob_bytes = 0
 
 
 def sweep_private_dirs(base):
