@@ -168,23 +168,13 @@ class RuntimeSession:
             content = error_content("KeyboardInterrupt", "Interrupted by user")
             frontend.emit("error", content)
             return CellOutcome(error=content)
-        notices = self.supervisor.notices
-        while notices:
-            frontend.emit("stream", stderr(notices.pop(0)))
+        self.supervisor.show_notices(frontend)
         synced = await self.upkeep.push(frontend)
         comms = comm_options(self.comms, live, self.sandbox.temp_dir)
-        code = call_source(
-            RunCell(
-                code=cell.code,
-                count=cell.count,
-                store_history=cell.store_history,
-                silent=cell.silent,
-                allow_stdin=cell.allow_stdin,
-                user_expressions=cell.user_expressions,
-                synced=synced,
-                comms=comms,
-            )
-        )
+        code = call_source(RunCell(
+            code=cell.code, count=cell.count, store_history=cell.store_history, silent=cell.silent, allow_stdin=cell.allow_stdin,
+            user_expressions=cell.user_expressions, synced=synced, comms=comms,
+        ))
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
         budget = OutputBudget(self._settings.output_limit_chars)
         async with self.inflight.lock:
@@ -281,9 +271,7 @@ class RuntimeSession:
             return run_error
         request.finish()
         live = await self.supervisor.rebootstrap(live)
-        notices = self.supervisor.notices
-        while notices:
-            frontend.emit("stream", stderr(notices.pop(0)))
+        self.supervisor.show_notices(frontend)
         request = self._new_request(live, frontend, bridge, budget)
         return await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
 

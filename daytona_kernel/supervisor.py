@@ -15,7 +15,7 @@ from typing import Any
 
 from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
-from .cell import ProgressCallback
+from .cell import Frontend, ProgressCallback, stderr
 from .config import SessionSettings
 from .errors import DaytonaKernelError, RuntimeCallError
 from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
@@ -102,6 +102,11 @@ class ContextSupervisor:
             self._progress = None
             if waiting is not None:
                 waiting("")  # the wait is over: clear the status line
+
+    def show_notices(self, frontend: Frontend) -> None:
+        """The queued notices (what starting, recovering or replacing the context took), on stderr."""
+        while self.notices:
+            frontend.emit("stream", stderr(self.notices.pop(0)))
 
     def report(self, text: str) -> None:
         """A status line for whoever waits for the context."""

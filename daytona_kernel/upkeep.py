@@ -60,9 +60,7 @@ class Upkeep:
     async def recover(self, cause: DaytonaKernelError, frontend: Frontend) -> Live:
         generation = self._sandbox.generation
         live = await self._supervisor.recover(cause, frontend.progress)
-        notices = self._supervisor.notices  # what bringing it back took (a recovery from an error ...)
-        while notices:
-            frontend.emit("stream", stderr(notices.pop(0)))
+        self._supervisor.show_notices(frontend)  # what bringing it back took (a recovery from an error ...)
         if self._sandbox.generation != generation:  # gone (deleted, ephemeral auto-stop): another sandbox now
             frontend.emit(
                 "stream",
