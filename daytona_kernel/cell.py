@@ -5,8 +5,9 @@ of the Jupyter client: it shows output (``emit``), a transient status line
 (``progress``) and asks for input (``ask``). The kernel implements it on top
 of iopub and stdin; tests and ``daytona-kernel doctor`` use ``Recorder``.
 
-Output kinds the session emits: ``stream``, ``display``, ``update``, ``clear``,
-``result``, ``error`` (the kernel maps them to iopub message types).
+Output is named by its iopub message type throughout: ``stream``, ``display_data``,
+``update_display_data``, ``clear_output``, ``execute_result``, ``error`` (the kernel
+publishes each as it is).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class Cell:
 class Frontend(Protocol):
     """Where a cell's output goes."""
 
-    def emit(self, kind: str, content: dict[str, Any]) -> None:
-        """Show one output: kind is stream, display, update, clear, result or error."""
+    def emit(self, msg_type: str, content: dict[str, Any]) -> None:
+        """Show one output: its iopub message type (stream, display_data, update_display_data,
+        clear_output, execute_result or error) and content."""
 
     def progress(self, text: str) -> None:
         """Show a transient status line; an empty text clears it."""
@@ -77,8 +79,8 @@ class Recorder:
         self.prompts: list[tuple[str, bool]] = []
         self._answers = list(answers or [])
 
-    def emit(self, kind: str, content: dict[str, Any]) -> None:
-        self.outputs.append((kind, content))
+    def emit(self, msg_type: str, content: dict[str, Any]) -> None:
+        self.outputs.append((msg_type, content))
 
     def progress(self, text: str) -> None:
         self.statuses.append(text)
@@ -89,7 +91,7 @@ class Recorder:
 
     def text(self, name: str = "stdout") -> str:
         """All stream text of one stream."""
-        return "".join(c["text"] for kind, c in self.outputs if kind == "stream" and c["name"] == name)
+        return "".join(c["text"] for msg_type, c in self.outputs if msg_type == "stream" and c["name"] == name)
 
-    def of_kind(self, kind: str) -> list[dict[str, Any]]:
-        return [c for k, c in self.outputs if k == kind]
+    def of_type(self, msg_type: str) -> list[dict[str, Any]]:
+        return [c for t, c in self.outputs if t == msg_type]

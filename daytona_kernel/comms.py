@@ -57,7 +57,7 @@ class Publisher(Protocol):
         self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any], buffers: list[bytes], parent: dict[str, Any]
     ) -> None: ...
 
-    def publish_output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None: ...
+    def publish_output(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None: ...
 
 
 class Transport(Protocol):
@@ -189,7 +189,7 @@ class WidgetPolicy:
 
     def _output(self, output: dict[str, Any]) -> dict[str, Any]:
         if isinstance(output.get("data"), dict):
-            return dict(output, data=self.output.content("display", {"data": output["data"]})["data"])
+            return dict(output, data=self.output.content("display_data", {"data": output["data"]})["data"])
         return output
 
 
@@ -316,9 +316,9 @@ class CommBridge:
         data = dict(data, states=kept, buffer_paths=[paths[i] for i in keep])
         return dict(content, data=data), [buffers[i] for i in keep]
 
-    def output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
+    def output(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
         """Output produced while the sandbox handled a frontend message: under that message."""
-        self._publisher.publish_output(kind, content, parent)
+        self._publisher.publish_output(msg_type, content, parent)
 
     def cell_ended(self) -> None:
         """A cell's run is over: a batch uploaded too late for it (the runtime said nothing of it) is fetched."""

@@ -100,7 +100,7 @@ class CommDelivery:
         parent = bridge.request_parent
         budget = OutputBudget(self._settings.output_limit_chars)
         self._inflight.request = request = Request(
-            live.token, lambda kind, content: bridge.output(kind, content, parent), None, self._outputs, budget, bridge
+            live.token, lambda msg_type, content: bridge.output(msg_type, content, parent), None, self._outputs, budget, bridge
         )
         try:  # a callback may run as long as a cell may (an interrupt stops it)
             code = call_source(Deliver(messages=batch, comms=comm_options(bridge, live, self._sandbox.temp_dir)))

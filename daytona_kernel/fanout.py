@@ -101,22 +101,22 @@ class WorkerOutput:
         self._emit = emit
         self._partial: dict[str, str] = {"stdout": "", "stderr": ""}
 
-    def emit(self, kind: str, content: dict[str, Any]) -> None:
-        if kind == "stream":
+    def emit(self, msg_type: str, content: dict[str, Any]) -> None:
+        if msg_type == "stream":
             self._stream(content["name"], content["text"])
-        elif kind in ("display", "result"):
+        elif msg_type in ("display_data", "execute_result"):
             self.flush()
-            header = f"Out[{self.rank}:{content.get('execution_count')}]:" if kind == "result" else f"[output:{self.rank}]"
+            header = f"Out[{self.rank}:{content.get('execution_count')}]:" if msg_type == "execute_result" else f"[output:{self.rank}]"
             self._emit("stream", stdout(header + "\n"))
             shown = {
                 "data": content.get("data", {}),
                 "metadata": self._tagged(content),
                 "transient": content.get("transient", {}),
             }
-            self._emit("display", shown)
-        elif kind == "update":
-            self._emit("update", dict(content, metadata=self._tagged(content)))
-        # "error" is the worker's error: the cell shows one combined error instead. "clear" would
+            self._emit("display_data", shown)
+        elif msg_type == "update_display_data":
+            self._emit("update_display_data", dict(content, metadata=self._tagged(content)))
+        # "error" is the worker's error: the cell shows one combined error instead. "clear_output" would
         # clear every worker's output, so a worker may not clear the cell.
 
     def _tagged(self, content: dict[str, Any]) -> dict[str, Any]:

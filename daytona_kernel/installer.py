@@ -132,8 +132,8 @@ class RuntimeInstaller:
         )
         self._notice(f"Cloned {dest}/ into the working directory.\n")
 
-    def output_outside_a_cell(self, kind: str, content: dict[str, Any]) -> None:
+    def output_outside_a_cell(self, msg_type: str, content: dict[str, Any]) -> None:
         """Logged as a bounded prefix: a sandbox must not be able to flood the kernel's log."""
         text = repr(content)
         more = f" … ({len(text) - OUTSIDE_A_CELL_LOG_CHARS} more characters)" if len(text) > OUTSIDE_A_CELL_LOG_CHARS else ""
-        self._log.warning("output outside a cell: %s %s%s", kind, text[:OUTSIDE_A_CELL_LOG_CHARS], more)
+        self._log.warning("output outside a cell: %s %s%s", msg_type, text[:OUTSIDE_A_CELL_LOG_CHARS], more)

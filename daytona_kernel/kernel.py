@@ -32,15 +32,6 @@ from .interactive import check_complete, daytona_cell, kernel_magic_lines
 from .runtime.calls import Complete, Inspect
 from .session import RuntimeSession
 
-# Session event kind -> iopub message type.
-IOPUB_TYPES = {
-    "stream": "stream",
-    "display": "display_data",
-    "update": "update_display_data",
-    "clear": "clear_output",
-    "result": "execute_result",
-    "error": "error",
-}
 SHUTDOWN_TIMEOUT_S = 60.0
 STATUS_REPLAY_OUTPUTS = 20  # stream outputs a status line's clear_output may show again (notices)
 STDIN_POLL_S = 0.01
@@ -205,9 +196,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     # -- requests --------------------------------------------------------
 
-    def _emit(self, kind: str, content: dict, parent: dict | None = None) -> None:
+    def _emit(self, msg_type: str, content: dict, parent: dict | None = None) -> None:
         """Publish on iopub. Callers in background tasks pass the request's parent, captured up front."""
-        msg_type = IOPUB_TYPES[kind]
         self._messages.send(
             self.iopub_socket, msg_type, content, parent or self.get_parent(), ident=self._topic(msg_type)
         )
@@ -339,8 +329,8 @@ class IopubPublisher:
         kernel = self._kernel
         kernel._messages.send(kernel.iopub_socket, msg_type, content, parent, ident=topic, metadata=metadata, buffers=list(buffers))
 
-    def publish_output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
-        self._kernel._emit(kind, content, parent)
+    def publish_output(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
+        self._kernel._emit(msg_type, content, parent)
 
 
 class KernelFrontend:
@@ -360,15 +350,15 @@ class KernelFrontend:
         self._shown: list[dict[str, Any]] | None = []  # the request's streams so far; None: more than streams
         self.last_result: str | None = None  # the text of the last execute_result, for history
 
-    def emit(self, kind: str, content: dict[str, Any]) -> None:
-        if kind == "result":
+    def emit(self, msg_type: str, content: dict[str, Any]) -> None:
+        if msg_type == "execute_result":
             self.last_result = content["data"].get("text/plain", "")
         if self._shown is not None:
-            if kind == "stream" and len(self._shown) < STATUS_REPLAY_OUTPUTS:
+            if msg_type == "stream" and len(self._shown) < STATUS_REPLAY_OUTPUTS:
                 self._shown.append(content)
             else:
                 self._shown = None
-        self._kernel._emit(kind, content, self._parent)
+        self._kernel._emit(msg_type, content, self._parent)
 
     def progress(self, text: str) -> None:
         """One output, updated in place, removed at the end (see the class docstring)."""
@@ -380,14 +370,14 @@ class KernelFrontend:
         if not shown:
             self._status_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
         content = {"data": {"text/plain": f"⏳ {text}"}, "metadata": {}, "transient": {"display_id": self._status_id}}
-        self._kernel._emit("update" if shown else "display", content, self._parent)
+        self._kernel._emit("update_display_data" if shown else "display_data", content, self._parent)
 
     def _end_status(self) -> None:
         if self._shown is None:
             content = {"data": {"text/plain": ""}, "metadata": {}, "transient": {"display_id": self._status_id}}
-            self._kernel._emit("update", content, self._parent)
+            self._kernel._emit("update_display_data", content, self._parent)
         else:
-            self._kernel._emit("clear", {"wait": False}, self._parent)
+            self._kernel._emit("clear_output", {"wait": False}, self._parent)
             for stream in self._shown:
                 self._kernel._emit("stream", stream, self._parent)
         self._status_id = ""

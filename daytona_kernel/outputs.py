@@ -312,9 +312,9 @@ def _noting(clean: Any, value: str, mime: str, removed: set[str]) -> str:
     return str(clean(value))
 
 
-def clean_content(kind: str, content: dict[str, Any], trusted: bool) -> Cleaned:
-    """The content of a display, update or result output with its bundle cleaned."""
-    if kind not in ("display", "update", "result") or not isinstance(content.get("data"), dict):
+def clean_content(msg_type: str, content: dict[str, Any], trusted: bool) -> Cleaned:
+    """The content of a display_data, update_display_data or execute_result output with its bundle cleaned."""
+    if msg_type not in ("display_data", "update_display_data", "execute_result") or not isinstance(content.get("data"), dict):
         return Cleaned(content)
     bundle = clean_bundle(content["data"], trusted)
     return Cleaned(dict(content, data=bundle.value), bundle.removed)
@@ -393,8 +393,8 @@ class OutputPolicy:
         self._removed: set[str] = set()
         self._noticed = False
 
-    def content(self, kind: str, content: dict[str, Any]) -> dict[str, Any]:
-        return self._keep(clean_content(kind, content, self.trusted))
+    def content(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
+        return self._keep(clean_content(msg_type, content, self.trusted))
 
     def payload(self, item: dict[str, Any]) -> dict[str, Any] | None:
         return self._keep(clean_payload(item, self.trusted))

@@ -21,6 +21,14 @@ from typing import Any, Callable
 from .errors import ProtocolError
 from .runtime.framing import Frame, Kind
 
+# The iopub message type each output frame kind becomes: from here on, output is named as Jupyter names it
+# (the session's Frontend.emit, the output policy, the kernel's iopub), plus "stream" and "error".
+IOPUB_TYPES = {
+    Kind.DISPLAY: "display_data",
+    Kind.UPDATE: "update_display_data",
+    Kind.CLEAR: "clear_output",
+    Kind.RESULT: "execute_result",
+}
 MAX_DEPTH = 100  # nesting of lists and dicts in one payload
 MAX_COMM_BUFFER_BYTES = 16 * 1024 * 1024  # a comm message's binary buffers, together
 COMM_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -40,9 +48,10 @@ class Hello:
 
 @dataclass(frozen=True)
 class Output:
-    """Something to show: ``kind`` is display, update, clear or result; ``content`` is the iopub content."""
+    """Something to show: ``msg_type`` is its iopub message type (display_data, update_display_data,
+    clear_output or execute_result; ``IOPUB_TYPES`` of its frame kind); ``content`` is the iopub content."""
 
-    kind: str
+    msg_type: str
     content: dict[str, Any]
 
 
@@ -284,13 +293,13 @@ def _display(kind: str) -> Callable[[dict[str, Any]], Output]:
             "metadata": _dict(p.get("metadata", {}), f"{kind}.metadata"),
             "transient": _dict(p.get("transient", {}), f"{kind}.transient"),
         }
-        return Output(kind, content)
+        return Output(IOPUB_TYPES[kind], content)
 
     return parse
 
 
 def _clear(p: dict[str, Any]) -> Output:
-    return Output(Kind.CLEAR, {"wait": _bool(p.get("wait", False), "clear.wait")})
+    return Output(IOPUB_TYPES[Kind.CLEAR], {"wait": _bool(p.get("wait", False), "clear.wait")})
 
 
 def _result(p: dict[str, Any]) -> Output:
@@ -299,7 +308,7 @@ def _result(p: dict[str, Any]) -> Output:
         "metadata": _dict(p.get("metadata", {}), "result.metadata"),
         "execution_count": _int(p.get("execution_count"), "result.execution_count"),
     }
-    return Output(Kind.RESULT, content)
+    return Output(IOPUB_TYPES[Kind.RESULT], content)
 
 
 def _error(p: dict[str, Any]) -> CellError:

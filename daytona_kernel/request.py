@@ -190,7 +190,7 @@ class Request:
     def _apply(self, event: Any) -> None:
         if isinstance(event, Output):
             if self._budget.fits(event.content):  # before cleaning: what is dropped costs no cleaning
-                self._emit(event.kind, self._shown(event.kind, event.content))
+                self._emit(event.msg_type, self._shown(event.msg_type, event.content))
         elif isinstance(event, CellError) and event.reply_only:
             if self.error is None:  # already on stderr: the reply says error, no error output
                 self.error, self.error_shown = event.content, True
@@ -219,15 +219,15 @@ class Request:
             self.hello = event
 
 
-    def _shown(self, kind: str, content: dict[str, Any]) -> dict[str, Any]:
+    def _shown(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
         """An output cleaned by the policy. A widget view stays only for a widget the frontend has
         (the comm bridge opened it, the widget policy let it through); otherwise its text shows."""
         data = content.get("data")
         if not isinstance(data, dict) or WIDGET_VIEW not in data:
-            return self._policy.content(kind, content)
+            return self._policy.content(msg_type, content)
         data = dict(data)
         view = data.pop(WIDGET_VIEW)
-        cleaned = self._policy.content(kind, dict(content, data=data))
+        cleaned = self._policy.content(msg_type, dict(content, data=data))
         if self._comms is not None and self._comms.shows(view):
             cleaned["data"] = dict(cleaned["data"], **{WIDGET_VIEW: view})
         return cleaned

@@ -69,7 +69,7 @@ def run_cells(tmp_path: Path, cells: list[str], answers: list[str] | None = None
 
 
 def results_of(front: Recorder) -> list[str]:
-    return [content["data"]["text/plain"] for content in front.of_kind("result")]
+    return [content["data"]["text/plain"] for content in front.of_type("execute_result")]
 
 
 def test_plain_python_with_the_last_expression_and_one_notice(tmp_path: Path) -> None:
@@ -108,6 +108,6 @@ def test_widgets_without_ipython_show_their_text_with_one_notice(tmp_path: Path)
     (first, front), (_, front2), (third, front3) = results
     assert first.error is None and third.error is None
     assert front.text("stderr").count("interactive widgets need IPython in the sandbox") == 1
-    assert [list(c["data"]) for c in front.of_kind("result")] == [["text/plain"]]  # the widget's text, no view
+    assert [list(c["data"]) for c in front.of_type("execute_result")] == [["text/plain"]]  # the widget's text, no view
     assert "widgets" not in front2.text("stderr")  # once per runtime
-    assert "3/3" in front3.text("stderr") and not front3.of_kind("display")  # tqdm's text bar
+    assert "3/3" in front3.text("stderr") and not front3.of_type("display_data")  # tqdm's text bar

@@ -81,18 +81,18 @@ def test_each_stream_line_is_prefixed_with_its_stream_and_rank() -> None:
 def test_rich_outputs_come_after_a_header_with_the_worker_in_their_metadata() -> None:
     shown, out = recorder()
     out.emit("stream", {"name": "stdout", "text": "before"})
-    out.emit("display", {"data": {"image/png": "iVBO"}, "metadata": {"image/png": {"width": 3}}, "transient": {}})
-    out.emit("result", {"data": {"text/plain": "42"}, "metadata": {}, "execution_count": 7})
+    out.emit("display_data", {"data": {"image/png": "iVBO"}, "metadata": {"image/png": {"width": 3}}, "transient": {}})
+    out.emit("execute_result", {"data": {"text/plain": "42"}, "metadata": {}, "execution_count": 7})
     assert shown[0] == ("stream", {"name": "stdout", "text": "[stdout:2] before\n"})  # a partial line goes first
     assert shown[1] == ("stream", {"name": "stdout", "text": "[output:2]\n"})
-    assert shown[2][0] == "display" and shown[2][1]["metadata"] == {"image/png": {"width": 3}, "worker": 2}
+    assert shown[2][0] == "display_data" and shown[2][1]["metadata"] == {"image/png": {"width": 3}, "worker": 2}
     assert shown[3] == ("stream", {"name": "stdout", "text": "Out[2:7]:\n"})
-    assert shown[4][0] == "display" and shown[4][1]["data"] == {"text/plain": "42"} and shown[4][1]["metadata"]["worker"] == 2
+    assert shown[4][0] == "display_data" and shown[4][1]["data"] == {"text/plain": "42"} and shown[4][1]["metadata"]["worker"] == 2
 
 
 def test_a_worker_may_not_clear_the_cell_and_its_error_is_kept_for_the_combined_one() -> None:
     shown, out = recorder()
-    out.emit("clear", {"wait": False})
+    out.emit("clear_output", {"wait": False})
     out.emit("error", {"ename": "ValueError", "evalue": "x", "traceback": []})
     assert shown == []
 

@@ -81,7 +81,7 @@ def test_a_third_party_widget_module_is_refused_with_a_notice_and_shows_its_text
         message("a1", {"method": "update", "state": {"_esm": "x"}}),
     )
     assert browser.comms == []
-    assert [c["data"] for k, c in shown if k == "result"] == [{"text/plain": "AnyWidget()"}]
+    assert [c["data"] for k, c in shown if k == "execute_result"] == [{"text/plain": "AnyWidget()"}]
     notices = comms.take_notices()
     assert len(notices) == 1 and "'anywidget'" in notices[0] and "widget_modules" in notices[0]
 
@@ -145,7 +145,7 @@ def test_a_forged_parent_is_a_protocol_error_and_output_stays_with_the_cell() ->
     comms, browser = bridge()
     request, shown = run(comms, (Kind.PARENT, {"msg_id": "some-other-users-request"}), (Kind.DISPLAY, {"data": {"text/plain": "x"}}))
     assert request.error is not None and "never sent to the sandbox" in request.error["evalue"]
-    assert browser.outputs == [] and [k for k, _ in shown if k == "display"] == ["display"]
+    assert browser.outputs == [] and [k for k, _ in shown if k == "display_data"] == ["display_data"]
 
 
 def test_output_under_a_forwarded_message_goes_under_it_and_its_error_is_not_the_cells() -> None:

@@ -155,7 +155,7 @@ async def test_a_file_of_large_strings_is_fetched_and_later_output_waits_for_it(
     outcome = await session.execute(Cell("cell", 1), front)
     assert outcome.error is None, outcome.error
     assert [(kind, content.get("text") or content["data"].get("image/png") or content["data"]["text/plain"]) for kind, content in front.outputs] == [
-        ("stream", "before\n"), ("display", png), ("stream", "after\n"), ("display", "next")
+        ("stream", "before\n"), ("display_data", png), ("stream", "after\n"), ("display_data", "next")
     ]
 
 
@@ -211,7 +211,7 @@ async def test_a_lone_record_separator_does_not_swallow_the_error() -> None:
 async def test_a_lone_record_separator_does_not_swallow_the_next_display() -> None:
     (outcome, front), = await run_cells(Run(["a\x1e", frame("display", {"data": {"text/plain": "shown"}}), "b\n"]))
     assert outcome.error is None
-    assert front.of_kind("display") == [{"data": {"text/plain": "shown"}, "metadata": {}, "transient": {}}]
+    assert front.of_type("display_data") == [{"data": {"text/plain": "shown"}, "metadata": {}, "transient": {}}]
     assert front.text() == "a\x1eb\n"
 
 

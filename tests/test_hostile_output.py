@@ -29,6 +29,7 @@ from daytona_kernel.cell import Cell, CellOutcome, Recorder
 from daytona_kernel.config import SessionSettings
 from daytona_kernel.history import History
 from daytona_kernel.outputs import NOTICE_SLACK_CHARS, sanitize_html, sanitize_markdown, sanitize_svg
+from daytona_kernel.protocol import IOPUB_TYPES
 from daytona_kernel.runtime.calls import Complete, Inspect
 from daytona_kernel.runtime.framing import MARK, Frame, FrameDecoder
 from daytona_kernel.session import RuntimeSession
@@ -60,7 +61,7 @@ async def shown(bundle: dict[str, Any], kind: str = "display", **settings: Any) 
     if kind == "update":
         payload["transient"] = {"display_id": "d1"}
     ((_, front),) = await run_cells(Run([frame(kind, payload)]), **settings)
-    (content,) = front.of_kind(kind)
+    (content,) = front.of_type(IOPUB_TYPES[kind])
     return content["data"], front
 
 
@@ -338,7 +339,7 @@ async def test_stream_output_past_the_limit_is_cut_in_the_kernel() -> None:
 async def test_display_data_past_the_limit_is_dropped() -> None:
     image = frame("display", {"data": {"image/png": "A" * (400 * 1024)}})
     ((_, front),) = await run_cells(Run([image] * 5 + ["still here\n"]), output_limit_mb=1.0)
-    assert len(front.of_kind("display")) == 2 and front.text() == "still here\n"
+    assert len(front.of_type("display_data")) == 2 and front.text() == "still here\n"
     assert "more were dropped" in front.text("stderr")
 
 

@@ -27,7 +27,7 @@ async def test_a_wrong_daytona_subcommand_is_a_usage_error_that_shows_the_usage(
     error, front = await run_magic(FakeSandbox(), "%daytona frobnicate")
     assert error is not None and error["ename"] == "UsageError"
     assert "%daytona status | %daytona checkpoint | %daytona restore" in error["evalue"]
-    assert front.of_kind("error") == [] and front.text("stderr") == f"UsageError: {error['evalue']}\n"  # as ipykernel
+    assert front.of_type("error") == [] and front.text("stderr") == f"UsageError: {error['evalue']}\n"  # as ipykernel
 
 
 async def test_upload_without_a_mirror_says_why() -> None:

@@ -32,8 +32,8 @@ async def test_text_and_frames_reach_the_frontend_in_order() -> None:
     front = Recorder()
     outcome = await session_for(sandbox).execute(Cell("x", 1), front)
     assert outcome.error is None
-    assert [k for k, _ in front.outputs] == ["stream", "display", "stream", "result"]
-    assert front.text() == "hi\nthere\n" and front.of_kind("result")[0]["data"] == {"text/plain": "3"}
+    assert [k for k, _ in front.outputs] == ["stream", "display_data", "stream", "execute_result"]
+    assert front.text() == "hi\nthere\n" and front.of_type("execute_result")[0]["data"] == {"text/plain": "3"}
     assert "run_cell" in sandbox.codes[-1]
 
 
@@ -59,7 +59,7 @@ async def test_a_timeout_is_reported_as_the_timeout_not_as_the_interrupt_the_run
     front = Recorder()
     outcome = await session_for(sandbox, cell_timeout=2.0).execute(Cell("sleep", 1), front)
     assert outcome.error is not None and outcome.error["ename"] == "CellTimeoutError"
-    assert len(front.of_kind("error")) == 1
+    assert len(front.of_type("error")) == 1
 
 
 async def test_a_dead_context_is_replaced_before_the_next_cell() -> None:
@@ -165,7 +165,7 @@ async def test_a_replaced_worker_is_bootstrapped_again_and_the_cell_runs_after_o
     await session.execute(Cell("a", 1), Recorder())
     front = Recorder()
     outcome = await session.execute(Cell("1 + 1", 2), front)
-    assert outcome.error is None and front.of_kind("result")[0]["data"] == {"text/plain": "2"}
+    assert outcome.error is None and front.of_type("execute_result")[0]["data"] == {"text/plain": "2"}
     assert "variables were reset" in front.text("stderr") and front.text("stderr").count("\n") == 1
     assert boots(sandbox) == 2 and len(sandbox.contexts) == 1 and not sandbox.closed_contexts
     later = Recorder()
@@ -228,7 +228,7 @@ async def test_an_interrupt_while_the_sandbox_starts_ends_the_cell_and_provision
     await session.interrupt()
     outcome = await asyncio.wait_for(first, 5)
     assert outcome.error is not None and outcome.error["ename"] == "KeyboardInterrupt"
-    assert front.of_kind("error") == [outcome.error] and front.statuses[-1] == ""
+    assert front.of_type("error") == [outcome.error] and front.statuses[-1] == ""
     provisioned.set()
     next_front = Recorder()
     assert (await asyncio.wait_for(session.execute(Cell("print('later')", 2), next_front), 5)).error is None
