@@ -39,7 +39,7 @@ def comm_options(comms: CommBridge | None, live: Live, temp_dir: str) -> CommOpt
 
 
 class CommDelivery:
-    """See the module docstring. ``closed`` is set once the session shuts down."""
+    """See the module docstring."""
 
     def __init__(
         self,
@@ -56,7 +56,10 @@ class CommDelivery:
         self._outputs = outputs
         self._inflight = inflight
         self._log = log
-        self.closed = False
+        self._closed = False  # the session shut down: nothing goes into the sandbox any more
+
+    def close(self) -> None:
+        self._closed = True
 
     @property
     def in_cell(self) -> bool:
@@ -79,7 +82,7 @@ class CommDelivery:
                 break
             await asyncio.sleep(COMM_WAIT_S)
         live = self._supervisor.live
-        if live is None or self.closed:  # no interpreter (yet): no comm target is registered there
+        if live is None or self._closed:  # no interpreter (yet): no comm target is registered there
             bridge.unreachable(batch)
             return
         async with inflight.lock:

@@ -102,7 +102,8 @@ class RuntimeSession:
 
     async def shutdown(self, restart: bool = False) -> None:
         """Stop the timers, then release the sandbox (kept for the next process on a restart). Safe to call twice."""
-        self._shut_down = self.delivery.closed = True
+        self._shut_down = True
+        self.delivery.close()
         self._idle_checkpoint.disarm()
         if self.pool is not None:
             await self.pool.close()  # workers never outlive their kernel, a restart included
