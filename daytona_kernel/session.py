@@ -1,11 +1,12 @@
 """The session: runs cells in the sandbox, through the runtime installed there.
 
-It wires the parts together for one kernel: the ``ContextSupervisor`` (the live
-context), a ``Request`` per run (decodes the output into typed events), the
-error ``ladder`` (how a bad ending is shown), the ``WorkdirMirror`` (files up
-before a cell, down after it), the ``KernelMagics`` and the interrupt
-watchdog. It knows nothing about Jupyter messages: output goes to a
-``Frontend`` as ``(kind, content)`` events.
+It builds the parts for one kernel, each with what it needs, and runs a cell through
+them: the ``ContextSupervisor`` (the live context), ``Upkeep`` (the sandbox resumed
+or recovered, the mirror's files up before a cell and down after it), a ``Request``
+per run (decodes the output into typed events), the error ``ladder`` (how a bad
+ending is shown), ``Interrupts`` (SIGINT and the watchdog), ``CommDelivery`` and the
+``CommBridge`` (widgets), the ``Attacher`` and the ``KernelMagics``. It knows nothing
+about Jupyter messages: output goes to a ``Frontend`` as ``(msg_type, content)``.
 """
 
 from __future__ import annotations
