@@ -43,7 +43,7 @@ class Interrupts:
         self._attempt_task: asyncio.Future[RunError | None] | None = None
         self._gave_up_on: Request | None = None  # the run the watchdog ended while it still waited in the queue
         self._marker: str | None = None  # the note left for that run's job, until a later run shows it was read
-        self.cell_count = 0  # the execution count of the cell that runs (the note names it)
+        self._cell_count = 0  # the execution count of the cell that runs (the note names it)
 
     async def interrupt(self) -> None:
         """Send SIGINT to the worker; the watchdog waits in the background for the run to end."""
@@ -58,8 +58,9 @@ class Interrupts:
 
     # -- the session's runs -----------------------------------------------
 
-    def begin(self) -> None:
-        """A cell's run begins (it may take several attempts)."""
+    def begin(self, count: int) -> None:
+        """The run of cell ``count`` begins (it may take several attempts)."""
+        self._cell_count = count
         self._gave_up_on = None
 
     async def attempt(self, run: Coroutine[None, None, RunError | None]) -> RunError | None:
@@ -102,7 +103,7 @@ class Interrupts:
         """Leave the runtime's note that the current cell must not run (``run_cell`` looks for it first)."""
         from .runtime.runtime import CANCELLED_CELL
 
-        marker = CANCELLED_CELL % (live.pid, self.cell_count)
+        marker = CANCELLED_CELL % (live.pid, self._cell_count)
         try:
             result = await self._sandbox.exec(f"touch {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
         except DaytonaKernelError as exc:

@@ -181,7 +181,7 @@ class RuntimeSession:
         budget = OutputBudget(self._settings.output_limit_chars)
         async with self.inflight.lock:
             self.inflight.cell_inbox = comms.inbox if comms is not None else None
-            self.interrupts.cell_count = cell.count
+            self.interrupts.begin(cell.count)
             request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
         if self.comms is not None:
@@ -225,7 +225,6 @@ class RuntimeSession:
         run_error: RunError | None = None
         exception: BackendError | None = None
         started = asyncio.get_running_loop().time()
-        self.interrupts.begin()
         try:
             try:
                 run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
