@@ -66,3 +66,21 @@ def test_messages_are_packed_by_orjson() -> None:
     content = {"data": {"image/png": "iVBORw0KGgo" * 1000, "text/plain": "é ✓"}, "metadata": {}, "transient": {}}
     assert json.loads(session.pack(content)) == content
     assert session.unpack(session.pack(session.msg("display_data", content)))["header"]["date"].endswith("Z")
+
+
+def test_the_kernel_process_builds_pydantic_models_on_first_use(monkeypatch: Any) -> None:
+    """The daytona SDK defines about 300 pydantic models at import, most of which a kernel never uses; the
+    kernel process (``launch``) has pydantic build each one when it is first used (about a fifth of the SDK's
+    import, on every start and restart)."""
+    import pydantic
+
+    from daytona_kernel.__main__ import defer_model_builds
+
+    monkeypatch.setattr(pydantic.BaseModel, "model_config", dict(pydantic.BaseModel.model_config))
+    defer_model_builds()
+
+    class Probe(pydantic.BaseModel):
+        x: int
+
+    assert not Probe.__pydantic_complete__
+    assert Probe(x=1).x == 1 and Probe.__pydantic_complete__

@@ -12,16 +12,8 @@ import asyncio
 import logging
 import posixpath
 import time
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
-from daytona import (
-    AsyncDaytona,
-    CreateSandboxFromImageParams,
-    CreateSandboxFromSnapshotParams,
-    ListSandboxesQuery,
-    Resources,
-    VolumeMount,
-)
 from daytona.common.errors import DaytonaError, DaytonaNotFoundError
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
@@ -45,8 +37,22 @@ from .daytona_api import (
     translate_error,
 )
 
+if TYPE_CHECKING:
+    from daytona import AsyncDaytona
+
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
+
+
+def _import_client() -> None:
+    from daytona import AsyncDaytona  # noqa: F401
+
+
+async def load_sdk() -> None:
+    """Import the SDK's client (``AsyncDaytona`` and its API clients: about 1 s, most of it pydantic models)
+    in a thread, so the kernel's event loop answers Jupyter (kernel_info) meanwhile. The names are imported
+    where they are used too: without this, the first use imports them, only blocking."""
+    await asyncio.to_thread(_import_client)
 
 VOLUME_READY_TIMEOUT_S = 120.0
 VOLUME_POLL_S = 0.5
@@ -162,6 +168,8 @@ class WorkspaceSandboxes:
         return f"{self._owner_id}/{self._key}"
 
     def _client_or_open(self) -> AsyncDaytona:
+        from daytona import AsyncDaytona
+
         if self._lender is not None:
             return self._lender._client_or_open()
         if self._client is None:
@@ -227,6 +235,8 @@ class WorkspaceSandboxes:
         return await self._find_by(self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL))
 
     async def _find_by(self, labels: dict[str, str]) -> Any:
+        from daytona import ListSandboxesQuery
+
         client = self._client_or_open()
         query = ListSandboxesQuery(labels=labels)
 
@@ -275,6 +285,8 @@ class WorkspaceSandboxes:
             await self._api("set the auto-stop interval", lambda: sandbox.set_autostop_interval(cfg.auto_stop_interval))
 
     async def _create_with(self, volume: Any, progress: ProgressCallback, auto_stop_interval: int | None) -> Any:
+        from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Resources, VolumeMount
+
         client = self._client_or_open()
         cfg = self._config
         common: dict[str, Any] = dict(
