@@ -1,12 +1,21 @@
-"""A kernel process answers Jupyter before the daytona SDK's client has loaded (about 1 s of imports, most
-of it pydantic models and the API clients): building the session leaves it out, and the sandbox's start
-loads it in a thread, so the event loop answers kernel_info meanwhile."""
+"""What a start waits for: a kernel process answers Jupyter before the daytona SDK's client has loaded
+(about 1 s of imports, most of it pydantic models and the API clients): building the session leaves it
+out, and the sandbox's start loads it in a thread, so the event loop answers kernel_info meanwhile; and
+the start's independent lookups go at once."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
+from typing import Any
+
+import pytest
+
+from daytona_kernel.backends.base import SandboxPolicy
+from daytona_kernel.backends.daytona import DaytonaSandbox
+from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 
 SCRIPT = textwrap.dedent(
     """
@@ -15,7 +24,7 @@ SCRIPT = textwrap.dedent(
     from daytona_kernel.config import DaytonaKernelConfig
     from daytona_kernel.backends import daytona_workspace
 
-    config = DaytonaKernelConfig(backend="daytona", api_key="k", api_url="http://127.0.0.1:9/api")
+    config = DaytonaKernelConfig(backend="daytona")
     session = build_session(config, tempfile.mkdtemp(), "k1", logging.getLogger())
     assert "daytona._async.daytona" not in sys.modules, "building the session imported the SDK's client"
 
@@ -41,3 +50,40 @@ SCRIPT = textwrap.dedent(
 def test_the_sdk_client_loads_in_a_thread_after_the_session_is_built() -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+class Found(Exception):
+    """Where the start is stopped: the lookups are what this test is about."""
+
+
+class Lookups:
+    """The workspace's two lookups: ready_volume cannot finish until find has started."""
+
+    policy = None
+    notices: list[str] = []
+
+    def __init__(self) -> None:
+        self.finding = asyncio.Event()
+
+    async def check_gpu(self) -> str:
+        return ""
+
+    async def ready_volume(self, progress: Any) -> str:
+        await self.finding.wait()
+        return "volume"
+
+    async def find(self) -> None:
+        self.finding.set()
+        raise Found
+
+
+async def test_the_volume_and_the_sandbox_are_looked_up_at_once() -> None:
+    """On a real network each is a round trip to Daytona's API, on every start: they do not depend on each
+    other (the volume is needed only to create a sandbox, or to compare a found one with the settings)."""
+    config = DaytonaKernelConfig(backend="daytona")
+    sandbox = DaytonaSandbox(settings_from(DaytonaSettings, config), "key", "k1")
+    lookups = Lookups()
+    sandbox._workspace = lookups  # type: ignore[assignment]
+    sandbox._policy = SandboxPolicy.REUSE
+    with pytest.raises(Found):
+        await asyncio.wait_for(sandbox.start(lambda text: None), 10)  # one after the other, they would wait forever

@@ -31,6 +31,7 @@ brought back with ``recover()``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shlex
 from typing import Any, Awaitable, Callable, TypeVar
@@ -151,8 +152,12 @@ class DaytonaSandbox(Sandbox):
             self._policy = self._workspace.policy
             if notice:
                 self._notices.append(notice)
-        volume = await self._workspace.ready_volume(progress)
-        self._sandbox = await self._workspace.find()
+        # Independent round trips to Daytona's API: at once. The volume's error, if both fail, is the one shown.
+        looked = await asyncio.gather(self._workspace.ready_volume(progress), self._workspace.find(), return_exceptions=True)
+        for failed in looked:
+            if isinstance(failed, BaseException):
+                raise failed
+        volume, self._sandbox = looked
         if self._sandbox is not None:
             # a list item lacks the volumes and env that drift and the volume copy are judged by
             found = self._sandbox
