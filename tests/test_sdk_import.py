@@ -6,6 +6,7 @@ the start's independent lookups go at once."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,6 @@ SCRIPT = textwrap.dedent(
     import asyncio, logging, sys, tempfile, threading
     from daytona_kernel.compose import build_session
     from daytona_kernel.config import DaytonaKernelConfig
-    from daytona_kernel.backends import daytona_workspace
 
     config = DaytonaKernelConfig(backend="daytona")
     session = build_session(config, tempfile.mkdtemp(), "k1", logging.getLogger())
@@ -35,12 +35,12 @@ SCRIPT = textwrap.dedent(
                 ticks.append(1)
                 await asyncio.sleep(0.005)
         ticker = asyncio.ensure_future(tick())
-        await daytona_workspace.load_sdk()
+        await session.sandbox._workspace.open_client()
         ticker.cancel()
         return len(ticks)
 
     ticks = asyncio.run(main())
-    assert "daytona._async.daytona" in sys.modules
+    assert "daytona._async.daytona" in sys.modules and session.sandbox._workspace._client is not None
     assert ticks > 3, f"the event loop was blocked while the SDK loaded ({ticks} ticks)"
     print("ok")
     """
@@ -48,7 +48,8 @@ SCRIPT = textwrap.dedent(
 
 
 def test_the_sdk_client_loads_in_a_thread_after_the_session_is_built() -> None:
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "DAYTONA_API_KEY": "key", "DAYTONA_API_URL": "http://127.0.0.1:9/api"}  # never called
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
@@ -64,6 +65,9 @@ class Lookups:
 
     def __init__(self) -> None:
         self.finding = asyncio.Event()
+
+    async def open_client(self) -> None:
+        return None
 
     async def check_gpu(self) -> str:
         return ""

@@ -56,7 +56,7 @@ from .daytona_api import (
 from .daytona_states import StateLadder
 from .daytona_status import status_lines
 from .daytona_toolbox import DaytonaContext, DaytonaToolbox
-from .daytona_workspace import WorkspaceSandboxes, load_sdk
+from .daytona_workspace import WorkspaceSandboxes
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -145,7 +145,7 @@ class DaytonaSandbox(Sandbox):
                 progress(f"sandbox {self.id} is gone; finding or creating another…")
                 self._sandbox = None
                 self.toolbox.contexts.clear()
-        await load_sdk()  # the kernel answered Jupyter before the SDK's client was loaded
+        await self._workspace.open_client()  # in a thread: the kernel answered Jupyter before the SDK was loaded
         if not self._gpu_checked:  # the snapshot's GPU decides the policy, before the sandbox is looked for
             notice = await self._workspace.check_gpu()
             self._gpu_checked = True

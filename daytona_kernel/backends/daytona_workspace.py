@@ -44,16 +44,6 @@ log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
 
 
-def _import_client() -> None:
-    from daytona import AsyncDaytona  # noqa: F401
-
-
-async def load_sdk() -> None:
-    """Import the SDK's client (``AsyncDaytona`` and its API clients: about 1 s, most of it pydantic models)
-    in a thread, so the kernel's event loop answers Jupyter (kernel_info) meanwhile. The names are imported
-    where they are used too: without this, the first use imports them, only blocking."""
-    await asyncio.to_thread(_import_client)
-
 VOLUME_READY_TIMEOUT_S = 120.0
 VOLUME_POLL_S = 0.5
 
@@ -167,17 +157,29 @@ class WorkspaceSandboxes:
         """This workspace's sub-folder of the volume, inside this installation's own folder."""
         return f"{self._owner_id}/{self._key}"
 
-    def _client_or_open(self) -> AsyncDaytona:
-        from daytona import AsyncDaytona
+    async def open_client(self) -> None:
+        """Import the SDK's client and make it in a thread, so the kernel's event loop answers Jupyter
+        (kernel_info) meanwhile: the import is about 1 s (most of it pydantic models and the API clients),
+        and making it loads the system's certificates into each API client's TLS context. The SDK makes
+        the client without an event loop (its HTTP session is made at the first request)."""
+        if self._lender is None and self._client is None:
+            client = await asyncio.to_thread(self._new_client)
+            self._client = self._client or client  # (made meanwhile by a call that could not wait)
 
+    def _client_or_open(self) -> AsyncDaytona:
         if self._lender is not None:
             return self._lender._client_or_open()
         if self._client is None:
-            try:
-                self._client = AsyncDaytona(client_config(self._config))
-            except DaytonaError as exc:
-                raise translate_error(exc, "connect to Daytona") from exc
+            self._client = self._new_client()
         return self._client
+
+    def _new_client(self) -> AsyncDaytona:
+        from daytona import AsyncDaytona
+
+        try:
+            return AsyncDaytona(client_config(self._config))
+        except DaytonaError as exc:
+            raise translate_error(exc, "connect to Daytona") from exc
 
     async def close(self) -> None:
         if self._client is not None:
