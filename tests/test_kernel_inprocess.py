@@ -68,13 +68,13 @@ def test_messages_are_packed_by_orjson() -> None:
     assert session.unpack(session.pack(session.msg("display_data", content)))["header"]["date"].endswith("Z")
 
 
-def test_the_kernel_process_builds_pydantic_models_on_first_use(monkeypatch: Any) -> None:
+def test_the_daytona_backend_has_pydantic_build_models_on_first_use(monkeypatch: Any) -> None:
     """The daytona SDK defines about 300 pydantic models at import, most of which a kernel never uses; the
-    kernel process (``launch``) has pydantic build each one when it is first used (about a fifth of the SDK's
-    import, on every start and restart)."""
+    Daytona backend has pydantic build each one when it is first used (a tenth of the SDK's import, on every
+    start and restart)."""
     import pydantic
 
-    from daytona_kernel.__main__ import defer_model_builds
+    from daytona_kernel.backends import defer_model_builds
 
     monkeypatch.setattr(pydantic.BaseModel, "model_config", dict(pydantic.BaseModel.model_config))
     defer_model_builds()
