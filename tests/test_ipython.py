@@ -54,6 +54,14 @@ def test_the_reply_says_error_even_when_the_traceback_cannot_be_shown(kernel_nam
         assert k.execute("1 + 1").status == "ok"
 
 
+def test_a_traceback_through_the_runtime_shows_the_cells_frames_only(kernel_name: str) -> None:
+    with Kernel(kernel_name) as k:
+        err = k.execute("import sys\nsys.stdout.write(1)").errors[0]
+        plain = ANSI.sub("", "\n".join(err["traceback"]))
+        assert "----> 2 sys.stdout.write(1)" in plain and plain.endswith("TypeError: write() argument must be str, not int")
+        assert "daytona-kernel" not in plain and "Could not get source" not in plain, plain
+
+
 def test_an_interrupts_traceback_ends_where_the_cell_called_into_the_runtime() -> None:
     """A Ctrl-C that lands in the runtime's stream code under a cell's print: the cell's frames are shown,
     not the kernel's (one stopped between two lines has no line number, and IPython could not format it)."""

@@ -79,10 +79,10 @@ def murmur2_x86(data, seed):
 def cut_runtime_frames(tb):
     """End a traceback before its first frame of the runtime's own code (``<daytona-kernel-…>``).
 
-    A Ctrl-C lands wherever the main thread is: often inside the runtime's stream code under a
-    cell's ``print``. As under ipykernel, the user sees the cell's frames (and the call that was
-    interrupted), not the kernel's; and IPython cannot format some of those frames at all (a frame
-    stopped between two lines has no line number, which IPython asserts on)."""
+    The user sees the cell's frames and the call into the runtime that failed (``sys.stdout.write(1)``),
+    not the runtime's source, which IPython cannot show (it is not on disk). A Ctrl-C lands wherever
+    the main thread is, often inside the runtime's stream code under a cell's ``print``; IPython cannot
+    format such a frame at all when it stopped between two lines (no line number: IPython asserts)."""
     while tb is not None and tb.tb_next is not None:
         if tb.tb_next.tb_frame.f_code.co_filename.startswith("<daytona-kernel-"):
             tb.tb_next = None
@@ -206,16 +206,15 @@ class SandboxShell(InteractiveShell):
         self._payloads.write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
     def showtraceback(self, exc_tuple=None, *args, **kwargs):
-        """IPython's, after the runtime's note on a path outside the mirrored folder. An interrupt's
-        traceback ends where the cell's code called into the runtime (``cut_runtime_frames``)."""
+        """IPython's, after the runtime's note on a path outside the mirrored folder. The traceback ends
+        where the cell's code called into the runtime (``cut_runtime_frames``)."""
         try:
-            etype, evalue, tb = self._get_exc_info(exc_tuple)
+            _, evalue, tb = self._get_exc_info(exc_tuple)
         except ValueError:
             pass  # no exception to show: IPython says so
         else:
             self.runtime.explain(evalue)
-            if issubclass(etype, KeyboardInterrupt):
-                cut_runtime_frames(tb)
+            cut_runtime_frames(tb)
         super().showtraceback(exc_tuple, *args, **kwargs)
 
     def _showtraceback(self, etype, evalue, stb):
