@@ -191,17 +191,20 @@ async def reclaim_sessions(client: Any, owner: str, config: DaytonaKernelConfig,
     from daytona.common.errors import DaytonaError
 
     from .attach import reclaim_detached
-    from .backends.daytona_api import LABEL_APP, LABEL_OWNER, state_name
-    from .config import SANDBOX_WORKDIR
+    from .backends.daytona_api import LABEL_APP, LABEL_OWNER, api_url_of, state_name
+    from .backends.daytona_toolbox import DaytonaToolbox, FoundSandbox
+    from .config import SANDBOX_WORKDIR, DaytonaSettings, settings_from
 
+    api_url = api_url_of(settings_from(DaytonaSettings, config))
     holding = set()
     async for sandbox in client.list(ListSandboxesQuery(labels={LABEL_APP: "true", LABEL_OWNER: owner})):
         if sandbox.labels.get(LABEL_OWNER) != owner or state_name(sandbox) != "started":
             continue
         try:
-            if await reclaim_detached(sandbox, SANDBOX_WORKDIR, config.detached_idle_minutes, dry_run, out):
+            toolbox = DaytonaToolbox(FoundSandbox(sandbox, api_url), SANDBOX_WORKDIR)
+            if await reclaim_detached(toolbox, sandbox.id, SANDBOX_WORKDIR, config.detached_idle_minutes, dry_run, out):
                 holding.add(sandbox.id)
-        except DaytonaError as exc:  # one sandbox's toolbox failing must not stop the others' cleanup
+        except (DaytonaError, DaytonaKernelError) as exc:  # one sandbox's toolbox failing must not stop the others' cleanup
             out(f"error: could not look at the sessions in {sandbox.id}: {exc}")
             holding.add(sandbox.id)  # unknown: do not stop it from under a session
     return holding

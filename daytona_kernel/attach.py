@@ -15,29 +15,28 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import math
 import os
 import posixpath
 import re
 import secrets
-import shlex
 import socket
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from .backends.base import Sandbox
+from .backends.base import ExecResult, Sandbox
 from .cell import Frontend, stderr
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, Interrupted, UsageError
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import InputRequest
 from .request import Request, fetcher
-from .runtime import journal_script
+from .runtime import journal_command
+from .runtime.calls import ClaimSession, JournalCall, ReadJournal, RemoveJournal, ScanJournals
 from .runtime.journal import PID_MAX, SESSION_NAME, SKIPPED
 from .runtime.journal import loads as journal_loads
 
@@ -53,6 +52,26 @@ MAX_COUNT = 10**9
 MAX_OFFSET = 2**40
 LATEST_TIME = 1e11  # seconds since 1970: the year 5138
 T = TypeVar("T")
+
+
+class JournalHost(Protocol):
+    """What the journal's verbs need of a sandbox (a ``Sandbox``, or ``gc``'s toolbox of a sandbox it found)."""
+
+    async def exec(self, command: str, timeout: float | None = None) -> ExecResult: ...
+
+    async def live_contexts(self) -> set[str]: ...
+
+    async def end_context(self, context_id: str) -> None: ...
+
+
+async def journal_call(sandbox: JournalHost, call: JournalCall) -> dict[str, Any]:
+    """One journal verb, run as a process command beside the interpreter (``journal.main``)."""
+    result = await sandbox.exec(journal_command(call), timeout=JOURNAL_EXEC_TIMEOUT_S)
+    value = _last_json(result.output) if result.exit_code == 0 else None
+    if value is None or "error" in value:
+        detail = value["error"] if value is not None else result.output.strip()
+        raise BackendError(f"The session journal in the sandbox could not be read ({call.METHOD}): {shown(detail, 300)}")
+    return value
 
 
 def journal_root(workdir: str) -> str:
@@ -311,27 +330,22 @@ class SessionJournal:
             "owner": self.identity.owner(),
         }
 
-    async def _exec(self, verb: str, *args: str | int) -> dict[str, Any]:
-        command = " ".join(["python3", "-I", "-c", shlex.quote(journal_script()), verb, *(shlex.quote(str(a)) for a in args)])
-        result = await self._sandbox.exec(command, timeout=JOURNAL_EXEC_TIMEOUT_S)
-        value = _last_json(result.output) if result.exit_code == 0 else None
-        if value is None:
-            raise BackendError(f"The session journal in the sandbox could not be read ({verb}): {shown(result.output.strip(), 300)}")
-        return value
+    async def _exec(self, call: JournalCall) -> dict[str, Any]:
+        return await journal_call(self._sandbox, call)
 
     # -- finding sessions ----------------------------------------------------------
 
     async def sessions(self, mine: str | None = None) -> list[Detached]:
         """The sessions this process does not own, whose interpreter still runs. Journals of contexts
         that are gone are removed; detached sessions idle past ``detached_idle_minutes`` are ended."""
-        scanned = await self._exec("scan", self.root)
+        scanned = await self._exec(ScanJournals(root=self.root))
         live = await self._sandbox.live_contexts()
         found: list[Detached] = []
         for session in self._parsed(scanned):
             if session.context_id == mine or session.owner.get("instance") == self.identity.instance:
                 continue
             if session.context_id not in live:
-                await self._exec("remove", self.folder(session.context_id))  # its context was deleted
+                await self._exec(RemoveJournal(folder=self.folder(session.context_id)))  # its context was deleted
                 continue
             if self.expired(session):
                 await self.end(session, f"idle for {session.idle_s / 60:.0f} min")
@@ -348,7 +362,7 @@ class SessionJournal:
     async def end(self, session: Detached, why: str) -> None:
         self._log.info("ending detached session %s (%s)", session.context_id, why)
         await self._sandbox.end_context(session.context_id)
-        await self._exec("remove", self.folder(session.context_id))
+        await self._exec(RemoveJournal(folder=self.folder(session.context_id)))
 
     def _parsed(self, scanned: dict[str, Any]) -> list[Detached]:
         """The sessions of a scan, each checked; a malformed one is logged and left out, never raised."""
@@ -443,8 +457,8 @@ class SessionJournal:
 
     async def claim(self, session: Detached) -> None:
         """Become the session's owner; fails if another kernel claimed it first."""
-        owner = json.dumps(self.identity.owner())
-        result = await self._exec("claim", self.folder(session.context_id), str(session.owner.get("instance") or ""), owner)
+        expected = str(session.owner.get("instance") or "")
+        result = await self._exec(ClaimSession(folder=self.folder(session.context_id), expected=expected, owner=self.identity.owner()))
         if result.get("ok") is not True:
             other = result.get("owner")
             kernel = shown(other.get("kernel"), 40) if isinstance(other, dict) else ""
@@ -454,9 +468,9 @@ class SessionJournal:
 
     async def release(self, session: Detached) -> None:
         """Give a claimed session back to its previous owner (the user stopped following it)."""
-        previous = json.dumps(session.owner)
+        previous = ClaimSession(folder=self.folder(session.context_id), expected=self.identity.instance, owner=session.owner)
         try:
-            await self._exec("claim", self.folder(session.context_id), self.identity.instance, previous)
+            await self._exec(previous)
         except DaytonaKernelError as exc:
             self._log.warning("could not give the session %s back: %s", session.context_id, exc)
 
@@ -478,7 +492,7 @@ class SessionJournal:
         checked = loop.time()
         try:
             while True:
-                read = await _unless(stop, self._exec("read", folder, n, offset))
+                read = await _unless(stop, self._exec(ReadJournal(folder=folder, n=n, offset=offset)))
                 if read.get("lost") is True:
                     frontend.emit(
                         "stream", stderr("daytona-kernel: the start of this cell's output was rotated out of the journal.\n")
@@ -531,23 +545,24 @@ class SessionJournal:
     async def forget(self, session: str) -> None:
         """Remove the journal of a context this kernel closed."""
         try:
-            await self._exec("remove", self.folder(session))
+            await self._exec(RemoveJournal(folder=self.folder(session)))
         except DaytonaKernelError as exc:
             self._log.warning("could not remove the journal of context %s: %s", session, exc)
 
 
-async def reclaim_detached(sandbox: Any, workdir: str, idle_minutes: float, dry_run: bool, out: Callable[[str], None]) -> int:
-    """``daytona-kernel gc``: end the detached sessions of a started sandbox (an SDK object) idle past
-    ``idle_minutes``; returns how many detached sessions it keeps (younger, or with a cell running).
+async def reclaim_detached(
+    sandbox: JournalHost, sandbox_id: str, workdir: str, idle_minutes: float, dry_run: bool, out: Callable[[str], None]
+) -> int:
+    """``daytona-kernel gc``: end the detached sessions of a started sandbox idle past ``idle_minutes``;
+    returns how many detached sessions it keeps (younger, or with a cell running).
     A journal a cell forged is named and left alone: it never stops the cleanup."""
     root = journal_root(workdir)
-    command = " ".join(["python3", "-I", "-c", shlex.quote(journal_script()), "scan", shlex.quote(root)])
-    result = await sandbox.process.exec(command, timeout=int(JOURNAL_EXEC_TIMEOUT_S))
-    scanned = _last_json(result.result or "")
-    if scanned is None:
-        out(f"error: could not read the session journal of {sandbox.id}: {shown((result.result or '').strip(), 200)}")
+    try:
+        scanned = await journal_call(sandbox, ScanJournals(root=root))
+    except BackendError as exc:
+        out(f"error: could not read the session journal of {sandbox_id}: {exc}")
         return 0
-    contexts = {c.id: c for c in await sandbox.code_interpreter.list_contexts() if c.active}
+    contexts = await sandbox.live_contexts()
     identity = KernelIdentity("", "")
     now = scan_time(scanned)
     entries = scanned.get("sessions")
@@ -555,23 +570,18 @@ async def reclaim_detached(sandbox: Any, workdir: str, idle_minutes: float, dry_
     for entry in entries if isinstance(entries, list) else []:
         session = Detached.parse(entry, now, identity)
         if session is None:
-            out(f"skipped a malformed session journal in {sandbox.id}")
+            out(f"skipped a malformed session journal in {sandbox_id}")
             continue
         if session.context_id not in contexts or session.owner_alive is True:
             continue
-        what = f"detached session {session.context_id[:8]} in {sandbox.id} ({session.name or 'notebook unknown'}: {session.describe()})"
+        what = f"detached session {session.context_id[:8]} in {sandbox_id} ({session.name or 'notebook unknown'}: {session.describe()})"
         if session.running or session.idle_s <= idle_minutes * 60:
             kept += 1
             out(f"kept {what}: `%daytona attach` continues it; it is ended after {idle_minutes:g} min idle")
         elif dry_run:
             out(f"would end {what}")
         else:
-            await sandbox.code_interpreter.delete_context(contexts[session.context_id])
-            await sandbox.process.exec(
-                " ".join(
-                    ["python3", "-I", "-c", shlex.quote(journal_script()), "remove", shlex.quote(posixpath.join(root, session.context_id))]
-                ),
-                timeout=int(JOURNAL_EXEC_TIMEOUT_S),
-            )
+            await sandbox.end_context(session.context_id)
+            await journal_call(sandbox, RemoveJournal(folder=posixpath.join(root, session.context_id)))
             out(f"ended {what}")
     return kept

@@ -288,3 +288,47 @@ def test_a_session_the_daemon_no_longer_runs_is_not_announced(tmp_path: Path) ->
 
     assert "cell [7] still running" in look({"ctx-old", "ctx-new"})
     assert look({"ctx-new"}) == ""
+
+
+# -- the kernel's verbs, as typed calls (calls.JournalCall) --------------------------------------------------
+
+
+def run_main(call_json: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    journal.main([call_json])
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_a_claim_travels_by_name_and_swapped_or_missing_arguments_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``claim(folder, expected, owner)`` by position let two strings swap unnoticed; by name, typed, they cannot."""
+    from daytona_kernel.runtime.calls import CALLS, ClaimSession, decode, encode
+
+    _, j = opened(tmp_path)
+    swapped = json.dumps({"method": "claim", "args": {"folder": j.folder, "expected": json.dumps(ME), "owner": "me"}})
+    assert "claim.owner is not an object" in run_main(swapped, capsys)["error"]
+    missing = json.dumps({"method": "claim", "args": {"folder": j.folder, "owner": ME}})
+    assert "expected" in run_main(missing, capsys)["error"]
+    assert run_main(json.dumps({"method": "adopt", "args": {"instance": "x"}}), capsys) == {"error": "no journal method 'adopt'"}
+    assert journal.claim(j.folder, "me", ME)["ok"]  # nothing above changed the owner
+    new_owner = dict(ME, instance="new")
+    assert run_main(encode(ClaimSession(folder=j.folder, expected="me", owner=new_owner)), capsys) == {"ok": True, "owner": new_owner}
+    with pytest.raises(Exception, match="no runtime method 'claim'"):  # the runtime never takes a journal verb for its own
+        decode(encode(ClaimSession(folder=j.folder, expected="me", owner=ME)), CALLS)
+
+
+def test_the_journal_command_runs_isolated_beside_a_users_json_module(tmp_path: Path) -> None:
+    """What the kernel sends through process.exec: the calls module and the journal's source, one typed call."""
+    import subprocess
+
+    from daytona_kernel.runtime import journal_command
+    from daytona_kernel.runtime.calls import ReadJournal, ScanJournals
+
+    _, j = opened(tmp_path)
+    (tmp_path / "json.py").write_text("raise SystemExit('shadowed')\n")
+    for call in (ScanJournals(root=os.path.dirname(j.folder)), ReadJournal(folder=j.folder, n=0, offset=0)):
+        done = subprocess.run(["sh", "-c", journal_command(call)], cwd=tmp_path, capture_output=True, text=True, check=True)
+        result = json.loads(done.stdout)
+        assert "error" not in result
+    assert result["meta"]["session"] == "ctx-1"

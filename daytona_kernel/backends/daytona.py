@@ -251,7 +251,7 @@ class DaytonaSandbox(Sandbox):
     supports_attach = True  # the daemon keeps a context's worker when its client goes (docs/reattach.md)
 
     async def live_contexts(self) -> set[str]:
-        return set(await self.toolbox.contexts_by_id())
+        return await self.toolbox.live_contexts()
 
     async def adopt_context(self, context_id: str) -> Context:
         return await self.toolbox.adopt_context(context_id)

@@ -36,7 +36,8 @@ from ..errors import (
     SandboxPaused,
 )
 from .base import Context, ExecResult, FileError, OutputCallback, RunError
-from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, RETRY_BUDGET_S, RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S
+from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, RETRY_BUDGET_S, RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S, call_api
+from .daytona_states import StateLadder
 
 log = logging.getLogger("daytona_kernel.daytona")
 WS_CLOSE_WAIT_S = 1.0  # websocket.go: the reader that answers a close starts when the job leaves the queue
@@ -67,6 +68,22 @@ class ToolboxHost(Protocol):
 
     async def refresh_state(self) -> str:
         """The sandbox's state now (raises SandboxGone when it no longer exists)."""
+
+
+class FoundSandbox:
+    """A ``ToolboxHost`` for a started sandbox this process found but does not run (``daytona-kernel gc``):
+    its toolbox, through the one retry loop, with no lifecycle of its own."""
+
+    def __init__(self, sandbox: Any, api_url: str) -> None:
+        self.sdk_sandbox = sandbox
+        self.id: str = sandbox.id
+        self._api_url = api_url
+
+    async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
+        return await call_api(what, fn, retry=retry, api_url=self._api_url)
+
+    async def refresh_state(self) -> str:
+        return await StateLadder(self.api, log.info).refresh(self.sdk_sandbox)
 
 
 async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse[bool]:
@@ -248,6 +265,9 @@ class DaytonaToolbox:
     async def is_active(self, context_id: str) -> bool:
         """Whether the context still has a live worker process."""
         return any(c.id == context_id and c.active for c in await self._list_contexts())
+
+    async def live_contexts(self) -> set[str]:
+        return set(await self.contexts_by_id())
 
     async def contexts_by_id(self) -> dict[str, Any]:
         """The live contexts of every kernel, without the daemon's own."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 from importlib import resources
 
-from .calls import RUNTIME_MISSING, Call, RuntimeOptions, encode
+from .calls import RUNTIME_MISSING, Call, JournalCall, RuntimeOptions, encode
 
 MODULE_PREFIX = "_daytona_kernel_"
 MODULES = ("calls", "framing", "pathrules", "durable", "journal", "files", "streams", "display", "comms", "basic", "ipyshell", "runtime", "fanout")
@@ -205,7 +206,15 @@ def call_source(call: Call) -> str:
     )
 
 
-def journal_script() -> str:
-    """The journal module's source, run by ``python3 -I -c`` in the sandbox for scan, read, claim and remove
-    (isolated: a user's ``json.py`` in the working directory cannot shadow what it imports)."""
-    return _source("journal.py")
+def journal_command(call: JournalCall) -> str:
+    """The shell command that makes one journal verb in the sandbox, e.g.
+    ``journal_command(ScanJournals(root=...))``: ``python3 -I -c`` (isolated: a user's ``json.py`` in the
+    working directory cannot shadow what it imports) with the calls module, then the journal module's
+    source, which decodes the call (keyword JSON, its one argument) by name (``journal.main``)."""
+    calls = MODULE_PREFIX + "calls"
+    script = (
+        "import sys, types\n"
+        f"sys.modules[{calls!r}] = types.ModuleType({calls!r})\n"
+        f"exec(compile({_source('calls.py')!r}, '<daytona-kernel-calls>', 'exec'), sys.modules[{calls!r}].__dict__)\n"
+    ) + _source("journal.py")
+    return " ".join(["python3", "-I", "-c", shlex.quote(script), shlex.quote(encode(call))])

@@ -192,10 +192,53 @@ class Gather(Call):
     paths: List[str]
 
 
+class JournalCall(Call):
+    """A verb of the session journal run as a process command beside the interpreter (``python3 -I -c
+    <journal module> <call>``, see ``journal.main``): no runtime, so it works while a cell runs."""
+
+    TARGET: ClassVar[str] = "process"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanJournals(JournalCall):
+    """Every session journaled under ``root``."""
+
+    METHOD: ClassVar[str] = "scan"
+    root: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadJournal(JournalCall):
+    """What a session's cell wrote from file ``n``, byte ``offset`` on."""
+
+    METHOD: ClassVar[str] = "read"
+    folder: str
+    n: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimSession(JournalCall):
+    """Make ``owner`` the session's owner if the instance ``expected`` still is (compare-and-swap)."""
+
+    METHOD: ClassVar[str] = "claim"
+    folder: str
+    expected: str
+    owner: Dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveJournal(JournalCall):
+    METHOD: ClassVar[str] = "remove"
+    folder: str
+
+
 CALLS: Dict[str, Type[Any]] = {
     cls.METHOD: cls
     for cls in (RunCell, Deliver, CommTable, Complete, Inspect, FileChanges, Checkpoint, Restore, SyncVolume, Adopt, Scatter, Prelude, Dump, Gather)
 }
+JOURNAL_CALLS: Dict[str, Type[Any]] = {cls.METHOD: cls for cls in (ScanJournals, ReadJournal, ClaimSession, RemoveJournal)}
+"""The journal's process verbs: a separate table, so the runtime never takes one for a call of its own."""
 _NESTED: Dict[str, Type[Any]] = {"Synced": Synced, "CommOptions": CommOptions}
 
 
@@ -204,16 +247,17 @@ def encode(call: Any) -> str:
     return json.dumps({"method": call.METHOD, "args": dataclasses.asdict(call)}, separators=(",", ":"))
 
 
-def decode(text: str) -> Any:
-    """The call in ``encode``'s JSON, checked by name and type. Raises CallError."""
+def decode(text: str, table: Dict[str, Type[Any]] = CALLS) -> Any:
+    """The call in ``encode``'s JSON, checked by name and type against ``table`` (the runtime's
+    ``CALLS``, or the journal's ``JOURNAL_CALLS``). Raises CallError."""
     try:
         wire = json.loads(text)
         method, args = wire["method"], wire["args"]
     except (ValueError, TypeError, KeyError) as exc:
         raise CallError("a call that is not {method, args} JSON (%s)" % exc)
-    cls = CALLS.get(method) if isinstance(method, str) else None
+    cls = table.get(method) if isinstance(method, str) else None
     if cls is None:
-        raise CallError("no runtime method %r" % (method,))
+        raise CallError("no %s method %r" % ("runtime" if table is CALLS else "journal", method))
     return build(cls, args, method)
 
 
@@ -278,4 +322,4 @@ def missing_runtime(what: str) -> Exception:
     return type(RUNTIME_MISSING, (Exception,), {})("%s is not installed in this worker" % what)
 
 
-assert all(isinstance(cls.METHOD, str) and cls.METHOD for cls in CALLS.values()), "every call names its method"
+assert all(isinstance(cls.METHOD, str) and cls.METHOD for cls in list(CALLS.values()) + list(JOURNAL_CALLS.values())), "every call names its method"

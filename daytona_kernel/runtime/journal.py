@@ -5,7 +5,8 @@ Standard library only, Python 3.9+. It has two users:
 - the runtime (inside the interpreter context): ``Journal`` records every write of a
   cell's output (frames and text, exactly what goes to the daemon) and the session's
   state: running or idle, execution count, variables, when the last cell ended;
-- the kernel, through ``process.exec`` (``python3 -I -c <this source> VERB ...``): ``scan``
+- the kernel, through ``process.exec`` (``runtime.journal_command``: this source run by
+  ``python3 -I -c``, its argument a ``calls.JournalCall`` as keyword JSON): ``scan``
   lists the sessions, ``read`` returns what a cell wrote since an offset, ``claim`` makes
   a kernel the session's owner (compare-and-swap under a lock), ``remove`` deletes one.
   ``process.exec`` runs beside the interpreter, so it works while the cell still runs
@@ -29,6 +30,7 @@ import re
 import sys
 import time
 import types
+from typing import Any, Callable, Dict
 
 VERSION = 2  # 2: the worker's process stamp (boot id and start time) beside its pid
 FILE_BYTES = 4 * 1024 * 1024  # one journal file; two are kept, so a replay shows up to the last 8 MiB
@@ -481,18 +483,27 @@ def remove(folder):
     return {"ok": not os.path.exists(folder)}
 
 
+def _calls():
+    try:
+        import _daytona_kernel_calls as calls
+    except ImportError:  # imported directly, e.g. by unit tests
+        from daytona_kernel.runtime import calls
+    return calls
+
+
+VERBS: Dict[str, Callable[..., Any]] = {"scan": scan, "read": read, "claim": claim, "remove": remove}
+
+
 def main(argv):
-    verb = argv[0] if argv else ""
-    if verb == "scan":
-        result = scan(argv[1])
-    elif verb == "read":
-        result = read(argv[1], int(argv[2]), int(argv[3]))
-    elif verb == "claim":
-        result = claim(argv[1], argv[2], loads(argv[3]))
-    elif verb == "remove":
-        result = remove(argv[1])
+    """One verb from the kernel: ``argv[0]`` is a ``calls.JournalCall`` as keyword JSON, checked
+    by name and type before it runs; the result (or the error) is printed as JSON."""
+    calls = _calls()
+    try:
+        call = calls.decode(argv[0] if argv else "", calls.JOURNAL_CALLS)
+    except calls.CallError as exc:
+        result = {"error": str(exc)}
     else:
-        result = {"error": "unknown verb %r" % verb}
+        result = VERBS[call.METHOD](**calls.arguments(call))
     sys.stdout.write(json.dumps(result))
 
 
