@@ -50,7 +50,6 @@ from .daytona_api import (
     api_url_of,
     call_api,
     quiet,
-    state_name,
     status_of,
 )
 from .daytona_states import StateLadder
@@ -215,9 +214,6 @@ class DaytonaSandbox(Sandbox):
         minutes = self._sandbox.auto_pause_interval or 0
         self.idle_mode = IdleMode.PAUSE if minutes else IdleMode.STOP
         self.auto_pause_s = minutes * 60.0
-
-    def _state(self) -> str:
-        return state_name(self._sandbox)
 
     async def recreate(self, progress: ProgressCallback) -> None:
         """Delete this sandbox and make a new one with the current configuration (``%daytona recreate``)."""
