@@ -21,7 +21,7 @@ Stat = tuple[int, int, int]  # size, mtime in ns, permission bits
 MB = 1024 * 1024
 MAX_REPORTED_PATHS = 100_000
 
-# -- the valve: code never comes down (docs/security.md, "What never comes down") --------------------------
+# -- the valve: code never comes down (docs/security.md, "The rule: data flows both ways, code flows only up") --
 # Data flows both ways, code only up: nothing the sandbox writes may be run by this machine later without
 # the user choosing to. ``code_refusal`` decides it from the path and the ``Landing`` (what the folders on
 # its way are); no setting and no .gitignore can widen it. Names are compared case-insensitively.
