@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import ipython_bundle
 from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
 from .cell import Frontend, ProgressCallback, stderr
@@ -20,7 +21,7 @@ from .config import SessionSettings
 from .errors import DaytonaKernelError, RuntimeCallError
 from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
 from .request import Request
-from .runtime import RUNTIME_MISSING, call_source
+from .runtime import RUNTIME_MISSING, call_source, warmup_code
 from .runtime.calls import Call, RuntimeOptions
 
 WORKER_REPLACED = (
@@ -120,7 +121,7 @@ class ContextSupervisor:
         await self.sandbox.start(self.report)
         self._sandbox_started = True
         self.notices += self.sandbox.take_notices()
-        context = await self.sandbox.create_context()
+        context = await self.sandbox.take_next_context() or await self.sandbox.create_context()
         token, hello = await self._installer.install(context, self._runtime_options)
         if self._installer.wants_ipython(hello) and await self._installer.ship_ipython(context, hello):
             old = context  # a new context finds the shipped IPython; the old one goes meanwhile
@@ -218,9 +219,24 @@ class ContextSupervisor:
         if self._sandbox_started:
             await self._wait_for_closing()
             if restart:
+                await self._leave_next_context()
                 await self.sandbox.detach()
             else:
                 await self.sandbox.shutdown()
+
+    async def _leave_next_context(self) -> None:
+        """A restart: the next kernel process's context, with IPython importing there while that process
+        starts (about half of its bootstrap, off the restart's path). Only after a normal run: a failure
+        just leaves the next process to create its own."""
+        if self.live is None:
+            return
+        options = replace(self._runtime_options, ship_ipython=ipython_bundle.ipython_version())
+        if not options.ipython:
+            return
+        try:
+            await self.sandbox.leave_next_context(warmup_code(options), RUNTIME_CALL_TIMEOUT_S)
+        except DaytonaKernelError as exc:
+            self._log.warning("could not prepare the next context for the restart: %s", exc)
 
     async def call(self, call: Call) -> dict[str, Any]:
         """One runtime call answered by a ``reply`` frame. Raises RuntimeCallError saying why it failed."""

@@ -58,6 +58,36 @@ def test_a_restart_keeps_the_sandbox_running(emu: Any, tmp_path: Path) -> None:
     assert sandbox.state == "stopped"  # a real shutdown still releases it
 
 
+async def end_context(sandbox: Any, context_id: str) -> None:
+    await sandbox.contexts.pop(context_id).worker.shutdown()
+
+
+def test_a_restart_starts_the_next_interpreter_before_the_new_kernel_process(emu: Any, tmp_path: Path) -> None:
+    """The old kernel process, as it shuts down for a restart, creates the next context and starts importing
+    IPython there; the new process takes that context over instead of creating one (its bootstrap then
+    finds IPython imported: most of a bootstrap's time)."""
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        k.km.shutdown_kernel(now=False, restart=True)  # what restart_kernel does, in two steps
+        left = set(sandbox.contexts)
+        assert len(left) == 1  # the old kernel's context is gone; the next one is there
+        k.km.start_kernel(**k.km._launch_args)
+        k.kc.wait_for_ready(timeout=60)
+        first = k.execute("import os\nos.getpid() > 0")
+        assert result_text(first) == "True" and first.text("stderr") == ""
+        assert k.execute("x").errors[0]["ename"] == "NameError"  # a new interpreter, like ipykernel
+        assert set(sandbox.contexts) == left  # taken over, none created
+        k.km.shutdown_kernel(now=False, restart=True)
+        (gone,) = set(sandbox.contexts)
+        emu.call(end_context(sandbox, gone))  # ended before the next process looks (the sandbox restarted ...)
+        k.km.start_kernel(**k.km._launch_args)
+        k.kc.wait_for_ready(timeout=60)
+        assert result_text(k.execute("1 + 1")) == "2"  # it made its own
+        assert len(sandbox.contexts) == 1 and gone not in sandbox.contexts
+    assert sandbox.state == "stopped"
+
+
 def test_a_restart_while_the_sandbox_is_stopping(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(emu.transition_s, "stopping", 60.0)  # still stopping when the new process looks
     with Kernel("daytona", cwd=str(tmp_path)) as k:

@@ -145,6 +145,17 @@ class Sandbox(abc.ABC):
         process keep it for the next one; by default this is a shutdown."""
         await self.shutdown()
 
+    async def leave_next_context(self, code: str, timeout: float) -> None:
+        """A kernel restart, before ``detach``: create the next kernel process's context and leave ``code``
+        running in it, for at most ``timeout`` seconds (``take_next_context`` finds it). Backends whose
+        contexts die with the process do nothing."""
+        return None
+
+    async def take_next_context(self) -> Context | None:
+        """The context the previous process of this kernel left at its restart, now this one's; None if
+        there is none (or it is gone)."""
+        return None
+
     async def resume_if_paused(self, progress: ProgressCallback) -> bool:
         """Resume the sandbox if it is paused (or pausing, or resuming); True if it was. Its processes,
         and so every context's variables, carry on where they were frozen."""

@@ -39,11 +39,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 from daytona.common.errors import DaytonaNotFoundError
 
 from ..config import SANDBOX_WORKDIR, DaytonaSettings
-from ..errors import BackendError, SandboxGone, SandboxNotRunning
+from ..errors import BackendError, ContextDied, SandboxGone, SandboxNotRunning
 from .base import Context, ExecResult, FileError, IdleMode, ProgressCallback, Sandbox, SandboxPolicy
 from .daytona_api import (
     API_REQUEST_TIMEOUT_S,
     LABEL_KERNEL,
+    LABEL_NEXT,
     PAUSED_STATES,
     RETRY_BUDGET_S,
     RetriesExhausted,
@@ -86,6 +87,7 @@ class DaytonaSandbox(Sandbox):
         self.volume_dir = self._workspace.mount_path
         self.generation = 0  # +1 for every sandbox found or created: a new one has lost the old one's state
         self._gpu_checked = False
+        self._next_looked_for = False  # the context a restart left (take_next_context)
 
     @property
     def description(self) -> str:
@@ -277,6 +279,29 @@ class DaytonaSandbox(Sandbox):
             await self.toolbox.close_contexts()
         finally:
             await self._close_client()
+
+    async def leave_next_context(self, code: str, timeout: float) -> None:
+        """A restart: the next process's context, created now with ``code`` (importing IPython) left running
+        in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it)."""
+        context = await self.toolbox.create_context()
+        self.toolbox.forget(context)
+        await context.start_code(code, timeout)
+        labels = dict(self._sandbox.labels, **{LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
+        await self.api("name the next context in the sandbox's labels", lambda: self._sandbox.set_labels(labels))
+
+    async def take_next_context(self) -> Context | None:
+        """Looked for once, at this process's first start: a later start (a context that died, a sandbox
+        that stopped) makes its own."""
+        if self._next_looked_for or self._sandbox is None:
+            return None
+        self._next_looked_for = True
+        kernel, _, context_id = (self._sandbox.labels.get(LABEL_NEXT) or "").partition(".")
+        if kernel != self._kernel_id or not context_id:
+            return None
+        try:
+            return await self.toolbox.adopt_context(context_id)
+        except ContextDied:
+            return None  # ended since (the sandbox restarted, or the warm-up failed): a new one is made
 
     async def shutdown(self) -> None:
         """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a

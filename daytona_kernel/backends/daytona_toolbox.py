@@ -162,6 +162,18 @@ class DaytonaContext(Context):
             raise ContextDied("the interpreter process ended")
         raise await self._toolbox.why_cut_off(self.id, f"{reason or 'the websocket closed'} (close code {close_code})")
 
+    async def start_code(self, code: str, timeout: float) -> None:
+        """Send ``code`` to run and go: the daemon reads the request, then runs it to its end with no client
+        (websocket.go: output with no client attached is dropped)."""
+        ws = await self._open_socket()
+        try:
+            await ws.send_str(json.dumps({"code": code, "contextId": self.id, "timeout": math.ceil(timeout)}))
+        except (aiohttp.ClientError, OSError) as exc:
+            raise await self._toolbox.why_cut_off(self.id, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ws.close(), WS_CLOSE_WAIT_S)
+
     async def _open_socket(self) -> aiohttp.ClientWebSocketResponse[bool]:
         """Open the interpreter websocket. Nothing has run before the handshake succeeds, so a 429 or 5xx
         (Daytona's proxy when busy) or a dropped connection is tried again with jittered backoff, within the

@@ -166,7 +166,7 @@ def bootstrap_code(token: str, options: RuntimeOptions) -> str:
         "    worker_folder_off_path()\n"
         f"    options = __import__('json').loads({json.dumps(dataclasses.asdict(options))!r})\n"
         "    cache = ipython_cache(options)\n"
-        "    if cache and os.path.isdir(cache):  # an IPython the kernel shipped earlier: before site-packages\n"
+        "    if cache and os.path.isdir(cache) and cache not in sys.path:  # a shipped IPython: before site-packages\n"
         "        sys.path.insert(third_party_index(), cache)\n"
         "    options['ipython_cache'] = cache\n"
         f"    modules = {modules!r}\n"
@@ -189,6 +189,31 @@ def bootstrap_code(token: str, options: RuntimeOptions) -> str:
         f"{HANDLE} = __dk_boot()\n"
         "del __dk_boot, ipython_cache, worker_folder_off_path, third_party_index, cwd_on_path, compiled_runtime\n"
         f"{HANDLE}.hello()\n"
+    )
+
+
+WARM_IMPORTS = "IPython.core.interactiveshell, IPython.core.completer, IPython.core.page, IPython.utils.process"
+"""What the IPython shell module (``ipyshell.py``) imports: about half of a bootstrap's time."""
+
+
+def warmup_code(options: RuntimeOptions) -> str:
+    """Code that readies a fresh context for the next kernel process, left running at a restart: the worker's
+    folder off ``sys.path``, the shipped IPython's folder on it, as the bootstrap puts them, and IPython
+    imported, so that the next process's bootstrap finds it in ``sys.modules``. Nothing else: the runtime is
+    installed by that bootstrap, as in any context."""
+    return (
+        IPYTHON_CACHE_SOURCE + CELL_PATH_SOURCE + "def __dk_warm():\n"
+        "    import os, sys\n"
+        "    worker_folder_off_path()\n"
+        f"    cache = ipython_cache({{'ship_ipython': {options.ship_ipython!r}}})\n"
+        "    if cache and os.path.isdir(cache) and cache not in sys.path:\n"
+        "        sys.path.insert(third_party_index(), cache)\n"
+        "    try:\n"
+        f"        import {WARM_IMPORTS}  # noqa\n"
+        "    except Exception:\n"
+        "        pass  # the bootstrap says why, or ships IPython\n"
+        "__dk_warm()\n"
+        "del __dk_warm, ipython_cache, worker_folder_off_path, third_party_index, cwd_on_path\n"
     )
 
 
