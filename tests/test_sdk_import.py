@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +92,40 @@ async def test_the_volume_and_the_sandbox_are_looked_up_at_once() -> None:
     sandbox._policy = SandboxPolicy.REUSE
     with pytest.raises(Found):
         await asyncio.wait_for(sandbox.start(lambda text: None), 10)  # one after the other, they would wait forever
+
+
+WITNESS = textwrap.dedent(
+    """
+    import atexit, sys
+    from pathlib import Path
+    from daytona_kernel import __main__ as main
+
+    folder = Path(sys.argv[1])
+    main.end_quickly_after_a_clean_end()
+    atexit.register(lambda: (folder / "atexit").touch())
+
+    class Witness:
+        def __del__(self):
+            (folder / "teardown").touch()
+
+    witness = Witness()  # a module global: deleted when Python finalizes its modules
+    if sys.argv[2] == "clean":
+        main.ended_cleanly()
+    else:
+        raise SystemExit(3)
+    """
+)
+
+
+def test_a_kernel_process_that_ended_cleanly_skips_pythons_finalization(tmp_path: Path) -> None:
+    """Tearing down the SDK's modules (pydantic models) kept a kernel process alive about 0.4 s after its
+    shutdown, and a restart's new process starts only when the old one is gone. Once the kernel has ended
+    cleanly, every atexit handler runs and the process ends without that teardown; any other end is
+    Python's own, its exit status kept."""
+    for how, status, torn_down in (("clean", 0, False), ("failed", 3, True)):
+        folder = tmp_path / how
+        folder.mkdir()
+        done = subprocess.run([sys.executable, "-c", WITNESS, str(folder), how], capture_output=True, text=True, timeout=60)
+        assert done.returncode == status, done.stderr
+        assert (folder / "atexit").exists()
+        assert (folder / "teardown").exists() is torn_down
