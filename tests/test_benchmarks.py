@@ -59,3 +59,14 @@ def test_the_page_keeps_its_prose_and_replaces_only_the_generated_table_and_char
     page.write_text("# no markers\n")
     with pytest.raises(ValueError, match="no .* block to replace"):
         write_page(report(), page, (0.1, 0.1))
+
+
+def test_the_package_is_byte_compiled_first_as_an_installed_one_is(tmp_path: Path) -> None:
+    """pip compiles a package when it installs it; an editable install on a machine that sets
+    PYTHONDONTWRITEBYTECODE (this one) compiled the kernel's modules from source at every start instead."""
+    from benchmarks.run import compile_package
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("X = 1\n")
+    compile_package(tmp_path / "pkg")
+    assert [p.name.split(".")[0] for p in (tmp_path / "pkg" / "__pycache__").iterdir()] == ["mod"]
