@@ -24,7 +24,7 @@ from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageErr
 from .fanout import MAP_USAGE, WorkerPool
 from .idle import CHECKPOINT_FILE, checkpoint_path, resumed_notice
 from .protocol import checkpointed, file_changes, restored
-from .runtime.calls import Checkpoint, FileChanges, Restore
+from .runtime.calls import Checkpoint, ListFileChanges, Restore
 from .runtime.framing import KERNEL_MAGICS
 from .supervisor import ContextSupervisor, Live
 from .sync import SyncReport, WorkdirMirror, notify
@@ -99,7 +99,7 @@ class KernelMagics:
         if args.split()[:1] == ["status"]:
             return await asyncio.to_thread(mirror.status)
         report = await mirror.push()
-        changes = file_changes(await self._supervisor.call(FileChanges(synced=mirror.handover())))
+        changes = file_changes(await self._supervisor.call(ListFileChanges(synced=mirror.handover())))
         if changes.changed or changes.deleted or changes.truncated:
             report.merge(await mirror.pull(changes.as_dict(), retry_failed=True))
         self._notify(report)

@@ -126,7 +126,7 @@ class Inspect(Call):
 
 
 @dataclasses.dataclass(frozen=True)
-class FileChanges(Call):
+class ListFileChanges(Call):
     """What changed in the working directory and is not yet acknowledged (for ``%sync``)."""
 
     METHOD: ClassVar[str] = "file_changes"
@@ -235,7 +235,7 @@ class RemoveJournal(JournalCall):
 
 CALLS: Dict[str, Type[Any]] = {
     cls.METHOD: cls
-    for cls in (RunCell, Deliver, CommTable, Complete, Inspect, FileChanges, Checkpoint, Restore, SyncVolume, Adopt, Scatter, Prelude, Dump, Gather)
+    for cls in (RunCell, Deliver, CommTable, Complete, Inspect, ListFileChanges, Checkpoint, Restore, SyncVolume, Adopt, Scatter, Prelude, Dump, Gather)
 }
 JOURNAL_CALLS: Dict[str, Type[Any]] = {cls.METHOD: cls for cls in (ScanJournals, ReadJournal, ClaimSession, RemoveJournal)}
 """The journal's process verbs: a separate table, so the runtime never takes one for a call of its own."""
