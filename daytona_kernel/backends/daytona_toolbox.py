@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import posixpath
-import random
 import re
 import shlex
 import tempfile
@@ -23,7 +22,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import aiohttp
 from daytona import FileDownloadRequest, FileUpload
-from daytona.common.errors import DaytonaError
+from daytona.common.errors import DaytonaError, DaytonaRateLimitError
 
 from ..errors import (
     AuthError,
@@ -36,7 +35,7 @@ from ..errors import (
     SandboxPaused,
 )
 from .base import Context, ExecResult, FileError, OutputCallback, RunError
-from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, RETRY_BUDGET_S, RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S, call_api
+from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, call_api
 from .daytona_states import StateLadder
 
 log = logging.getLogger("daytona_kernel.daytona")
@@ -176,23 +175,28 @@ class DaytonaContext(Context):
 
     async def _open_socket(self) -> aiohttp.ClientWebSocketResponse[bool]:
         """Open the interpreter websocket. Nothing has run before the handshake succeeds, so a 429 or 5xx
-        (Daytona's proxy when busy) or a dropped connection is tried again with jittered backoff, within the
-        same budget as every other call; then, or on any other failure, the sandbox's state says why."""
+        (Daytona's proxy when busy) or a dropped connection is tried again by the one retry loop (``call_api``,
+        through the host), as an SDK error of that status; then, or on any other failure, the sandbox's state says why."""
         sandbox = self._host.sdk_sandbox
-        began = asyncio.get_running_loop().time()
-        delay = RETRY_FIRST_DELAY_S
-        while True:
+
+        async def handshake() -> aiohttp.ClientWebSocketResponse[bool]:
             try:
                 return await open_interpreter_socket(sandbox)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran
                 status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
-                transient = status == 429 or (status or 0) >= 500 or isinstance(exc, aiohttp.ServerDisconnectedError)
-                wait = delay * random.uniform(0.5, 1.5)
-                if not transient or asyncio.get_running_loop().time() - began + wait >= RETRY_BUDGET_S:
-                    raise await self._toolbox.why_unreachable(exc) from exc
-                log.warning("opening the interpreter of %s failed (%s); retrying in %.1fs", self.id, exc, wait)
-                await asyncio.sleep(wait)
-                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+                if status == 429:
+                    raise DaytonaRateLimitError(f"the interpreter's websocket: {exc}", status_code=status) from exc
+                if (status or 0) >= 500 or isinstance(exc, aiohttp.ServerDisconnectedError):
+                    raise DaytonaError(f"the interpreter's websocket: {exc}", status_code=status) from exc
+                raise
+
+        try:
+            return await self._host.api("open the interpreter", handshake)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise await self._toolbox.why_unreachable(exc) from exc
+        except BackendError as exc:  # the retries ran out: the handshake's own failure says more
+            failure = exc.__cause__.__cause__ if exc.__cause__ is not None else None
+            raise await self._toolbox.why_unreachable(failure or exc) from exc
 
     async def close(self) -> None:
         self._toolbox.forget(self)
