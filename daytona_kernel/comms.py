@@ -169,6 +169,11 @@ class WidgetPolicy:
         """May the frontend open this target in the sandbox? (It answers on it.)"""
         return self.trusted or target_name in (WIDGET_TARGET, CONTROL_TARGET) or target_name in self.allowed
 
+    def take_notices(self) -> list[str]:
+        """The widgets refused since the last call, each said once."""
+        notices, self.notices = self.notices, []
+        return notices
+
     def refuse(self, what: str) -> None:
         if what not in self._noticed:
             self._noticed.add(what)
@@ -254,7 +259,7 @@ class CommBridge:
         return isinstance(view, dict) and isinstance(view.get("model_id"), str) and view["model_id"] in self.comms
 
     def take_notices(self) -> list[str]:
-        notices, self.policy.notices = self.policy.notices, []
+        notices = self.policy.take_notices()
         if self.queue.dropped:
             notices.append(f"daytona-kernel: {self.queue.dropped} widget event(s) were dropped while the sandbox was busy.\n")
             self.queue.dropped = 0

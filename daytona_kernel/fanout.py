@@ -39,7 +39,7 @@ from .protocol import fanout_done
 from .request import Request, fetcher
 from .runtime import call_source
 from .runtime.calls import Dump, Gather, Prelude, RunCell, RuntimeOptions, Scatter, Synced
-from .supervisor import ContextSupervisor, Live, runtime_missing
+from .supervisor import ContextSupervisor, Live
 from .sync import SyncReport, WorkdirMirror
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
@@ -548,29 +548,32 @@ class MapCell:
         started = time.monotonic()
         exception: BackendError | None = None
         run_error: RunError | None = None
-        request = worker.request = Request(
-            live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox)
-        )
         worker.live = live
+
+        async def run(live: Live) -> RunError | None:
+            request = worker.request = Request(
+                live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox)
+            )
+            return await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+
+        def finish() -> None:
+            if worker.request is not None:
+                worker.request.finish()
+
         try:
             try:
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+                run_error = await worker.supervisor.run_installed(live, run, finish)
             except SandboxNotRunning:  # nothing ran: the caller makes the worker again
-                request.finish()
+                finish()
                 raise
-            if runtime_missing(run_error):  # the daemon replaced a dead worker process: install the runtime again
-                request.finish()
-                live = await worker.supervisor.rebootstrap(live)
-                request = worker.request = Request(
-                    live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(worker.supervisor.sandbox)
-                )
-                run_error = await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
         except BackendError as exc:
             exception = exc
+        request = worker.request
+        assert request is not None  # run() made it
         await request.settle()  # the cell's large outputs, fetched from the worker's sandbox
         request.finish()
-        while worker.supervisor.notices:
-            out.notice(worker.supervisor.notices.pop(0))
+        for notice in worker.supervisor.take_notices():
+            out.notice(notice)
         end = RunEnd(
             exception,
             run_error,

@@ -34,7 +34,7 @@ from .reattach import Attacher
 from .request import InFlight, InputBridge, Request, fetcher
 from .runtime import call_source
 from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, SyncVolume
-from .supervisor import ContextSupervisor, Live, runtime_missing
+from .supervisor import ContextSupervisor, Live
 from .sync import WorkdirMirror
 from .upkeep import Upkeep
 
@@ -72,9 +72,8 @@ class RuntimeSession:
         self.journal: SessionJournal | None = None  # sessions that outlive the kernel process (docs/reattach.md)
         if sandbox.supports_attach:
             self.journal = SessionJournal(sandbox, settings, identity or KernelIdentity("", ""), self.outputs, log)
-        self.supervisor = ContextSupervisor(sandbox, settings, log, options, self.journal)
-        if mirror is not None and mirror.notice:
-            self.supervisor.notices.append(mirror.notice)
+        notices = [mirror.notice] if mirror is not None and mirror.notice else []
+        self.supervisor = ContextSupervisor(sandbox, settings, log, options, self.journal, notices)
         self._idle_checkpoint = IdleCheckpoint(self.supervisor, settings, log)
         self.upkeep = Upkeep(sandbox, self.supervisor, mirror, self._idle_checkpoint, log)  # resume, recover, push, pull
         self.inflight = InFlight()  # what runs in the context now
@@ -264,17 +263,18 @@ class RuntimeSession:
     async def _attempt(
         self, live: Live, code: str, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget
     ) -> RunError | None:
-        """One run in ``live``. A fresh worker without the runtime (the daemon replaced a dead one)
-        answers in the same round trip; the runtime is installed again and the cell run there."""
-        request = self._new_request(live, frontend, bridge, budget)
-        run_error = await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
-        if not runtime_missing(run_error):
-            return run_error
-        request.finish()
-        live = await self.supervisor.rebootstrap(live)
-        self.supervisor.show_notices(frontend)
-        request = self._new_request(live, frontend, bridge, budget)
-        return await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
+        """One run in ``live``, in a worker that has the runtime (``ContextSupervisor.run_installed``)."""
+
+        async def run(live: Live) -> RunError | None:
+            request = self._new_request(live, frontend, bridge, budget)
+            return await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
+
+        def replaced() -> None:  # the first run's request ends; the notice that the variables were reset comes before the cell's output
+            if self.inflight.request is not None:
+                self.inflight.request.finish()
+            self.supervisor.show_notices(frontend)
+
+        return await self.supervisor.run_installed(live, run, replaced)
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None

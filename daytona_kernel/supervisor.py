@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Awaitable, Callable, Sequence
 
 from . import ipython_bundle
 from .attach import SessionJournal
@@ -50,12 +50,14 @@ class ContextSupervisor:
         log: logging.Logger,
         runtime_options: RuntimeOptions,
         journal: SessionJournal | None = None,
+        notices: Sequence[str] = (),
     ) -> None:
+        """``notices``: for the user, before the first cell's output (the mirror's, say)."""
         self.sandbox = sandbox
         self._settings = settings
         self._log = log
         self._runtime_options = replace(runtime_options, output_limit_chars=settings.output_limit_chars, blob_chars=sandbox.blob_chars)
-        self.notices: list[str] = []  # for the user, shown before the next cell's output
+        self.notices: list[str] = list(notices)  # for the user, shown before the next cell's output
         self._sandbox_started = False
         self._starting: asyncio.Future[Live] | None = None
         self.live: Live | None = None
@@ -104,10 +106,15 @@ class ContextSupervisor:
             if waiting is not None:
                 waiting("")  # the wait is over: clear the status line
 
+    def take_notices(self) -> list[str]:
+        """The queued notices (what starting, recovering or replacing the context took), once."""
+        notices, self.notices = self.notices, []
+        return notices
+
     def show_notices(self, frontend: Frontend) -> None:
-        """The queued notices (what starting, recovering or replacing the context took), on stderr."""
-        while self.notices:
-            frontend.emit("stream", stderr(self.notices.pop(0)))
+        """The queued notices, on stderr."""
+        for notice in self.take_notices():
+            frontend.emit("stream", stderr(notice))
 
     def report(self, text: str) -> None:
         """A status line for whoever waits for the context."""
@@ -137,6 +144,19 @@ class ContextSupervisor:
             if notice:
                 self.notices.append(notice)
         return self.live
+
+    async def run_installed(
+        self, live: Live, run: Callable[[Live], Awaitable[RunError | None]], replaced: Callable[[], None]
+    ) -> RunError | None:
+        """``run(live)``: one run of a cell's code, in a new request. A fresh worker without the runtime (the
+        daemon replaced a dead one) answers in the same round trip: the runtime is installed again,
+        ``replaced()`` ends the first run's request (it read nothing of the cell), and the code runs there."""
+        run_error = await run(live)
+        if not runtime_missing(run_error):
+            return run_error
+        live = await self.rebootstrap(live)
+        replaced()
+        return await run(live)
 
     async def rebootstrap(self, live: Live) -> Live:
         """The worker behind ``live`` was silently replaced by a fresh one (the daemon does that
