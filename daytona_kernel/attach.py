@@ -289,14 +289,6 @@ async def _unless(stop: asyncio.Event, awaitable: Awaitable[T]) -> T:
     return task.result()
 
 
-@dataclass
-class Adopted:
-    """What the kernel takes over from an attached session: its execution count and inputs."""
-
-    count: int
-    inputs: list[tuple[int, str]]
-
-
 class SessionJournal:
     """The kernel's side of the session journal: see the module docstring."""
 
@@ -531,16 +523,6 @@ class SessionJournal:
             request.finish()
             if request.error is not None and not request.error_shown:
                 frontend.emit("error", request.error)
-
-    @staticmethod
-    def adopted(reply: dict[str, Any]) -> Adopted:
-        items = reply.get("inputs")
-        inputs = [
-            (item[0], item[1])
-            for item in (items if isinstance(items, list) else [])
-            if isinstance(item, list) and len(item) == 2 and _count(item[0]) is not None and isinstance(item[1], str)
-        ]
-        return Adopted(_count(reply.get("count")) or 0, inputs)
 
     async def forget(self, session: str) -> None:
         """Remove the journal of a context this kernel closed."""

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from .errors import DaytonaKernelError, ProtocolError
 from .outputs import OutputBudget, OutputPolicy, sanitize_html, size_of
-from .protocol import CommAck, CommMessage
+from .protocol import CommAck, CommMessage, OpenComms
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_TARGET = "jupyter.widget"
@@ -415,19 +415,16 @@ class CommBridge:
             pause = DRAIN_INTERVAL_S if drain and not batch else BATCH_S
             await asyncio.sleep(max(0.0, pause - (loop.time() - started)))
 
-    def adopt(self, table: Any) -> int:
+    def adopt(self, table: OpenComms | None) -> int:
         """Take over the comms of a session this kernel attached to (``Runtime.comm_table``), as far as
         the policy lets them through; returns how many. The frontend then gets them back on its next
         widget state request (a page reload, or the new kernel connection)."""
-        entries = table.get("comms") if isinstance(table, dict) else None
-        for comm_id, entry in (entries if isinstance(entries, dict) else {}).items():
-            if not isinstance(entry, dict) or not isinstance(comm_id, str) or len(self.comms) >= MAX_OPEN_COMMS:
+        for comm_id, entry in table.comms.items() if table is not None else ():
+            if len(self.comms) >= MAX_OPEN_COMMS:
                 continue
-            target, state = entry.get("target_name"), entry.get("state")
-            state = state if isinstance(state, dict) else {}
-            if isinstance(target, str) and self.policy.refusal(target, {"state": state}) is None:
-                model = state.get("_model_name")
-                self.comms[comm_id] = OpenComm(target, model if isinstance(model, str) else "")
+            if self.policy.refusal(entry.target_name, {"state": entry.state}) is None:
+                model = entry.state.get("_model_name")
+                self.comms[comm_id] = OpenComm(entry.target_name, model if isinstance(model, str) else "")
         return len(self.comms)
 
     def runtime_is(self, token: str) -> None:

@@ -437,7 +437,7 @@ class MapCell:
         """Pickle each rank's chunks in the main sandbox and bring them here (as bytes, never unpickled)."""
         await main.ready()
         paths = [in_transit(self.token, "scatter", rank) for rank in range(self.world)]
-        scattered = fanout_done(await main.call(Scatter(names=list(self.spec.scatter), paths=paths)))
+        scattered = await main.call(Scatter(names=list(self.spec.scatter), paths=paths), fanout_done)
         if scattered.error:
             raise UsageError(scattered.error)
         try:
@@ -460,7 +460,7 @@ class MapCell:
         await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(self.workers, runs)))
         await main.ready()
         await main.sandbox.upload(files)
-        gathered = fanout_done(await main.call(Gather(names=list(self.spec.gather), paths=paths)))
+        gathered = await main.call(Gather(names=list(self.spec.gather), paths=paths), fanout_done)
         if gathered.error:
             raise BackendError(gathered.error)
 

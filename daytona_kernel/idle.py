@@ -61,7 +61,7 @@ class IdleCheckpoint:
     async def _checkpoint_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
         try:
-            reply = checkpointed(await self._supervisor.call(Checkpoint(path=CHECKPOINT_FILE)))
+            reply = await self._supervisor.call(Checkpoint(path=CHECKPOINT_FILE), checkpointed)
         except DaytonaKernelError as exc:
             self._log.warning("the idle checkpoint failed: %s", exc)
             return

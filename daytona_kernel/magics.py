@@ -99,7 +99,7 @@ class KernelMagics:
         if args.split()[:1] == ["status"]:
             return await asyncio.to_thread(mirror.status)
         report = await mirror.push()
-        changes = file_changes(await self._supervisor.call(ListFileChanges(synced=mirror.handover())))
+        changes = await self._supervisor.call(ListFileChanges(synced=mirror.handover()), file_changes)
         if changes.changed or changes.deleted or changes.truncated:
             report.merge(await mirror.pull(changes.as_dict(), retry_failed=True))
         self._notify(report)
@@ -155,7 +155,7 @@ class KernelMagics:
     async def _checkpoint(self) -> str:
         live = await self._ready()
         path = checkpoint_path(self._sandbox)
-        reply = checkpointed(await self._supervisor.call(Checkpoint(path=CHECKPOINT_FILE)))
+        reply = await self._supervisor.call(Checkpoint(path=CHECKPOINT_FILE), checkpointed)
         text = f"checkpoint: saved {len(reply.saved)} variable(s) with {reply.pickler} ({reply.size} bytes) to {path}"
         if reply.skipped:
             text += "\nnot picklable, skipped: " + ", ".join(reply.skipped)
@@ -165,7 +165,7 @@ class KernelMagics:
     async def _restore(self) -> str:
         live = await self._ready()
         try:
-            reply = restored(await self._supervisor.call(Restore(path=CHECKPOINT_FILE)))
+            reply = await self._supervisor.call(Restore(path=CHECKPOINT_FILE), restored)
         except RuntimeCallError as exc:
             raise RuntimeCallError(
                 f"%daytona restore: {exc}. Is there a checkpoint yet? `%daytona checkpoint` makes one."

@@ -31,6 +31,7 @@ from typing import Any
 
 import nh3
 
+from .protocol import Completion, Inspection
 from .runtime.calls import limit_text
 
 # -- MIME types ----------------------------------------------------------------------
@@ -340,28 +341,17 @@ def clean_payload(item: dict[str, Any], trusted: bool) -> Cleaned:
     return Cleaned(None, {f"payload {str(source)[:40]!r}"})
 
 
-def clean_reply(method: str, reply: dict[str, Any], trusted: bool) -> Cleaned:
-    """An inspect or complete reply from the runtime: only the fields of its shape, its bundle cleaned."""
-    if method == "inspect":
-        data = reply.get("data")
-        bundle = clean_bundle(data if isinstance(data, dict) else {}, trusted)
-        metadata = reply.get("metadata")
-        value = {
-            "found": reply.get("found") is True,
-            "data": bundle.value,
-            "metadata": metadata if isinstance(metadata, dict) else {},
-        }
-        return Cleaned(value, bundle.removed)
-    if method == "complete":
-        matches = reply.get("matches")
-        completion: dict[str, Any] = {"matches": [m for m in matches if isinstance(m, str)] if isinstance(matches, list) else []}
-        for key in ("cursor_start", "cursor_end"):
-            if isinstance(reply.get(key), int) and not isinstance(reply.get(key), bool):
-                completion[key] = reply[key]
-        if isinstance(reply.get("metadata"), dict):
-            completion["metadata"] = reply["metadata"]
-        return Cleaned(completion)
-    return Cleaned(reply)
+def clean_reply(reply: Inspection | Completion, trusted: bool) -> Cleaned:
+    """An inspect or complete reply from the runtime (parsed in ``protocol.py``) as the reply's fields,
+    an inspection's bundle cleaned."""
+    if isinstance(reply, Inspection):
+        bundle = clean_bundle(reply.data, trusted)
+        return Cleaned({"found": reply.found, "data": bundle.value, "metadata": reply.metadata}, bundle.removed)
+    completion: dict[str, Any] = {"matches": reply.matches}
+    for key, value in (("cursor_start", reply.cursor_start), ("cursor_end", reply.cursor_end), ("metadata", reply.metadata)):
+        if value is not None:
+            completion[key] = value
+    return Cleaned(completion)
 
 
 def clean_user_expressions(values: dict[str, Any], trusted: bool) -> Cleaned:
@@ -399,8 +389,8 @@ class OutputPolicy:
     def payload(self, item: dict[str, Any]) -> dict[str, Any] | None:
         return self._keep(clean_payload(item, self.trusted))
 
-    def reply(self, method: str, reply: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if reply is None else self._keep(clean_reply(method, reply, self.trusted))
+    def reply(self, reply: Inspection | Completion | None) -> dict[str, Any] | None:
+        return None if reply is None else self._keep(clean_reply(reply, self.trusted))
 
     def user_expressions(self, values: dict[str, Any]) -> dict[str, Any]:
         return self._keep(clean_user_expressions(values, self.trusted))

@@ -33,6 +33,7 @@ MAX_DEPTH = 100  # nesting of lists and dicts in one payload
 MAX_COMM_BUFFER_BYTES = 16 * 1024 * 1024  # a comm message's binary buffers, together
 COMM_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_NAME_CHARS = 200  # a comm target's name, a message id
+MAX_COUNT = 10**9  # an execution count or a number of variables from the journal, which a cell can write
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ class FileChanges:
 
 @dataclass(frozen=True)
 class Reply:
-    """The answer to a runtime call (complete, inspect, checkpoint, file_changes ...)."""
+    """The answer to a runtime call, as it came: ``ContextSupervisor.call`` hands it to the call's reply
+    parser below (``checkpointed``, ``completion``, ``adopted`` ...), so no caller reads it as a dict."""
 
     value: dict[str, Any]
 
@@ -209,6 +211,98 @@ def volume_synced(value: Any) -> VolumeSynced:
 def fanout_done(value: Any) -> FanoutDone:
     error = _dict(value, "the fanout reply").get("error") or ""
     return FanoutDone(_str(error, "fanout.error"))
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The reply to ``Complete``: the fields of a complete_reply the runtime filled in (the rest are the kernel's defaults)."""
+
+    matches: list[str]
+    cursor_start: int | None = None
+    cursor_end: int | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """The reply to ``Inspect``: an inspect_reply's fields (``data`` still to be cleaned by the output policy)."""
+
+    found: bool
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """The reply to ``Adopt``: what the kernel takes over from an attached session (its execution count,
+    inputs and how many variables it has). The journal is the cell's to write: bad entries are left out."""
+
+    count: int
+    inputs: list[tuple[int, str]]
+    variables: int
+
+
+@dataclass(frozen=True)
+class SessionComm:
+    """One comm open in an attached session (``Runtime.comm_table``)."""
+
+    target_name: str
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpenComms:
+    """The reply to ``CommTable``: the comms open in the runtime, by comm id (malformed entries left out)."""
+
+    comms: dict[str, SessionComm]
+
+
+def completion(value: Any) -> Completion:
+    """Lenient, as ipykernel's own reply would be read: a field of the wrong type is left to the kernel's default."""
+    p = _dict(value, "the complete reply")
+    matches = p.get("matches")
+    start, end, metadata = p.get("cursor_start"), p.get("cursor_end"), p.get("metadata")
+    return Completion(
+        [m for m in matches if isinstance(m, str)] if isinstance(matches, list) else [],
+        start if _is_int(start) else None,
+        end if _is_int(end) else None,
+        metadata if isinstance(metadata, dict) else None,
+    )
+
+
+def inspection(value: Any) -> Inspection:
+    p = _dict(value, "the inspect reply")
+    data, metadata = p.get("data"), p.get("metadata")
+    return Inspection(p.get("found") is True, data if isinstance(data, dict) else {}, metadata if isinstance(metadata, dict) else {})
+
+
+def adopted(value: Any) -> Adopted:
+    p = _dict(value, "the adopt reply")
+    items = p.get("inputs")
+    inputs = [
+        (item[0], item[1])
+        for item in (items if isinstance(items, list) else [])
+        if isinstance(item, list) and len(item) == 2 and _count(item[0]) is not None and isinstance(item[1], str)
+    ]
+    return Adopted(_count(p.get("count")) or 0, inputs, _count(p.get("variables")) or 0)
+
+
+def open_comms(value: Any) -> OpenComms:
+    entries = _dict(value, "the comm_table reply").get("comms")
+    comms = {}
+    for comm_id, entry in (entries if isinstance(entries, dict) else {}).items():
+        if isinstance(comm_id, str) and isinstance(entry, dict) and isinstance(entry.get("target_name"), str):
+            state = entry.get("state")
+            comms[comm_id] = SessionComm(entry["target_name"], state if isinstance(state, dict) else {})
+    return OpenComms(comms)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> int | None:
+    return value if _is_int(value) and 0 <= value <= MAX_COUNT else None
 
 
 def _names(value: Any, what: str) -> list[str]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from .attach import Adopted, SessionJournal
+from .attach import SessionJournal
 from .backends.base import LOCAL_ATTACH, Sandbox
 from .cell import Frontend, stderr
 from .comms import CommBridge
 from .errors import BackendError, DaytonaKernelError, Interrupted, UsageError
-from .runtime import call_source
+from .protocol import Adopted, adopted, open_comms
 from .runtime.calls import Adopt, CommTable
 from .supervisor import ContextSupervisor, Live
 
@@ -77,10 +77,9 @@ class Attacher:
         old = await self._supervisor.adopt(Live(context, session.token, session.pid, session.python))
         if old is not None:
             await journal.forget(old.id)
-        reply = await self._supervisor.call_code("attach", call_source(Adopt(instance=journal.identity.instance)))
-        self.adopted = journal.adopted(reply)
+        self.adopted = await self._supervisor.call(Adopt(instance=journal.identity.instance), adopted)
         return (
-            f"attached: {reply.get('variables')} variable(s), execution count {self.adopted.count}{await self._adopt_comms()}; "
+            f"attached: {self.adopted.variables} variable(s), execution count {self.adopted.count}{await self._adopt_comms()}; "
             "your next cells run in this session.\n"
         )
 
@@ -89,7 +88,7 @@ class Attacher:
         if self._comms is None:
             return ""
         self._comms.closed_all()
-        count = self._comms.adopt(await self._supervisor.query(CommTable()))
+        count = self._comms.adopt(await self._supervisor.query(CommTable(), open_comms))
         if self._supervisor.live is not None:
             self._comms.runtime_is(self._supervisor.live.token)
         return f", {count} widget(s) (reload the page to see them)" if count else ""
@@ -110,5 +109,5 @@ class Attacher:
             frontend.emit("stream", stderr(f"daytona-kernel: could not attach to the previous session: {exc}\n"))
 
     def take_adopted(self) -> Adopted | None:
-        adopted, self.adopted = self.adopted, None
-        return adopted
+        taken, self.adopted = self.adopted, None
+        return taken

@@ -29,7 +29,7 @@ from .interrupts import Interrupts
 from .ladder import RunEnd, settle
 from .magics import KernelMagics
 from .outputs import OutputBudget, OutputPolicy
-from .protocol import volume_synced
+from .protocol import completion, inspection, volume_synced
 from .reattach import Attacher
 from .request import InFlight, InputBridge, Request, fetcher
 from .runtime import call_source
@@ -109,8 +109,8 @@ class RuntimeSession:
             await self.pool.close()  # workers never outlive their kernel, a restart included
         if self.sandbox.volume_dir and self.supervisor.live is not None and self.inflight.request is None:
             # finish the volume's copy of the working directory before the sandbox goes
-            reply = await self.supervisor.query(SyncVolume())
-            if reply is not None and not volume_synced(reply).done:
+            reply = await self.supervisor.query(SyncVolume(), volume_synced)
+            if reply is not None and not reply.done:
                 self._log.warning("the volume's copy of the working directory was still being written at shutdown")
         await self.supervisor.shutdown(restart)
 
@@ -152,8 +152,10 @@ class RuntimeSession:
                 self._idle_checkpoint.arm()
 
     async def query(self, call: Complete | Inspect) -> dict[str, Any] | None:
-        """A quiet runtime call (complete, inspect): its reply, cleaned by the output policy, or None."""
-        return self.outputs.reply(call.METHOD, await self.supervisor.query(call))
+        """A quiet runtime call (complete, inspect): its reply's fields, cleaned by the output policy, or None."""
+        if isinstance(call, Complete):
+            return self.outputs.reply(await self.supervisor.query(call, completion))
+        return self.outputs.reply(await self.supervisor.query(call, inspection))
 
     async def _execute(self, cell: Cell, frontend: Frontend) -> CellOutcome:
         try:

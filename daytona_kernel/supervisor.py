@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from . import ipython_bundle
 from .attach import SessionJournal
@@ -24,6 +24,7 @@ from .request import Request
 from .runtime import RUNTIME_MISSING, call_source, warmup_code
 from .runtime.calls import Call, RuntimeOptions
 
+T = TypeVar("T")
 WORKER_REPLACED = (
     "The sandbox's Python process had ended since the last request and was replaced by a fresh one: "
     "variables were reset; files in the working directory are intact.\n"
@@ -258,12 +259,11 @@ class ContextSupervisor:
         except DaytonaKernelError as exc:
             self._log.warning("could not prepare the next context for the restart: %s", exc)
 
-    async def call(self, call: Call) -> dict[str, Any]:
-        """One runtime call answered by a ``reply`` frame. Raises RuntimeCallError saying why it failed."""
-        return await self.call_code(call.METHOD, call_source(call))
-
-    async def call_code(self, method: str, code: str) -> dict[str, Any]:
-        """``call`` with the code string already made (``method`` names it in errors)."""
+    async def call(self, call: Call, parse: Callable[[Any], T]) -> T:
+        """One runtime call answered by a ``reply`` frame, parsed by its reply's parser in ``protocol.py``
+        (``checkpointed``, ``completion`` ...). Raises RuntimeCallError saying why it failed (ProtocolError
+        when the reply does not fit)."""
+        method, code = call.METHOD, call_source(call)
         live = self.live
         if live is None:
             raise RuntimeCallError(f"{method}: the sandbox is not ready.")
@@ -277,7 +277,7 @@ class ContextSupervisor:
             raise RuntimeCallError(f"{method} failed: {request.error['evalue']}")
         if request.reply is None:
             raise RuntimeCallError(f"{method}: the runtime did not answer.")
-        return request.reply
+        return parse(request.reply)
 
     async def _call_once(self, live: Live, code: str) -> tuple[Request, RunError | None]:
         request = Request(live.token, self._installer.output_outside_a_cell)
@@ -287,13 +287,13 @@ class ContextSupervisor:
             request.finish()
         return request, error
 
-    async def query(self, call: Call) -> dict[str, Any] | None:
+    async def query(self, call: Call, parse: Callable[[Any], T]) -> T | None:
         """``call`` for requests that must never disturb the user (complete, inspect):
         None when the sandbox is not ready or the call failed; failures are only logged."""
         if self.live is None:
             return None
         try:
-            return await self.call(call)
+            return await self.call(call, parse)
         except DaytonaKernelError as exc:
             self._log.warning("%s", exc)
             return None

@@ -114,3 +114,49 @@ def test_every_call_matches_its_runtime_method_by_name() -> None:
 def test_the_output_limit_is_converted_once_and_said_in_its_own_unit() -> None:
     assert SessionSettings(output_limit_mb=1.5).output_limit_chars == output_limit_chars(1.5) == 1572864
     assert limit_text(output_limit_chars(20)) == "20 MB"
+
+
+# -- replies: each parsed in protocol.py into a typed value ------------------------------------------
+
+
+def test_a_forged_adopt_reply_becomes_numbers_and_clean_inputs() -> None:
+    """The journal is the cell's to write: the attach message once showed whatever ``variables`` held."""
+    from daytona_kernel.protocol import Adopted, adopted
+
+    reply = {"count": -3, "variables": "all of them", "inputs": [[1, "a = 1"], [True, "x"], ["2", "y"], [3, 4], [5, "b"]]}
+    assert adopted(reply) == Adopted(count=0, inputs=[(1, "a = 1"), (5, "b")], variables=0)
+    assert adopted({"count": 7, "variables": 2, "inputs": []}) == Adopted(7, [], 2)
+
+
+def test_a_comm_table_reply_keeps_only_well_formed_entries() -> None:
+    from daytona_kernel.protocol import OpenComms, SessionComm, open_comms
+
+    table = {"comms": {"c1": {"target_name": "jupyter.widget", "state": {"_model_name": "IntSliderModel"}},
+                       "c2": {"target_name": 3}, "c3": "nope", "c4": {"target_name": "t", "state": [1]}}}
+    assert open_comms(table) == OpenComms({
+        "c1": SessionComm("jupyter.widget", {"_model_name": "IntSliderModel"}), "c4": SessionComm("t", {}),
+    })
+    assert open_comms({"comms": []}) == OpenComms({})
+
+
+def test_complete_and_inspect_replies_keep_only_their_fields() -> None:
+    from daytona_kernel.protocol import Completion, Inspection, completion, inspection
+
+    assert completion({"matches": ["a", 1], "cursor_start": True, "cursor_end": 2, "status": "abort"}) == Completion(["a"], None, 2, None)
+    assert inspection({"found": "yes", "data": {"text/plain": "x"}, "metadata": None}) == Inspection(False, {"text/plain": "x"}, {})
+
+
+async def test_a_call_returns_its_reply_typed_and_a_reply_that_does_not_fit_is_an_error() -> None:
+    from fakes import frame
+
+    from daytona_kernel.errors import ProtocolError
+    from daytona_kernel.protocol import Checkpointed, checkpointed
+    from daytona_kernel.runtime.calls import Checkpoint
+
+    sandbox = FakeSandbox([Run([]), Run([frame("reply", {"saved": ["x"], "skipped": [], "pickler": "pickle", "bytes": 12})]),
+                           Run([frame("reply", {"saved": "x"})])])
+    session = RuntimeSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
+    await session.execute(Cell("x = 1", 1), Recorder())
+    assert await session.supervisor.call(Checkpoint(path="c"), checkpointed) == Checkpointed(["x"], [], "pickle", 12)
+    with pytest.raises(ProtocolError, match="saved"):
+        await session.supervisor.call(Checkpoint(path="c"), checkpointed)
