@@ -36,7 +36,7 @@ from .outputs import OutputBudget, OutputPolicy
 from .protocol import InputRequest
 from .request import Request, fetcher
 from .runtime import journal_command
-from .runtime.calls import ClaimSession, JournalCall, ReadJournal, RemoveJournal, ScanJournals
+from .runtime.calls import ClaimSession, JournalCall, JournalOptions, ReadJournal, RemoveJournal, ScanJournals
 from .runtime.journal import PID_MAX, SESSION_NAME, SKIPPED
 from .runtime.journal import loads as journal_loads
 
@@ -311,16 +311,16 @@ class SessionJournal:
     def folder(self, session: str) -> str:
         return posixpath.join(self.root, session)
 
-    def options(self, context_id: str) -> dict[str, Any]:
+    def options(self, context_id: str) -> JournalOptions:
         """The runtime's journal options for a new context of this kernel."""
-        return {
-            "root": posixpath.relpath(self.root, self._sandbox.workdir),
-            "session": context_id,
-            "notebook": self.identity.notebook_tag,
-            "name": self.identity.notebook_name,
-            "instance": self.identity.instance,
-            "owner": self.identity.owner(),
-        }
+        return JournalOptions(
+            root=posixpath.relpath(self.root, self._sandbox.workdir),
+            session=context_id,
+            instance=self.identity.instance,
+            owner=self.identity.owner(),
+            notebook=self.identity.notebook_tag,
+            name=self.identity.notebook_name,
+        )
 
     async def _exec(self, call: JournalCall) -> dict[str, Any]:
         return await journal_call(self._sandbox, call)

@@ -160,3 +160,15 @@ async def test_a_call_returns_its_reply_typed_and_a_reply_that_does_not_fit_is_a
     assert await session.supervisor.call(Checkpoint(path="c"), checkpointed) == Checkpointed(["x"], [], "pickle", 12)
     with pytest.raises(ProtocolError, match="saved"):
         await session.supervisor.call(Checkpoint(path="c"), checkpointed)
+
+
+def test_the_journal_options_are_typed_like_a_call() -> None:
+    """They were a dict read by key in the sandbox: a missing or misspelt key surfaced as a KeyError there."""
+    from daytona_kernel.runtime.calls import JournalOptions, options_from
+
+    good = {"root": "../j", "session": "ctx", "instance": "me", "owner": {"kernel": "k"}}
+    assert options_from({"journal": good}).journal == JournalOptions("../j", "ctx", "me", {"kernel": "k"})
+    with pytest.raises(CallError, match="instance"):
+        options_from({"journal": {"root": "../j", "session": "ctx"}})
+    with pytest.raises(CallError, match="no argument sesion"):
+        options_from({"journal": dict(good, sesion="x")})

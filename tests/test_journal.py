@@ -4,6 +4,7 @@ read back from an offset, and owned by exactly one kernel process."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from daytona_kernel.runtime import journal
+from daytona_kernel.runtime.calls import JournalOptions
 from daytona_kernel.runtime.framing import Kind, encode_frame
 
 TOKEN = "0123abcd"
@@ -47,9 +49,8 @@ class StubRuntime:
 def opened(tmp_path: Path) -> tuple[StubRuntime, journal.Journal]:
     rt = StubRuntime(tmp_path / "workspace")
     (tmp_path / "workspace").mkdir()
-    j = journal.open_journal(
-        rt, {"root": "../journal", "session": "ctx-1", "notebook": "nb.ipynb", "instance": "me", "owner": ME}
-    )
+    options = JournalOptions(root="../journal", session="ctx-1", instance="me", owner=ME, notebook="nb.ipynb")
+    j = journal.open_journal(rt, options)
     assert j is not None
     return rt, j
 
@@ -238,7 +239,7 @@ def test_the_journal_keeps_no_host_name_pid_or_local_path_readable_in_the_sandbo
     notebook = "/home/alice/clients/acme-merger/model.ipynb"
     identity = KernelIdentity("kid", notebook)
     owner = identity.owner()
-    written = json.dumps(owner) + json.dumps({k: v for k, v in attach.SessionJournal.options.__get__(_Journal(identity))("c").items()})
+    written = json.dumps(owner) + json.dumps(dataclasses.asdict(attach.SessionJournal.options.__get__(_Journal(identity))("c")))
     assert socket.gethostname() not in written and "alice" not in written and "acme" not in written
     assert owner["pid"] != os.getpid()
     seen: list[int] = []

@@ -38,6 +38,18 @@ def limit_text(chars: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class JournalOptions:
+    """The session journal of a new context (``attach.SessionJournal.options``; ``journal.Journal``)."""
+
+    root: str  # the journal root, relative to the working directory
+    session: str  # the context's id: the session's folder
+    instance: str  # this kernel process's instance id, the owner it checks before each cell
+    owner: Dict[str, Any] = dataclasses.field(default_factory=dict)  # written to owner.json (kernel, host, pid ...)
+    notebook: str = ""  # a keyed hash of the notebook's path
+    name: str = ""  # the notebook's file name, for messages
+
+
+@dataclasses.dataclass(frozen=True)
 class RuntimeOptions:
     """What a new runtime is told (the bootstrap adds ``ipython_cache`` and ``ipython_error`` in the sandbox)."""
 
@@ -52,7 +64,7 @@ class RuntimeOptions:
     start_in: str = ""  # the notebook's sub-folder of the working directory, where cells start
     local_root: str = ""  # the user's project folder that the working directory mirrors ("" when it is not mirrored both ways)
     ship_ipython: str = ""  # the IPython version the kernel can ship ("" if it cannot)
-    journal: Optional[Dict[str, Any]] = None  # the session journal's identity (attach.SessionJournal.options)
+    journal: Optional[JournalOptions] = None  # the session journal, if the backend keeps one
     ipython: bool = True  # False: run on the basic shell even where IPython could run
     ipython_cache: str = ""
     ipython_error: str = ""
@@ -239,7 +251,7 @@ CALLS: Dict[str, Type[Any]] = {
 }
 JOURNAL_CALLS: Dict[str, Type[Any]] = {cls.METHOD: cls for cls in (ScanJournals, ReadJournal, ClaimSession, RemoveJournal)}
 """The journal's process verbs: a separate table, so the runtime never takes one for a call of its own."""
-_NESTED: Dict[str, Type[Any]] = {"Synced": Synced, "CommOptions": CommOptions}
+_NESTED: Dict[str, Type[Any]] = {"Synced": Synced, "CommOptions": CommOptions, "JournalOptions": JournalOptions}
 
 
 def encode(call: Any) -> str:

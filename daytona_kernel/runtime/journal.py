@@ -174,17 +174,17 @@ class _Tee(object):
 
 
 class Journal(object):
-    """The runtime's side. ``options`` come from the kernel (see ``journal_options`` there)."""
+    """The runtime's side. ``options``: the kernel's ``calls.JournalOptions``."""
 
     def __init__(self, runtime, options):
         self._rt = runtime
-        self.folder = os.path.join(runtime.workdir, options["root"], options["session"])
-        self.instance = options["instance"]
+        self.folder = os.path.join(runtime.workdir, options.root, options.session)
+        self.instance = options.instance
         self.meta = {
             "version": VERSION,
-            "session": options["session"],
-            "notebook": options.get("notebook") or "",  # a keyed hash of the notebook's path
-            "name": options.get("name") or "",  # the notebook's file name, for messages
+            "session": options.session,
+            "notebook": options.notebook,
+            "name": options.name,
             "token": runtime.token,
             "pid": os.getpid(),
             "stamp": process_stamp(os.getpid()),
@@ -205,7 +205,7 @@ class Journal(object):
         self._piece_head = None
         self.broken = ""
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        _write_json(os.path.join(self.folder, "owner.json"), options["owner"])
+        _write_json(os.path.join(self.folder, "owner.json"), options.owner)
         _write_json(os.path.join(self.folder, "meta.json"), self.meta)
 
     # -- per cell ---------------------------------------------------------------
@@ -351,7 +351,7 @@ class Journal(object):
 
 def open_journal(runtime, options):
     """The runtime's journal, or None when the kernel did not ask for one (or it cannot be written)."""
-    if not options or not SESSION_NAME.match(str(options.get("session") or "")):
+    if options is None or not SESSION_NAME.match(options.session):
         return None
     try:
         return Journal(runtime, options)
