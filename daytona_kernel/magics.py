@@ -101,7 +101,7 @@ class KernelMagics:
         report = await mirror.push()
         changes = await self._supervisor.call(ListFileChanges(synced=mirror.handover()), file_changes)
         if changes.changed or changes.deleted or changes.truncated:
-            report.merge(await mirror.pull(changes.as_dict(), retry_failed=True))
+            report.merge(await mirror.pull(changes, retry_failed=True))
         self._notify(report)
         return report.summary() + "\n"
 

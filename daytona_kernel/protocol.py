@@ -94,10 +94,6 @@ class FileChanges:
     deleted: list[str] = field(default_factory=list)
     truncated: bool = False
 
-    def as_dict(self) -> dict[str, Any]:
-        """The shape the mirror's ``pull`` takes."""
-        return {"changed": dict(self.changed), "deleted": list(self.deleted), "truncated": self.truncated}
-
 
 @dataclass(frozen=True)
 class Reply:

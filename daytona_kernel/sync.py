@@ -49,6 +49,7 @@ from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import MirrorError
 from .localfs import NOFOLLOW, LocalFolder
 from .manifest import SyncManifest
+from .protocol import FileChanges
 from .runtime.calls import RuntimeOptions, Synced
 from .runtime.pathrules import MirrorRules, load_rules, scan
 from .syncdown import BATCH_FILES, MirrorDown
@@ -233,7 +234,7 @@ class WorkdirMirror:
 
     # -- down: MirrorDown (syncdown.py) ----------------------------------------
 
-    async def pull(self, changes: Any, retry_failed: bool = False) -> SyncReport:
+    async def pull(self, changes: FileChanges, retry_failed: bool = False) -> SyncReport:
         """Download what a cell changed, as the runtime reported it (``MirrorDown.pull``)."""
         if not self.syncs_down:
             return SyncReport()

@@ -20,6 +20,7 @@ from .config import MirrorSettings
 from .errors import DaytonaKernelError, MirrorError
 from .localfs import LocalFolder, safe_relpath, shown
 from .manifest import SyncManifest
+from .protocol import FileChanges
 from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat
 from .syncplan import (
     ENV_MARKERS,
@@ -31,8 +32,8 @@ from .syncplan import (
     code_refusal,
     conflict_name,
     folders_above,
-    parse_report,
     plan_down,
+    reported_paths,
     sandbox_landing,
     size_text,
     why_not_down,
@@ -78,8 +79,8 @@ class MirrorDown:
     def remote_path(self, rel: str) -> str:
         return posixpath.join(self._sandbox.workdir, rel)
 
-    async def pull(self, changes: Any, retry_failed: bool = False) -> SyncReport:
-        """Download what a cell changed, as the runtime reported it (untrusted input).
+    async def pull(self, changes: FileChanges, retry_failed: bool = False) -> SyncReport:
+        """Download what a cell changed, as the runtime reported it (checked in ``protocol.py``, still untrusted).
 
         ``retry_failed`` (for %sync) tries again the files that failed in a way
         a plain retry would repeat.
@@ -87,7 +88,7 @@ class MirrorDown:
         report = SyncReport()
         if retry_failed:
             self.failed.clear()
-        changed, deleted = parse_report(changes, report)
+        changed, deleted = reported_paths(changes, report)
         self._rules.forget_gitignores()
         self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
         landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])

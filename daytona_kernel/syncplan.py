@@ -10,11 +10,11 @@ from __future__ import annotations
 import enum
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
 
 from .config import MirrorSettings
 from .errors import MirrorError
 from .localfs import safe_relpath, shown
+from .protocol import FileChanges
 from .runtime.pathrules import SECRET_REASON, MirrorRules
 
 Stat = tuple[int, int, int]  # size, mtime in ns, permission bits
@@ -237,15 +237,6 @@ def conflict_name(rel: str) -> str:
     return posixpath.join(head, name) if head else name
 
 
-def parse_stat(value: Any) -> Stat | None:
-    """A reported [size, mtime_ns, mode] (mode optional), or None when malformed."""
-    if not isinstance(value, (list, tuple)) or len(value) not in (2, 3):
-        return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        return None
-    return (value[0], value[1], value[2] if len(value) == 3 else -1)
-
-
 @dataclass
 class UpPlan:
     """What the next upload would do; computed without any request."""
@@ -287,31 +278,18 @@ def why_not_down(
     return None
 
 
-def parse_report(changes: Any, report: SyncReport) -> tuple[list[tuple[str, Stat]], list[str]]:
-    """(changed, deleted) from a change report; whatever is malformed is named and dropped."""
-    if not isinstance(changes, dict):
-        report.refused.append(("(change report)", "it is not a mapping; nothing was copied"))
-        return [], []
-    raw_changed = changes.get("changed", {})
-    raw_deleted = changes.get("deleted", [])
-    if not isinstance(raw_changed, dict) or not isinstance(raw_deleted, list):
-        report.refused.append(("(change report)", "its 'changed' or 'deleted' part is malformed; nothing was copied"))
-        return [], []
-    if len(raw_changed) + len(raw_deleted) > MAX_REPORTED_PATHS:
+def reported_paths(changes: FileChanges, report: SyncReport) -> tuple[list[tuple[str, Stat]], list[str]]:
+    """(changed, deleted) of the runtime's change report, which ``protocol.file_changes`` has checked (paths,
+    whole numbers); a report of more than ``MAX_REPORTED_PATHS`` paths is named and nothing is planned."""
+    if len(changes.changed) + len(changes.deleted) > MAX_REPORTED_PATHS:
         report.refused.append(("(change report)", f"it lists more than {MAX_REPORTED_PATHS} paths; nothing was copied"))
         return [], []
-    changed = []
-    for rel, value in raw_changed.items():
-        parsed = parse_stat(value)
-        if parsed is None:
-            report.refused.append((shown(rel), "its size, time and mode are malformed"))
-            continue
-        changed.append((rel, parsed))
-    if changes.get("truncated"):
+    if changes.truncated:
         report.skipped.append(
             ("(sandbox folder)", "too many files to scan after each cell; the rest was not looked at. Add sync_exclude patterns.")
         )
-    return sorted(changed), [rel for rel in raw_deleted if isinstance(rel, str)]
+    changed = [(rel, (stat[0], stat[1], stat[2] if len(stat) == 3 else -1)) for rel, stat in changes.changed.items()]
+    return sorted(changed), list(changes.deleted)
 
 
 @dataclass

@@ -116,7 +116,7 @@ class Upkeep:
         if self._mirror is None:
             return
         try:
-            report = await self._mirror.pull(changes.as_dict())
+            report = await self._mirror.pull(changes)
         except (DaytonaKernelError, OSError) as exc:
             frontend.emit("stream", stderr(f"Could not copy the cell's files back from the sandbox: {exc}\n"))
             return

@@ -27,7 +27,8 @@ from kernels import Kernel
 
 from daytona_kernel.backends.local import LocalSandbox
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, settings_from
-from daytona_kernel.errors import DaytonaKernelError
+from daytona_kernel.errors import DaytonaKernelError, ProtocolError
+from daytona_kernel.protocol import FileChanges, file_changes
 from daytona_kernel.runtime.calls import Synced
 from daytona_kernel.runtime.pathrules import MirrorRules, scan
 from daytona_kernel.sync import WorkdirMirror
@@ -93,8 +94,9 @@ def mirror_of(folder: Path, sandbox: HostileSandbox, config: DaytonaKernelConfig
     return WorkdirMirror(str(folder), sandbox, config, folder.parent / "manifest.json", log)
 
 
-def report(changed: dict[str, list[int]], deleted: list[str] | None = None) -> dict[str, Any]:
-    return {"changed": changed, "deleted": deleted or [], "truncated": False}
+def report(changed: dict[str, list[int]], deleted: list[str] | None = None) -> FileChanges:
+    """A change report as the runtime sends it, checked as the kernel checks it (``protocol.file_changes``)."""
+    return file_changes({"changed": changed, "deleted": deleted or [], "truncated": False})
 
 
 def pull(mirror: WorkdirMirror, changes: Any, **kw: Any) -> Any:
@@ -123,11 +125,13 @@ def test_absolute_reported_path_is_not_written(folder: Path, sandbox: HostileSan
 
 def test_reported_path_with_nul_or_control_characters_is_refused_and_the_rest_arrives(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
     ok = sandbox.put("fine.txt", b"fine")
-    bad = {"a\x00b.txt": [1, 1], "line\nbreak.txt": [1, 1], "bell\x07.txt": [1, 1]}
+    with pytest.raises(ProtocolError, match="not a valid path"):  # a NUL never gets past the report's parser
+        report({"a\x00b.txt": [1, 1], "fine.txt": ok})
+    bad = {"line\nbreak.txt": [1, 1], "bell\x07.txt": [1, 1]}
     result = pull(mirror_of(folder, sandbox, config), report({**bad, "fine.txt": ok}))
     assert (folder / "fine.txt").read_bytes() == b"fine"
     assert sorted(p.name for p in folder.iterdir()) == ["fine.txt"]
-    assert result.notices().count("it contains a NUL or control character") == 3
+    assert result.notices().count("it contains a NUL or control character") == 2
     assert "\n" not in result.notices().replace(".\n", "").replace("character\n", "")  # shown escaped
 
 
@@ -202,12 +206,15 @@ def test_sandbox_fifo_does_not_hang_the_kernel(folder: Path, sandbox: HostileSan
     assert "pipe" in result.notices()
 
 
-def test_malformed_change_report_is_refused_without_crashing(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_change_report_is_refused_before_the_mirror(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    """The report is typed once, in protocol.py: a malformed one never reaches the mirror (the cell gets the error)."""
     mirror = mirror_of(folder, sandbox, config)
     ok = sandbox.put("ok.txt", b"ok")
-    for changes in ("files", {"changed": "x"}, {"changed": {"a": "big"}}, {"changed": {"b": [1]}}, {"changed": {}, "deleted": "y"}):
-        assert "Refused" in pull(mirror, changes).notices()
-    assert pull(mirror, {"changed": {"ok.txt": ok, "bad": [True, None]}}).down == ["ok.txt"]
+    bad: list[Any] = ["files", {"changed": "x"}, {"changed": {"a": "big"}}, {"changed": {"b": [1]}}, {"changed": {}, "deleted": "y"}]
+    for changes in bad + [{"changed": {"ok.txt": ok, "bad": [True, None]}}]:
+        with pytest.raises(ProtocolError):
+            file_changes(changes)
+    assert pull(mirror, report({"ok.txt": ok})).down == ["ok.txt"]
 
 
 def test_upload_magic_refuses_a_path_outside_the_folder(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -413,7 +420,7 @@ def test_many_small_files_cannot_fill_the_disk_in_one_go(folder: Path, sandbox: 
     first = pull(mirror, changes)
     assert len(first.down) == 2 and "sync_max_total_mb" in first.notices()
     assert len(mirror.handover().acked) == 2  # the rest stays in the runtime's report
-    pull(mirror, report({rel: changes["changed"][rel] for rel in changes["changed"] if rel not in first.down}))
+    pull(mirror, report({rel: list(changes.changed[rel]) for rel in changes.changed if rel not in first.down}))
     assert len(list(folder.iterdir())) == 4
 
 
@@ -545,7 +552,7 @@ def test_a_download_error_for_one_file_is_named_and_retried_after_the_next_cell(
     assert "Not copied from the sandbox: a.txt: 503 Service Unavailable; it is tried again" in result.notices()
     assert list(mirror.handover().acked) == ["b.txt"]  # a.txt stays in the runtime's report
     del sandbox.served[mirror.remote_path("a.txt")]
-    assert pull(mirror, report({"a.txt": changes["changed"]["a.txt"]})).down == ["a.txt"]
+    assert pull(mirror, report({"a.txt": list(changes.changed["a.txt"])})).down == ["a.txt"]
 
 
 def test_a_whole_failed_download_loses_nothing(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from daytona_kernel.config import MirrorSettings
+from daytona_kernel.protocol import FileChanges
 from daytona_kernel.runtime.pathrules import MirrorRules
 from daytona_kernel.syncplan import (
+    MAX_REPORTED_PATHS,
     MB,
     Landing,
     Refusal,
     SyncReport,
     UpPlan,
     choose_up,
-    parse_report,
     plan_down,
+    reported_paths,
     sandbox_landing,
     why_not_down,
 )
@@ -51,14 +53,14 @@ def test_code_never_comes_down_and_no_gitignore_or_setting_widens_that() -> None
     assert sandbox_landing(["data/HEAD", "data/notes.txt"]).repos == frozenset()  # HEAD alone is not a repository
 
 
-def test_a_malformed_report_is_named_and_nothing_is_planned() -> None:
+def test_a_report_is_planned_from_its_typed_value_and_an_oversized_one_is_named() -> None:
     report = SyncReport()
-    assert parse_report(["not", "a", "mapping"], report) == ([], [])
-    assert parse_report({"changed": {"a.txt": [1, 2], "bad.txt": [True, 1]}, "deleted": ["gone.txt", 3]}, report) == (
-        [("a.txt", (1, 2, -1))],
-        ["gone.txt"],
-    )
-    assert [path for path, _ in report.refused] == ["(change report)", "bad.txt"]
+    changes = FileChanges({"b.txt": (3, 4, 0o644), "a.txt": (1, 2)}, ["gone.txt"], truncated=True)
+    assert reported_paths(changes, report) == ([("a.txt", (1, 2, -1)), ("b.txt", (3, 4, 0o644))], ["gone.txt"])
+    assert [path for path, _ in report.skipped] == ["(sandbox folder)"] and not report.refused
+    huge = FileChanges({f"f{i}": (1, 1) for i in range(MAX_REPORTED_PATHS)}, ["one more"])
+    assert reported_paths(huge, report) == ([], [])
+    assert [path for path, _ in report.refused] == ["(change report)"]
 
 
 def test_plan_down_refuses_acknowledges_and_defers_by_the_limits() -> None:
