@@ -256,7 +256,6 @@ async def gc_daytona(
     except DaytonaError as exc:
         out(f"error: {translate_error(exc, 'connect to Daytona', then)}")
         return 2
-    failed = 0
     try:
         try:
             holding = await reclaim_sessions(client, owner, config, dry_run, out)
@@ -271,23 +270,33 @@ async def gc_daytona(
             out(f"skipped {skip.sandbox.id}: {skip.reason}")
         if not orphans:
             out("No orphaned daytona-kernel sandboxes.")
-        for orphan in orphans:
-            if dry_run:
-                out(f"would {orphan.action} {orphan.sandbox.id}: {orphan.reason}")
-                continue
-            try:
-                if orphan.action == "delete":
-                    await orphan.sandbox.delete()
-                else:
-                    await orphan.sandbox.stop()
-            except DaytonaError as exc:  # one failure must not leave the others running
-                failed += 1
-                out(f"error: could not {orphan.action} {orphan.sandbox.id}: {translate_error(exc, orphan.action + ' it', then)}")
-                continue
-            out(f"{'deleted' if orphan.action == 'delete' else 'stopped'} {orphan.sandbox.id}: {orphan.reason}")
-        return 1 if failed else 0
+        return 1 if await _reclaim_orphans(orphans, dry_run, out, then) else 0
     finally:
         await client.close()
+
+
+async def _reclaim_orphans(orphans: list[Orphan], dry_run: bool, out: Out, then: str) -> int:
+    """Stop or delete each orphan by its action (or say what would be done); returns how many failed."""
+    from daytona.common.errors import DaytonaError
+
+    from .backends.daytona_api import translate_error
+
+    failed = 0
+    for orphan in orphans:
+        if dry_run:
+            out(f"would {orphan.action} {orphan.sandbox.id}: {orphan.reason}")
+            continue
+        try:
+            if orphan.action == "delete":
+                await orphan.sandbox.delete()
+            else:
+                await orphan.sandbox.stop()
+        except DaytonaError as exc:  # one failure must not leave the others running
+            failed += 1
+            out(f"error: could not {orphan.action} {orphan.sandbox.id}: {translate_error(exc, orphan.action + ' it', then)}")
+            continue
+        out(f"{'deleted' if orphan.action == 'delete' else 'stopped'} {orphan.sandbox.id}: {orphan.reason}")
+    return failed
 
 
 # -- gc for the local backend ----------------------------------------------------------

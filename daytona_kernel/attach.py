@@ -491,15 +491,7 @@ class SessionJournal:
                     )
                 records = read.get("records")
                 records = records if isinstance(records, list) else []
-                for record in records:
-                    kind = record.get("type") if isinstance(record, dict) else None
-                    text = record.get("text") if isinstance(record, dict) else None
-                    if not isinstance(text, str):
-                        continue
-                    if kind == SKIPPED:
-                        frontend.emit("stream", stderr(f"daytona-kernel: a line of {shown(text, 20)} bytes in the journal was too long to replay; it was passed over.\n"))
-                    else:
-                        (request.on_stderr if kind == "stderr" else request.on_stdout)(text)
+                _replay(records, request, frontend)
                 new_n, new_offset = _count(read.get("n"), MAX_OFFSET), _count(read.get("offset"), MAX_OFFSET)
                 if new_n is None or new_offset is None or (new_n, new_offset) < (n, offset):
                     raise BackendError("The session journal in the sandbox went backwards or is malformed; stopped following it.")
@@ -530,6 +522,19 @@ class SessionJournal:
             await self._exec(RemoveJournal(folder=self.folder(session)))
         except DaytonaKernelError as exc:
             self._log.warning("could not remove the journal of context %s: %s", session, exc)
+
+
+def _replay(records: list[Any], request: Request, frontend: Frontend) -> None:
+    """A journal's records (which a cell can forge) into the request that reads them as a cell's output."""
+    for record in records:
+        kind = record.get("type") if isinstance(record, dict) else None
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            continue
+        if kind == SKIPPED:
+            frontend.emit("stream", stderr(f"daytona-kernel: a line of {shown(text, 20)} bytes in the journal was too long to replay; it was passed over.\n"))
+        else:
+            (request.on_stderr if kind == "stderr" else request.on_stdout)(text)
 
 
 async def reclaim_detached(
