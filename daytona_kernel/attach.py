@@ -6,8 +6,9 @@ journals each cell's output on the sandbox's disk (``runtime/journal.py``), so a
 process can replay what it missed, follow the cell to its end and take the context over.
 See docs/reattach.md for the daemon facts this rests on.
 
-Every journal operation from here is one ``process.exec`` of the journal module's own source
-(``python3 -c``): it runs beside the interpreter, so it works while the old cell still runs.
+Every journal operation from here is one ``process.exec`` of the journal module's own source with
+one typed call (``journal_call``; ``runtime.journal_command``): it runs beside the interpreter, so it
+works while the old cell still runs.
 """
 
 from __future__ import annotations
