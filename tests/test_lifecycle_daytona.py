@@ -88,6 +88,18 @@ def test_a_restart_starts_the_next_interpreter_before_the_new_kernel_process(emu
     assert sandbox.state == "stopped"
 
 
+def test_a_next_context_that_could_not_be_named_is_deleted_with_the_old_one(emu: Any, tmp_path: Path) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        emu.fail_next("/labels", 400)  # the next context cannot be named in the sandbox's labels
+        k.km.shutdown_kernel(now=False, restart=True)
+        assert sandbox.contexts == {}  # nothing left behind
+        k.km.start_kernel(**k.km._launch_args)
+        k.kc.wait_for_ready(timeout=60)
+        assert result_text(k.execute("1 + 1")) == "2"
+
+
 def test_a_restart_while_the_sandbox_is_stopping(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(emu.transition_s, "stopping", 60.0)  # still stopping when the new process looks
     with Kernel("daytona", cwd=str(tmp_path)) as k:

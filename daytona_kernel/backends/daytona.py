@@ -283,11 +283,11 @@ class DaytonaSandbox(Sandbox):
     async def leave_next_context(self, code: str, timeout: float) -> None:
         """A restart: the next process's context, created now with ``code`` (importing IPython) left running
         in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it)."""
-        context = await self.toolbox.create_context()
-        self.toolbox.forget(context)
+        context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
         await context.start_code(code, timeout)
         labels = dict(self._sandbox.labels, **{LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
         await self.api("name the next context in the sandbox's labels", lambda: self._sandbox.set_labels(labels))
+        self.toolbox.forget(context)
 
     async def take_next_context(self) -> Context | None:
         """Looked for once, at this process's first start: a later start (a context that died, a sandbox
