@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -691,7 +692,16 @@ def run(quick: bool) -> Report:
 
 
 def sync_figures(emu: DaytonaEmulator, quick: bool) -> list[Figure]:
-    """The mirror's no-change check on 10,000 files, and its first upload against one raw bulk upload."""
+    """The mirror's no-change check on 10,000 files, and its first upload against one raw bulk upload,
+    in a scratch folder of their own (the folders and the mirror's manifests), removed afterwards."""
+    scratch = Path(tempfile.mkdtemp(prefix="bench-sync-"))
+    try:
+        return _sync_figures(emu, quick, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _sync_figures(emu: DaytonaEmulator, quick: bool, scratch: Path) -> list[Figure]:
     import logging
 
     from daytona_kernel.backends.daytona import DaytonaSandbox
@@ -699,18 +709,20 @@ def sync_figures(emu: DaytonaEmulator, quick: bool) -> list[Figure]:
     from daytona_kernel.sync import WorkdirMirror
 
     figures = []
-    tree = Path(tempfile.mkdtemp(prefix="bench-tree-"))
+    tree = scratch / "tree"
+    tree.mkdir()
     for i in range(10000):
         sub = tree / f"d{i // 500:02d}"
         sub.mkdir(exist_ok=True)
         (sub / f"f{i:05d}.txt").write_text("x" * 100)
     config = DaytonaKernelConfig()
-    mirror = WorkdirMirror(str(tree), _NoNetwork(), config, tree.parent / f"{tree.name}.manifest.json", logging.getLogger())  # type: ignore[arg-type]
+    mirror = WorkdirMirror(str(tree), _NoNetwork(), config, scratch / "manifests" / "tree.json", logging.getLogger())  # type: ignore[arg-type]
     asyncio.run(mirror.push())
     check = ms(timed(lambda: mirror.plan_up(), 3 if quick else 10, warmup=1))
     figures.append(Figure("sync no-change check, 10,000 files", "ms", check, goal="≤ 100 ms, 0 requests"))
 
-    small = Path(tempfile.mkdtemp(prefix="bench-small-"))
+    small = scratch / "small"
+    small.mkdir()
     files = []
     for i in range(1000):
         content = os.urandom(10 * 1024)
@@ -724,7 +736,7 @@ def sync_figures(emu: DaytonaEmulator, quick: bool) -> list[Figure]:
 
     async def first_sync() -> tuple[float, int]:
         await sandbox.start(lambda text: None)
-        mirror = WorkdirMirror(str(small), sandbox, config, small.parent / f"{small.name}.manifest.json", logging.getLogger())
+        mirror = WorkdirMirror(str(small), sandbox, config, scratch / "manifests" / "small.json", logging.getLogger())
         emu.reset_counts()
         t0 = time.perf_counter()
         await mirror.push()

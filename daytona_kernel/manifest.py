@@ -54,12 +54,12 @@ class SyncManifest(dict[str, list[Any]]):
             self.update(data)
 
     def save(self) -> None:
-        """Write the manifest where only this user can read it (it lists the folder's files)."""
+        """Write the manifest where only this user can read it (it lists the folder's files): the file is
+        0600, and its folder 0700 when this makes it. A folder that exists keeps its mode (it may be shared)."""
         folder = self._path.parent
         tmp = self._path.with_suffix(f".{secrets.token_hex(4)}.tmp")
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
-            os.chmod(folder, PRIVATE_DIR_MODE)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, PRIVATE_FILE_MODE)
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(self))

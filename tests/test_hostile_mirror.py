@@ -628,6 +628,22 @@ def test_the_sync_manifest_is_private(folder: Path, sandbox: HostileSandbox, con
     assert stat.S_IMODE(manifest.parent.stat().st_mode) == 0o700
 
 
+def test_a_manifest_kept_in_a_shared_folder_leaves_that_folder_alone(tmp_path: Path) -> None:
+    """The manifest's own folder is made private when the mirror creates it, and an existing folder is never
+    chmod-ed: a manifest kept directly in /tmp (as the benchmarks did) made /tmp 0700, and apt and every other
+    user of /tmp failed after it."""
+    from daytona_kernel.manifest import SyncManifest
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    manifest = SyncManifest(shared / "m.json", tmp_path, log)
+    manifest["a.txt"] = [1, 2, "0" * 64, 0o644, 3]
+    manifest.save()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "m.json").stat().st_mode) == 0o600
+
+
 # -- issue 11: blocking work stays off the event loop ---------------------------------------------
 
 
