@@ -56,7 +56,7 @@ from .daytona_api import (
 from .daytona_states import StateLadder
 from .daytona_status import status_lines
 from .daytona_toolbox import DaytonaContext, DaytonaToolbox
-from .daytona_workspace import WorkspaceSandboxes
+from .daytona_workspace import WorkspaceSandboxes, drift_notice
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -164,7 +164,7 @@ class DaytonaSandbox(Sandbox):
             found = self._sandbox
             try:
                 await self.api("check the sandbox", lambda: found.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
-                notice = self._workspace.drift_notice(found, volume)
+                notice = drift_notice(self._config, self._workspace.mount_path, found, volume)
                 if notice:
                     self._notices.append(notice)
             except BackendError as exc:

@@ -336,31 +336,31 @@ class WorkspaceSandboxes:
             )
         return (self.mount_path if self.mount_path in mounts else ""), ""
 
-    def drift_notice(self, sb: Any, volume: Any) -> str:
-        """Settings are fixed at creation (sandbox.service.ts): name what a reused sandbox no
-        longer matches, once, with the way out ("" when it matches). A volume mounted elsewhere moves
-        the working directory there, so the kernel keeps working."""
-        cfg = self._config
-        drift = []
-        if cfg.snapshot and not cfg.image and sb.snapshot != cfg.snapshot:
-            drift.append(f"snapshot {sb.snapshot} (configured: {cfg.snapshot})")
-        for name, want, have in (("cpu", cfg.cpu, sb.cpu), ("memory", cfg.memory, sb.memory), ("disk", cfg.disk, sb.disk), ("gpu", cfg.gpu, sb.gpu)):
-            if cfg.image and want and want != have:
-                drift.append(f"{name} {have} (configured: {want})")
-        env = sb.env or {}
-        changed = sorted(k for k, v in cfg.env.items() if env.get(k) != v)
-        if changed:
-            drift.append(f"environment variables {', '.join(changed)}")
-        if volume is not None:  # a worker mounts none
-            mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
-            if not mounts:
-                drift.append(f"no volume {cfg.volume_name}")
-            elif all(v.mount_path != self.mount_path for v in mounts):
-                drift.append(f"the volume mounted at {mounts[0].mount_path} (configured: {self.mount_path})")
-        if not drift:
-            return ""
-        return (
-            f"The sandbox {sb.id} was created with other settings: {'; '.join(drift)}. It keeps its old "
-            "settings; run `%daytona recreate` to rebuild it with the current configuration (variables and "
-            "the sandbox's own disk are lost; the volume is kept).\n"
-        )
+
+def drift_notice(cfg: DaytonaSettings, mount_path: str, sb: Any, volume: Any) -> str:
+    """Settings are fixed at creation (sandbox.service.ts): name what a reused sandbox no
+    longer matches, once, with the way out ("" when it matches). A volume mounted elsewhere moves
+    the working directory there, so the kernel keeps working."""
+    drift = []
+    if cfg.snapshot and not cfg.image and sb.snapshot != cfg.snapshot:
+        drift.append(f"snapshot {sb.snapshot} (configured: {cfg.snapshot})")
+    for name, want, have in (("cpu", cfg.cpu, sb.cpu), ("memory", cfg.memory, sb.memory), ("disk", cfg.disk, sb.disk), ("gpu", cfg.gpu, sb.gpu)):
+        if cfg.image and want and want != have:
+            drift.append(f"{name} {have} (configured: {want})")
+    env = sb.env or {}
+    changed = sorted(k for k, v in cfg.env.items() if env.get(k) != v)
+    if changed:
+        drift.append(f"environment variables {', '.join(changed)}")
+    if volume is not None:  # a worker mounts none
+        mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
+        if not mounts:
+            drift.append(f"no volume {cfg.volume_name}")
+        elif all(v.mount_path != mount_path for v in mounts):
+            drift.append(f"the volume mounted at {mounts[0].mount_path} (configured: {mount_path})")
+    if not drift:
+        return ""
+    return (
+        f"The sandbox {sb.id} was created with other settings: {'; '.join(drift)}. It keeps its old "
+        "settings; run `%daytona recreate` to rebuild it with the current configuration (variables and "
+        "the sandbox's own disk are lost; the volume is kept).\n"
+    )
