@@ -54,6 +54,17 @@ def test_the_sdk_client_loads_in_a_thread_after_the_session_is_built() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+async def test_an_sdk_that_cannot_be_loaded_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a generic 'unexpected error' at every cell: the kernel's error ladder shows a BackendError's text."""
+    from daytona_kernel.errors import BackendError
+
+    config = DaytonaKernelConfig(backend="daytona")
+    sandbox = DaytonaSandbox(settings_from(DaytonaSettings, config), "key", "k1")
+    monkeypatch.setitem(sys.modules, "daytona", None)  # `from daytona import AsyncDaytona` raises ImportError
+    with pytest.raises(BackendError, match="Could not load the daytona SDK .*Reinstall it"):
+        await sandbox._workspace.open_client()
+
+
 class Found(Exception):
     """Where the start is stopped: the lookups are what this test is about."""
 

@@ -174,8 +174,13 @@ class WorkspaceSandboxes:
         return self._client
 
     def _new_client(self) -> AsyncDaytona:
-        from daytona import AsyncDaytona
-
+        try:
+            from daytona import AsyncDaytona
+        except Exception as exc:  # a broken or incompatible install: said once per start, with the fix
+            raise BackendError(
+                f"Could not load the daytona SDK ({type(exc).__name__}: {exc}). Reinstall it in the kernel's "
+                "environment (pip install --force-reinstall 'daytona>=0.207.1,<1'), then restart the kernel."
+            ) from exc
         try:
             return AsyncDaytona(client_config(self._config))
         except DaytonaError as exc:
