@@ -24,6 +24,10 @@ from .request import Request
 from .runtime import RUNTIME_MISSING, call_source, warmup_code
 from .runtime.calls import Call, RuntimeOptions
 
+# A restart's head start for the next process is worth at most this long: Jupyter kills a kernel process
+# that has not ended 5 s after its shutdown request, and the old contexts must still be deleted (detach).
+LEAVE_NEXT_CONTEXT_S = 1.5
+
 T = TypeVar("T")
 WORKER_REPLACED = (
     "The sandbox's Python process had ended since the last request and was replaced by a fresh one: "
@@ -240,8 +244,12 @@ class ContextSupervisor:
         if self._sandbox_started:
             await self._wait_for_closing()
             if restart:
-                await self._leave_next_context()
-                await self.sandbox.detach()
+                try:
+                    await asyncio.wait_for(self._leave_next_context(), LEAVE_NEXT_CONTEXT_S)
+                except asyncio.TimeoutError:
+                    self._log.warning("no time to prepare the next context for the restart: the next process makes its own")
+                finally:
+                    await self.sandbox.detach()  # also deletes a next context that was not named in time
             else:
                 await self.sandbox.shutdown()
 

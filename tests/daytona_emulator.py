@@ -433,6 +433,11 @@ class DaytonaEmulator:
         with self._lock:
             self._faults.append([route_part, status, times])
 
+    def clear_faults(self) -> None:
+        """Forget the faults of ``fail_next`` that no request has used up."""
+        with self._lock:
+            self._faults.clear()
+
     def before_next(self, route_part: str, action: str) -> None:
         """Just before the next request whose ``METHOD /route`` contains route_part, its sandbox is paused
         (``action="pause"``) or starts stopping (``"stop"``): who wins a race with auto-pause or the dashboard."""

@@ -88,6 +88,54 @@ def test_a_restart_starts_the_next_interpreter_before_the_new_kernel_process(emu
     assert sandbox.state == "stopped"
 
 
+def test_a_restarts_head_start_for_the_next_process_is_bounded(emu: Any, tmp_path: Path) -> None:
+    """Naming the next context is only a speed-up: when Daytona keeps answering 503, its retries (up to 30 s)
+    must not outlast Jupyter's 5 s wait for the old process, which would be killed before deleting its contexts."""
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        emu.fail_next("/labels", 503, times=1000)
+        try:
+            k.km.shutdown_kernel(now=False, restart=True)
+        finally:
+            emu.clear_faults()
+        assert sandbox.contexts == {}  # the old context and the unnamed next one are both deleted
+        k.km.start_kernel(**k.km._launch_args)
+        k.kc.wait_for_ready(timeout=60)
+        assert result_text(k.execute("1 + 1")) == "2"
+
+
+def test_a_next_context_this_kernel_left_and_never_took_does_not_keep_the_sandbox_up(emu: Any, tmp_path: Path) -> None:
+    """A restart's next context that no process of the kernel took (its new process never started, or made
+    its own) is nobody's: the kernel's shutdown does not count it as another kernel's and keep the sandbox up."""
+    import asyncio
+
+    from daytona import AsyncDaytona, DaytonaConfig
+
+    from daytona_kernel.backends.daytona_api import LABEL_NEXT
+    from daytona_kernel.compose import kernel_id_of
+
+    async def leave_a_context(sandbox_id: str, label: str) -> None:
+        client = AsyncDaytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url, target="us"))
+        try:
+            found = await client.get(sandbox_id)
+            context = await found.code_interpreter.create_context()
+            await found.set_labels({**found.labels, LABEL_NEXT: f"{label}.{context.id}"})
+        finally:
+            await client.close()
+
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        asyncio.run(leave_a_context(sandbox.id, kernel_id_of(k.km.connection_file)))
+    assert sandbox.state == "stopped"
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        asyncio.run(leave_a_context(sandbox.id, "another-kernel"))  # another kernel's, about to start: kept
+    assert sandbox.state == "started"
+
+
 def test_a_next_context_that_could_not_be_named_is_deleted_with_the_old_one(emu: Any, tmp_path: Path) -> None:
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("x = 1")

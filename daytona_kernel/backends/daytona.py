@@ -313,7 +313,9 @@ class DaytonaSandbox(Sandbox):
                 if self._policy is SandboxPolicy.EPHEMERAL:
                     await self.api("delete the sandbox", lambda: self._sandbox.delete(timeout=API_REQUEST_TIMEOUT_S))
                 elif await self._state_now() == "started":  # Daytona or the dashboard may have paused it meanwhile
-                    others = await self.toolbox.other_kernels()
+                    # a next context our own restart left and no process of this kernel took is not another kernel's
+                    kernel, _, left = (self._sandbox.labels.get(LABEL_NEXT) or "").partition(".")
+                    others = await self.toolbox.other_kernels(besides=left if kernel == self._kernel_id else "")
                     if others:
                         log.info("sandbox %s left running: %d other kernel context(s) use it", self.id, others)
                     else:

@@ -307,9 +307,10 @@ class DaytonaToolbox:
         for context in list(self.contexts):
             await context.close()
 
-    async def other_kernels(self) -> int:
-        """How many interpreter contexts in the sandbox are not ours: each live kernel keeps one."""
-        return sum(1 for c in await self._list_contexts() if c.id != DEFAULT_CONTEXT_ID)
+    async def other_kernels(self, besides: str = "") -> int:
+        """How many interpreter contexts in the sandbox are not ours: each live kernel keeps one. ``besides``
+        is one that no kernel uses (the next context this kernel's restart left and no process of it took)."""
+        return sum(1 for c in await self._list_contexts() if c.id not in (DEFAULT_CONTEXT_ID, besides))
 
     async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         sandbox = self.host.sdk_sandbox
