@@ -162,7 +162,7 @@ class SandboxShell(InteractiveShell):
     runtime = Any()
     exiter = Instance(ExitAutocall)
     keepkernel_on_exit = None
-    error_sent = False  # this cell's error frame went out (``execute`` sends one if IPython showed none)
+    error_shown = None  # the exception whose error frame went out last (``execute`` sends one if IPython showed none)
 
     def _exiter_default(self):
         return FrameExitAutocall(self)
@@ -222,7 +222,7 @@ class SandboxShell(InteractiveShell):
         sys.stderr.flush()
         content = {"traceback": [str(line) for line in stb], "ename": str(etype.__name__), "evalue": str(evalue)}
         self.runtime.send(Kind.ERROR, content)
-        self.error_sent = True
+        self.error_shown = evalue
         self._last_traceback = stb
 
     def show_usage_error(self, exc):
@@ -230,7 +230,7 @@ class SandboxShell(InteractiveShell):
         sys.stderr.write("UsageError: %s\n" % exc)  # IPython's line, in one write
         sys.stderr.flush()
         self.runtime.send(Kind.ERROR, {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [], "reply_only": True})
-        self.error_sent = True
+        self.error_shown = exc
 
     def system_piped(self, cmd):
         """``!cmd``: output streamed as it comes, the exit code in ``_exit_code`` (ipykernel's system_piped)."""
@@ -245,11 +245,11 @@ class SandboxShell(InteractiveShell):
         result's. When IPython could not show the error (it printed its fallback instead: a traceback
         that fails to render, a second Ctrl-C while one is built), the reply still names it."""
         self.execution_count = count
-        self.error_sent = False
+        self.error_shown = None
         result = self.run_cell(code, store_history=store_history, silent=silent)
-        if result.success or self.error_sent:
-            return
         err = result.error_before_exec if result.error_before_exec is not None else result.error_in_exec
+        if result.success or err is self.error_shown:  # a widget callback's error shown meanwhile is not this one
+            return
         try:
             evalue = str(err)
         except Exception:  # an exception whose str() fails: its name still says what went wrong
