@@ -112,8 +112,10 @@ class ContextSupervisor:
                 waiting("")  # the wait is over: clear the status line
 
     def take_notices(self) -> list[str]:
-        """The queued notices (what starting, recovering or replacing the context took), once."""
-        notices, self.notices = self.notices, []
+        """The queued notices (what starting, recovering or replacing the context took), once. Emptied in place:
+        the installer holds this list's ``append``."""
+        notices = list(self.notices)
+        self.notices.clear()
         return notices
 
     def show_notices(self, frontend: Frontend) -> None:

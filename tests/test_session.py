@@ -233,3 +233,15 @@ async def test_an_interrupt_while_the_sandbox_starts_ends_the_cell_and_provision
     next_front = Recorder()
     assert (await asyncio.wait_for(session.execute(Cell("print('later')", 2), next_front), 5)).error is None
     assert next_front.text() == "later\n" and sandbox.starts == 1  # the same provisioning, not a second one
+
+
+def test_a_notice_queued_after_the_first_ones_were_shown_is_kept() -> None:
+    """The installer queues its notices (IPython could not be installed, a repository cloned) through the
+    supervisor's list: showing the first ones must not leave it writing to a list nobody reads any more."""
+    from daytona_kernel.runtime.calls import RuntimeOptions
+    from daytona_kernel.supervisor import ContextSupervisor
+
+    supervisor = ContextSupervisor(FakeSandbox(), SessionSettings(), logging.getLogger("test"), RuntimeOptions(), notices=["first\n"])
+    assert supervisor.take_notices() == ["first\n"]
+    supervisor._installer._notice("later\n")
+    assert supervisor.take_notices() == ["later\n"]
