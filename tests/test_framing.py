@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from daytona_kernel.runtime.framing import (
+    BLOB_PIECE_CHARS,
     MARK,
     PIECE_CHARS,
     BadFrame,
@@ -12,6 +13,7 @@ from daytona_kernel.runtime.framing import (
     Frame,
     FrameDecoder,
     Text,
+    blob_pieces,
     encode_frame,
     join_blobs,
     split_blobs,
@@ -87,8 +89,17 @@ def test_large_strings_travel_in_a_file_and_are_put_back_in_their_places() -> No
     assert len("".join(lines)) < 40_000  # what the frame line still carries: the odd string, escaped
     (event,) = feed_all(lines)
     assert isinstance(event, Frame) and event.blobs == Blobs("/tmp/out-0", [(["data", "image/png"], 5000), (["list", 1], 15000)])
-    assert join_blobs(event.payload, event.blobs, b"".join(data for _, data in found)) == payload
+    assert join_blobs(event.payload, event.blobs, b"".join(piece for _, data in found for piece in blob_pieces(data))) == payload
     assert split_blobs({"text/plain": "short"}, 4096) == ({"text/plain": "short"}, [])
+
+
+def test_a_large_ascii_string_is_written_a_piece_at_a_time_and_comes_back_whole() -> None:
+    text = "".join(chr(33 + i % 90) for i in range(3 * BLOB_PIECE_CHARS + 7))
+    _, [(keys, blob)] = split_blobs({"data": {"image/png": text}}, 4096)
+    pieces = list(blob_pieces(blob))
+    assert keys == ["data", "image/png"] and len(blob) == len(text)
+    assert [len(piece) for piece in pieces] == [BLOB_PIECE_CHARS] * 3 + [7]
+    assert b"".join(pieces) == text.encode()
 
 
 def test_a_file_of_large_strings_that_does_not_fit_its_frame_is_refused() -> None:

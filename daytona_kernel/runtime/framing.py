@@ -17,7 +17,8 @@ limit. The JSON is ASCII-only, so a piece's length is its size in bytes, and a
 frame line never contains a raw record separator or newline.
 
 Large strings (a 2 MB image's base64) can leave the line protocol: the runtime
-writes their UTF-8 bytes, one after another, to a file in the sandbox and the
+writes their UTF-8 bytes, one after another, to a file in the sandbox (an ASCII string
+a piece at a time, ``blob_pieces``) and the
 frame's JSON becomes ``[kind, payload, {"path": ..., "sizes": [[keys, nbytes], ...]}]``
 with ``""`` where each string was (``split_blobs``). The kernel downloads the
 file in one request and puts the strings back (``join_blobs``): no JSON
@@ -39,13 +40,14 @@ Examples:
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 VERSION = 1
 MARK = "\x1eDKF%d " % VERSION
 PIECE_CHARS = 384 * 1024  # at most twice this once the worker JSON-encodes a line again: under its 1 MiB cap
 MAX_PAYLOAD_CHARS = 64 * 1024 * 1024  # one reassembled frame; larger ones are dropped as a BadFrame
 BLOB_MAX_DEPTH = 8  # how deep in a payload split_blobs looks for large strings
+BLOB_PIECE_CHARS = 64 * 1024  # an ASCII large string is encoded this much at a time: no whole copy of it in memory
 RECORD_SEPARATOR = "\x1e"
 KERNEL_MAGICS = ("sync", "upload", "download", "daytona")  # run in the kernel, never in the sandbox
 
@@ -155,20 +157,26 @@ def encode_frame(token: str, kind: str, payload: Any, piece_chars: int = PIECE_C
     return lines
 
 
-def split_blobs(payload: Any, min_chars: int) -> Tuple[Any, List[Tuple[List[Union[str, int]], bytes]]]:
+Blob = Union[str, bytes]  # a large string: itself when ASCII (each character one byte), else its UTF-8 bytes
+
+
+def split_blobs(payload: Any, min_chars: int) -> Tuple[Any, List[Tuple[List[Union[str, int]], Blob]]]:
     """Take the strings of at least ``min_chars`` out of a payload's dicts and lists.
 
     Returns a copy of the payload with ``""`` in their places (the original is
-    left alone), and each string's keys and UTF-8 bytes. A string that cannot
-    be encoded (a lone surrogate) stays in place, for the JSON to escape.
+    left alone), and each string's keys and ``Blob``: an ASCII string (a base64
+    image) as it is, so that it is encoded a piece at a time as it is written
+    (``blob_pieces``), any other as its UTF-8 bytes; either way its length is
+    its size in the file. A string that cannot be encoded (a lone surrogate)
+    stays in place, for the JSON to escape.
     """
-    found: List[Tuple[List[Union[str, int]], bytes]] = []
+    found: List[Tuple[List[Union[str, int]], Blob]] = []
 
     def walk(node: Any, keys: List[Union[str, int]]) -> Any:
         if isinstance(node, str):
             if len(node) >= min_chars:
                 try:
-                    found.append((keys, node.encode("utf-8")))
+                    found.append((keys, node if node.isascii() else node.encode("utf-8")))
                     return ""
                 except UnicodeEncodeError:
                     pass  # a lone surrogate: the string stays inline, where JSON escapes it
@@ -183,6 +191,18 @@ def split_blobs(payload: Any, min_chars: int) -> Tuple[Any, List[Tuple[List[Unio
 
     thin = walk(payload, [])
     return (thin, found) if found else (payload, [])
+
+
+def blob_pieces(blob: Blob) -> Iterator[bytes]:
+    """A ``Blob``'s bytes for the file. An ASCII string is encoded ``BLOB_PIECE_CHARS`` at a time:
+    one 2.7 MB copy of it would be fresh memory at each display (the allocator gives a block that
+    large back to the system when it is freed), a page fault every 4 KiB, costing the sandbox more
+    than the copying itself."""
+    if isinstance(blob, bytes):
+        yield blob
+        return
+    for start in range(0, len(blob), BLOB_PIECE_CHARS):
+        yield blob[start : start + BLOB_PIECE_CHARS].encode("ascii")
 
 
 def join_blobs(payload: Any, blobs: Blobs, data: bytes) -> Any:

@@ -481,7 +481,8 @@ class PrivateFolder(object):
             path = os.path.join(self.path(), "out-%d" % len(self._blob_files))
             with open(path, "wb") as f:
                 for _, data in found:
-                    f.write(data)
+                    for piece in _framing.blob_pieces(data):
+                        f.write(piece)
         except OSError:
             return payload, None
         self._blob_files.append(path)
