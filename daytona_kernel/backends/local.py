@@ -40,6 +40,7 @@ PIPE_READ_BYTES = 64 * 1024
 LINE_CAP_BYTES = 1024 * 1024  # the daemon's bufio.Scanner cap: a line this long stops its reader
 KILL_GRACE_S = 2.0  # the daemon's gracePeriod: SIGINT, then SIGKILL this much later
 STREAM_FIELDS = ("type", "text", "name", "value", "traceback")
+INLINE_READ_BYTES = 16 * 1024 * 1024  # one file this small is read in the event loop: less than a hop to a thread and back
 FICLONE = 0x40049409  # _IOW(0x94, 9, int) in linux/fs.h (fcntl.FICLONE from Python 3.12)
 
 log = logging.getLogger("daytona_kernel.local")
@@ -467,7 +468,11 @@ class LocalSandbox(Sandbox):
             target.write_bytes(content)
 
     async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
+        """Each file's bytes. One file of at most ``INLINE_READ_BYTES`` (a cell's large output strings, which
+        the worker wrote moments ago: still in the page cache, 0.3 ms for 2.7 MB) is read at once; more in a thread."""
         limits = limits or {}
+        if len(paths) == 1 and limits.get(paths[0], INLINE_READ_BYTES + 1) <= INLINE_READ_BYTES:
+            return {paths[0]: self._read_file(paths[0], limits[paths[0]])}
         return await asyncio.to_thread(lambda: {p: self._read_file(p, limits.get(p)) for p in paths})
 
     def _read_file(self, path: str, limit: int | None = None) -> bytes | FileError:
