@@ -70,8 +70,9 @@ def test_a_five_megabyte_image_arrives_intact(kernel: Kernel) -> None:
     assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
 
 
-def test_a_large_output_travels_as_a_file_in_its_place_and_the_next_cell_removes_it(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Strings past the backend's blob_chars leave the line protocol (one download), on both backends."""
+def test_a_large_output_travels_as_a_file_in_its_place_that_the_next_cells_write_over_or_remove(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Strings past the backend's blob_chars leave the line protocol (one download), on both backends. The next
+    cell writes its own over the file (a shorter one too), and a cell without any removes it when it ends."""
     code = (
         "import os, sys, base64\nrt = sys.stdout._rt\nblob = os.urandom(3 * 1024 * 1024)\nprint('before', flush=True)\n"
         "display({'image/png': base64.b64encode(blob).decode(), 'text/plain': 'img'}, raw=True)\n"
@@ -91,6 +92,14 @@ def test_a_large_output_travels_as_a_file_in_its_place_and_the_next_cell_removes
         assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
         if kernel_name == "daytona":
             assert emulator.count("bulk-download") == downloads + 1
+        again = k.execute(
+            "path = os.path.join(rt.private.path(), 'out-0')\nfile = os.stat(path).st_ino\n"
+            "display({'image/png': base64.b64encode(blob[:1000000]).decode()}, raw=True)\nos.stat(path).st_ino == file"
+        )
+        assert again.status == "ok", again.errors
+        assert base64.b64decode(again.of_type("display_data")[0]["data"]["image/png"]) == base64.b64decode(png)[:1000000]
+        assert again.of_type("execute_result")[0]["data"]["text/plain"] == "True"  # the same file, written over
+        k.execute("x = 1")  # no large output: the last cell's file goes when this cell ends
         left = k.execute("[n for n in os.listdir(rt.private.path()) if n.startswith('out-')]")
         assert left.of_type("execute_result")[0]["data"]["text/plain"] == "[]"
         k.execute("display({'image/png': base64.b64encode(blob).decode()}, raw=True)")  # its file stays with the runtime

@@ -334,7 +334,7 @@ class Runtime(object):
         if self.journal is not None and not self.journal.arm(count):
             return self.journal.refuse()  # another kernel attached to this session
         self.output_used = self.dropped_chars = 0
-        self.private.drop_blobs()
+        self.private.start_cell()
         with self.request_output():
             self._in_cell = True
             for notice in self._notices:  # once per runtime, on the first cell's stderr
@@ -362,6 +362,7 @@ class Runtime(object):
                     self.flush_streams_locked()
                     self._budget_notice()
                     self._in_cell = False
+                self.private.end_cell()
                 self.output_used = self.dropped_chars = 0
 
     def deliver(self, messages, comms=None):
@@ -454,6 +455,7 @@ class PrivateFolder(object):
         self._path = None
         self._blob_chars = blob_chars  # a cell's strings of at least this many characters go into files (0: never)
         self._blob_files = []  # this cell's files of large output strings (the kernel has fetched the last cell's)
+        self._last_files = []  # the last cell's, while a cell runs
         self._blob_bytes = 0
         self._input_seq = 0
 
@@ -479,30 +481,38 @@ class PrivateFolder(object):
             return payload, None
         try:
             path = os.path.join(self.path(), "out-%d" % len(self._blob_files))
-            with open(path, "wb") as f:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "wb") as f:  # the last cell's file of this name is written over: its pages are reused
                 for _, data in found:
                     for piece in _framing.blob_pieces(data):
                         f.write(piece)
+                f.flush()
+                if os.fstat(fd).st_size > size:  # it was longer
+                    f.truncate(size)
         except OSError:
             return payload, None
         self._blob_files.append(path)
         self._blob_bytes += size
         return thin, {"path": path, "sizes": [[keys, len(data)] for keys, data in found]}
 
-    def drop_blobs(self):
-        """The last cell's files of large output strings: the kernel fetched them before it sent this cell."""
-        for path in self._blob_files:
+    def start_cell(self):
+        """A cell starts: the last cell's files of large output strings (the kernel fetched them before it sent
+        this cell) are written over by this cell's, and those it does not need are removed when it ends."""
+        self._last_files, self._blob_files = self._blob_files, []
+        self._blob_bytes = 0
+
+    def end_cell(self):
+        for path in self._last_files[len(self._blob_files) :]:
             try:
                 os.remove(path)
             except OSError:
                 pass  # already gone; what an ended runtime leaves is swept at the next start (sweep_private_dirs)
-        self._blob_files = []
-        self._blob_bytes = 0
+        self._last_files = []
 
 
 def sweep_private_dirs(base):
     """Remove this user's ``daytona-kernel-inbox-<pid>-*`` folders in ``base`` whose interpreter is gone:
-    a runtime removes its large-output files at its next cell, so its last cell's stay until here."""
+    a runtime writes over or removes its large-output files at its next cell, so its last cell's stay until here."""
     try:
         names = os.listdir(base)
     except OSError:
