@@ -18,8 +18,9 @@ from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
 from .cell import Frontend, ProgressCallback, stderr
 from .config import SessionSettings
-from .errors import DaytonaKernelError, RuntimeCallError
+from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
+from .protocol import Hello
 from .request import Request
 from .runtime import RUNTIME_MISSING, call_source, warmup_code
 from .runtime.calls import Call, RuntimeOptions
@@ -69,6 +70,7 @@ class ContextSupervisor:
         self._repo_staged_in: int | None = None  # the sandbox generation repo_url was staged in
         self._shut_down = False
         self._closing: set[asyncio.Future[None]] = set()  # old contexts being deleted in the background
+        self._looking: set[asyncio.Future[None]] = set()  # the journal's look, after a restart's quick start
         self._progress: ProgressCallback | None = None
         self._last_progress = ""
         self.journal = journal  # journals each context's cells, for reattaching
@@ -112,8 +114,10 @@ class ContextSupervisor:
                 waiting("")  # the wait is over: clear the status line
 
     def take_notices(self) -> list[str]:
-        """The queued notices (what starting, recovering or replacing the context took), once. Emptied in place:
-        the installer holds this list's ``append``."""
+        """The queued notices (what starting, recovering or replacing the context took), once, with the sandbox's
+        (after a restart's quick start, what its load found comes after the start). Emptied in place: the
+        installer holds this list's ``append``."""
+        self.notices += self.sandbox.take_notices()
         notices = list(self.notices)
         self.notices.clear()
         return notices
@@ -135,8 +139,13 @@ class ContextSupervisor:
         await self.sandbox.start(self.report)
         self._sandbox_started = True
         self.notices += self.sandbox.take_notices()
-        context = await self.sandbox.take_next_context() or await self.sandbox.create_context()
-        token, hello = await self._installer.install(context, self._runtime_options)
+        left = await self.sandbox.take_next_context()
+        installed = await self._install_in_left(left) if left is not None else None
+        if left is None or installed is None:
+            context = await self.sandbox.create_context()
+            token, hello = await self._installer.install(context, self._runtime_options)
+        else:
+            context, (token, hello) = left, installed
         if self._installer.wants_ipython(hello) and await self._installer.ship_ipython(context, hello):
             old = context  # a new context finds the shipped IPython; the old one goes meanwhile
             context, _ = await asyncio.gather(self.sandbox.create_context(), self.close_quietly(old))
@@ -147,10 +156,28 @@ class ContextSupervisor:
             await self._installer.stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
         if self.journal is not None:
-            notice = await self.journal.look(context.id, hello.journal)
-            if notice:
-                self.notices.append(notice)
+            if self.sandbox.loading and self._settings.attach != "auto":  # not needed for the first cell's result
+                looking = asyncio.ensure_future(self._look(self.journal, context.id, hello))
+                self._looking.add(looking)
+                looking.add_done_callback(self._looking.discard)
+            else:
+                await self._look(self.journal, context.id, hello)
         return self.live
+
+    async def _install_in_left(self, context: Context) -> tuple[str, Hello] | None:
+        """The runtime in the context the previous process left at a restart; None when that context cannot be
+        used (gone, its sandbox stopped or deleted, the handed-over websocket refused): the installer has
+        deleted it and a new one is made. Nothing of the user's has run in it."""
+        try:
+            return await self._installer.install(context, self._runtime_options)
+        except BackendError as exc:
+            self._log.debug("the context the restart left cannot be used (%s); making another", exc)
+            return None
+
+    async def _look(self, journal: SessionJournal, context_id: str, hello: Hello) -> None:
+        notice = await journal.look(context_id, hello.journal)
+        if notice:
+            self.notices.append(notice)
 
     async def run_installed(
         self, live: Live, run: Callable[[Live], Awaitable[RunError | None]], replaced: Callable[[], None]

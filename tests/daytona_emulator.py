@@ -16,7 +16,7 @@ Fidelity:
   ``apps/daemon/pkg/toolbox/process/interpreter/`` (controller.go,
   repl_client.go, websocket.go) in Daytona's source.
 
-Test controls: per-endpoint request counters, and faults: the next N calls of
+Test controls: per-endpoint request counters and the requests in order (``sequence``), and faults: the next N calls of
 an endpoint fail with a status, the next websocket is dropped mid-cell, a
 sandbox is stopped underneath the kernel (losing its contexts), delays; the
 next pause job fails (``fail_next_pause``), a pause or stop gets in just before
@@ -288,6 +288,7 @@ class DaytonaEmulator:
         self.api_key = api_key
         self.python = python
         self.counts: Counter[str] = Counter()
+        self.sequence: list[str] = []  # every request's "METHOD /route", in the order they came (since reset_counts)
         self.sandboxes: dict[str, EmuSandbox] = {}
         self.volumes: dict[str, EmuVolume] = {}
         self.delay_s = 0.0
@@ -423,6 +424,7 @@ class DaytonaEmulator:
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
+            self.sequence.clear()
 
     def count(self, route_part: str) -> int:
         with self._lock:
@@ -560,6 +562,7 @@ class DaytonaEmulator:
         key = f"{request.method} {route.canonical if route is not None else request.path}"
         with self._lock:
             self.counts[key] += 1
+            self.sequence.append(key)
             fault = next((f for f in self._faults if f[0] in key and f[2] > 0), None)
             if fault is not None:
                 fault[2] -= 1

@@ -1046,7 +1046,8 @@ def test_a_daytona_download_that_streams_past_its_limit_is_stopped_at_once() -> 
         return [SimpleNamespace(source=f.source, error=None, error_details=None, result=f.destination) for f in files]
 
     class Host:
-        sdk_sandbox = SimpleNamespace(fs=SimpleNamespace(download_files=download_files))
+        async def sdk_sandbox(self) -> Any:
+            return SimpleNamespace(fs=SimpleNamespace(download_files=download_files))
 
         async def api(self, what: str, fn: Any, *, retry: bool = True) -> Any:
             return await fn()

@@ -88,7 +88,7 @@ class Lookups:
         await self.finding.wait()
         return "volume"
 
-    async def find(self) -> None:
+    async def find(self, sandbox_id: str = "") -> None:
         self.finding.set()
         raise Found
 

@@ -161,6 +161,10 @@ class Sandbox(abc.ABC):
         and so every context's variables, carry on where they were frozen."""
         return False
 
+    loading = False
+    """Its own calls wait for a load that goes on in the background (a Daytona restart's quick start): what
+    the first cell's result does not need may wait for it in the background too."""
+
     supports_attach = False
     """Whether a context can outlive the kernel process (and so be attached to by the next one)."""
 

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
+import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 from daytona.common.errors import DaytonaNotFoundError
@@ -53,9 +55,10 @@ from .daytona_api import (
     quiet,
     status_of,
 )
+from .daytona_handoff import Handoff, interpreter_headers, settings_fingerprint, take_handoff, write_handoff
 from .daytona_states import StateLadder
 from .daytona_status import status_lines
-from .daytona_toolbox import DaytonaContext, DaytonaToolbox
+from .daytona_toolbox import DaytonaContext, DaytonaToolbox, HandedOverInterpreter, open_interpreter_socket
 from .daytona_workspace import WorkspaceSandboxes, drift_notice
 
 log = logging.getLogger("daytona_kernel.daytona")
@@ -88,6 +91,16 @@ class DaytonaSandbox(Sandbox):
         self.generation = 0  # +1 for every sandbox found or created: a new one has lost the old one's state
         self._gpu_checked = False
         self._next_looked_for = False  # the context a restart left (take_next_context)
+        # A restart's quick start (docs/reattach.md): the first cell runs in the context the old process left,
+        # through ``_handed_over``, while ``_loading`` loads the SDK and fetches the sandbox.
+        self._handoff: Handoff | None = None
+        self._handed_over: HandedOverInterpreter | None = None
+        self._loading: asyncio.Future[None] | None = None
+        self._fingerprint = (
+            settings_fingerprint(config, workspace_key, self.api_url, config.target or os.environ.get("DAYTONA_TARGET", ""))
+            if worker is None
+            else ""  # a map worker neither leaves nor takes a handoff
+        )
 
     @property
     def description(self) -> str:
@@ -105,11 +118,35 @@ class DaytonaSandbox(Sandbox):
         source = f"image {cfg.image}" if cfg.image else f"snapshot {cfg.snapshot or (sb.snapshot if sb is not None else '') or 'default'}"
         return f"a Daytona sandbox of {size} ({source})"
 
-    @property
-    def sdk_sandbox(self) -> Any:
+    async def sdk_sandbox(self) -> Any:
+        """The SDK's sandbox. The one seam where every SDK call waits, after a restart's quick start, for the
+        SDK's load and the sandbox's fetch (and gets their failure, if they failed)."""
+        failure = await self._settled()
+        if failure is not None:
+            raise failure
         if self._sandbox is None:
             raise SandboxNotRunning("The sandbox is not ready yet.")
         return self._sandbox
+
+    @property
+    def loading(self) -> bool:  # type: ignore[override]
+        return self._loading is not None and not self._loading.done()
+
+    async def _settled(self) -> BaseException | None:
+        """Wait for a quick start's load, if one runs; what it failed with, if it did."""
+        loading = self._loading
+        if loading is None:
+            return None
+        await asyncio.wait({loading})  # never cancels it: another caller may wait too
+        if self._loading is loading:
+            self._loading = None
+        return None if loading.cancelled() else loading.exception()
+
+    async def open_interpreter(self) -> Any:
+        """The interpreter websocket: the restart's handed-over one while the SDK loads, else the SDK's."""
+        if self._handed_over is not None and self._loading is not None and not self._loading.done():
+            return await self._handed_over.connect()
+        return await open_interpreter_socket(await self.sdk_sandbox())
 
     def take_notices(self) -> list[str]:
         notices = list(self._notices)
@@ -136,6 +173,7 @@ class DaytonaSandbox(Sandbox):
             self._progress = quiet
 
     async def _start(self, progress: ProgressCallback) -> None:
+        await self._settled()  # a quick start's load (its failure: found or created again below)
         if self._sandbox is not None:
             try:
                 await self.refresh_state()
@@ -146,6 +184,33 @@ class DaytonaSandbox(Sandbox):
                 progress(f"sandbox {self.id} is gone; finding or creating another…")
                 self._sandbox = None
                 self.toolbox.contexts.clear()
+        elif not self._next_looked_for and self._quick_start():
+            return
+        await self._locate(progress)
+
+    def _quick_start(self) -> bool:
+        """The first start after a restart, when the old process left a handoff that fits: the sandbox is taken
+        as started, the first cell runs in the next context through aiohttp alone, and the SDK loads meanwhile
+        (``_loading``). False (with a debug line saying why) for the normal start."""
+        if not self._fingerprint:
+            return False
+        handoff = take_handoff(self._kernel_id, self._fingerprint, self.api_url)
+        headers = interpreter_headers() if handoff is not None else None
+        if handoff is None or headers is None:
+            if handoff is not None:
+                log.debug("restart handoff ignored: the credentials are not in the environment")
+            return False
+        self._handoff = handoff
+        self._handed_over = HandedOverInterpreter(handoff.interpreter_url, headers)
+        self.id = handoff.sandbox_id
+        self.generation += 1
+        self._loading = asyncio.ensure_future(self._locate(quiet, prefer=handoff.sandbox_id))
+        self._loading.add_done_callback(_log_failure)
+        log.info("restart: running in context %s of sandbox %s while the daytona SDK loads", handoff.context_id, self.id)
+        return True
+
+    async def _locate(self, progress: ProgressCallback, prefer: str = "") -> None:
+        """Find (``prefer``: by its id, the sandbox a restart handed over) or create the sandbox, and start it."""
         await self._workspace.open_client()  # in a thread: the kernel answered Jupyter before the SDK was loaded
         if not self._gpu_checked:  # the snapshot's GPU decides the policy, before the sandbox is looked for
             notice = await self._workspace.check_gpu()
@@ -154,7 +219,7 @@ class DaytonaSandbox(Sandbox):
             if notice:
                 self._notices.append(notice)
         # Independent round trips to Daytona's API: at once. The volume's error, if both fail, is the one shown.
-        looked = await asyncio.gather(self._workspace.ready_volume(progress), self._workspace.find(), return_exceptions=True)
+        looked = await asyncio.gather(self._workspace.ready_volume(progress), self._workspace.find(prefer), return_exceptions=True)
         for failed in looked:
             if isinstance(failed, BaseException):
                 raise failed
@@ -173,8 +238,9 @@ class DaytonaSandbox(Sandbox):
                 self._sandbox = None  # deleted since the list: make another
         if self._sandbox is None:
             self._sandbox = await self._workspace.create(volume, progress)
+        if self._sandbox.id != prefer:  # a new sandbox has none of the old one's state
+            self.generation += 1
         self.id = self._sandbox.id
-        self.generation += 1
         try:
             await self._ensure_started(progress)
         except SandboxGone:  # deleted between the list and the start
@@ -188,6 +254,7 @@ class DaytonaSandbox(Sandbox):
             await self.api("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
 
     async def info(self) -> dict[str, str]:
+        await self._settled()
         if self._sandbox is None:
             return {"sandbox": "not created yet", "policy": self._policy.value}
         state = await self.refresh_state()
@@ -219,6 +286,7 @@ class DaytonaSandbox(Sandbox):
 
     async def recreate(self, progress: ProgressCallback) -> None:
         """Delete this sandbox and make a new one with the current configuration (``%daytona recreate``)."""
+        await self._settled()
         if self._sandbox is not None:
             await self.toolbox.close_contexts()
             old = self._sandbox
@@ -232,7 +300,7 @@ class DaytonaSandbox(Sandbox):
 
     async def refresh_state(self) -> str:
         """The sandbox's state now. Raises SandboxGone if it no longer exists or is being destroyed."""
-        return await self._states.refresh(self._sandbox)
+        return await self._states.refresh(await self.sdk_sandbox())
 
     async def create_context(self) -> DaytonaContext:
         try:
@@ -275,6 +343,7 @@ class DaytonaSandbox(Sandbox):
     async def detach(self) -> None:
         """A kernel restart: delete this kernel's contexts and keep the sandbox running, so the next
         kernel process (same Jupyter kernel id) finds it started: %pip installs and files survive."""
+        await self._settled()
         try:
             await self.toolbox.close_contexts()
         finally:
@@ -282,19 +351,30 @@ class DaytonaSandbox(Sandbox):
 
     async def leave_next_context(self, code: str, timeout: float) -> None:
         """A restart: the next process's context, created now with ``code`` (importing IPython) left running
-        in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it)."""
+        in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it); the
+        handoff tells that process where its interpreter is, so its first cell need not wait for the SDK."""
+        sandbox = await self.sdk_sandbox()
         context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
         await context.start_code(code, timeout)
-        labels = dict(self._sandbox.labels, **{LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
-        await self.api("name the next context in the sandbox's labels", lambda: self._sandbox.set_labels(labels))
+        labels = dict(sandbox.labels, **{LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
+        await self.api("name the next context in the sandbox's labels", lambda: sandbox.set_labels(labels))
         self.toolbox.forget(context)
+        if self._fingerprint:
+            write_handoff(Handoff(self._kernel_id, sandbox.id, sandbox.toolbox_proxy_url, context.id, self._fingerprint, time.time()))
 
     async def take_next_context(self) -> Context | None:
         """Looked for once, at this process's first start: a later start (a context that died, a sandbox
         that stopped) makes its own."""
-        if self._next_looked_for or self._sandbox is None:
+        if self._next_looked_for:
             return None
         self._next_looked_for = True
+        if self._handoff is not None:  # a quick start: the SDK has not loaded
+            context = DaytonaContext(self.toolbox, self._handoff.context_id)
+            self._handoff = None
+            self.toolbox.contexts.append(context)
+            return context
+        if self._sandbox is None:
+            return None
         kernel, _, context_id = (self._sandbox.labels.get(LABEL_NEXT) or "").partition(".")
         if kernel != self._kernel_id or not context_id:
             return None
@@ -307,6 +387,7 @@ class DaytonaSandbox(Sandbox):
         """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a
         context in the sandbox (two notebooks in one folder): then it stays up for that kernel, and
         auto-stop ends it once every kernel has gone quiet."""
+        await self._settled()
         try:
             if self._sandbox is not None:
                 await self.toolbox.close_contexts()
@@ -353,6 +434,7 @@ class DaytonaSandbox(Sandbox):
             return "unknown"
 
     async def resume_if_paused(self, progress: ProgressCallback) -> bool:
+        await self._settled()
         if self._sandbox is None or await self.refresh_state() not in PAUSED_STATES:
             return False
         self._progress = progress
@@ -363,4 +445,12 @@ class DaytonaSandbox(Sandbox):
         return True
 
     async def _close_client(self) -> None:
+        if self._handed_over is not None:
+            await self._handed_over.close()
         await self._workspace.close()
+
+
+def _log_failure(loading: asyncio.Future[None]) -> None:
+    """A quick start's load failed: the next SDK call raises it (and a start finds or creates the sandbox)."""
+    if not loading.cancelled() and loading.exception() is not None:
+        log.warning("after the restart's quick start, the sandbox could not be loaded: %s", loading.exception())

@@ -54,9 +54,12 @@ WS_TIMEOUT = 4008  # the daemon: timeout, or a KeyboardInterrupt escaped the cod
 class ToolboxHost(Protocol):
     """What the toolbox needs from the lifecycle that owns it."""
 
-    @property
-    def sdk_sandbox(self) -> Any:
-        """The SDK's sandbox in use (raises SandboxNotRunning before there is one)."""
+    async def sdk_sandbox(self) -> Any:
+        """The SDK's sandbox in use, once there is one (raises SandboxNotRunning before): after a restart's
+        quick start, every SDK call waits here for the SDK's load (``DaytonaSandbox``)."""
+
+    async def open_interpreter(self) -> aiohttp.ClientWebSocketResponse[bool]:
+        """The interpreter websocket (``open_interpreter_socket``, or the restart's handed-over one)."""
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
         """Run an SDK call through the one retry loop and error translation."""
@@ -74,15 +77,21 @@ class FoundSandbox:
     its toolbox, through the one retry loop, with no lifecycle of its own."""
 
     def __init__(self, sandbox: Any, api_url: str) -> None:
-        self.sdk_sandbox = sandbox
+        self._sandbox = sandbox
         self.id: str = sandbox.id
         self._api_url = api_url
+
+    async def sdk_sandbox(self) -> Any:
+        return self._sandbox
+
+    async def open_interpreter(self) -> aiohttp.ClientWebSocketResponse[bool]:
+        return await open_interpreter_socket(self._sandbox)
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
         return await call_api(what, fn, retry=retry, api_url=self._api_url)
 
     async def refresh_state(self) -> str:
-        return await StateLadder(self.api, log.info).refresh(self.sdk_sandbox)
+        return await StateLadder(self.api, log.info).refresh(self._sandbox)
 
 
 async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse[bool]:
@@ -110,14 +119,37 @@ async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketRespon
     return await session.ws_connect(re.sub(r"^http", "ws", url), headers=headers)
 
 
-class DaytonaContext(Context):
-    """An interpreter context in a Daytona sandbox."""
+class HandedOverInterpreter:
+    """After a restart, the next context's interpreter websocket opened with aiohttp alone, before the SDK has
+    loaded: the URL from the old process's handoff (``daytona_handoff``), the headers from this process's own
+    credentials, as the SDK sends them. The daemon takes the context's id in the request's first message
+    (apps/daemon/pkg/toolbox/process/interpreter/controller.go, lines 104-150), as with ``open_interpreter_socket``."""
 
-    def __init__(self, toolbox: DaytonaToolbox, context: Any) -> None:
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self._url = url
+        self._headers = headers
+        self._session: aiohttp.ClientSession | None = None
+
+    async def connect(self) -> aiohttp.ClientWebSocketResponse[bool]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return await self._session.ws_connect(self._url, headers=self._headers)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class DaytonaContext(Context):
+    """An interpreter context in a Daytona sandbox. ``context`` is the SDK's object for it; None for the one a
+    restart handed over (the SDK had not loaded when it was taken)."""
+
+    def __init__(self, toolbox: DaytonaToolbox, context_id: str, context: Any = None) -> None:
         self._toolbox = toolbox
         self._host = toolbox.host
         self._context = context
-        self.id = context.id
+        self.id = context_id
 
     async def run_code(
         self,
@@ -177,11 +209,10 @@ class DaytonaContext(Context):
         """Open the interpreter websocket. Nothing has run before the handshake succeeds, so a 429 or 5xx
         (Daytona's proxy when busy) or a dropped connection is tried again by the one retry loop (``call_api``,
         through the host), as an SDK error of that status; then, or on any other failure, the sandbox's state says why."""
-        sandbox = self._host.sdk_sandbox
 
         async def handshake() -> aiohttp.ClientWebSocketResponse[bool]:
             try:
-                return await open_interpreter_socket(sandbox)
+                return await self._host.open_interpreter()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran
                 status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
                 if status == 429:
@@ -200,10 +231,13 @@ class DaytonaContext(Context):
 
     async def close(self) -> None:
         self._toolbox.forget(self)
-        sandbox = self._host.sdk_sandbox
         try:
+            if self._context is None:  # handed over at a restart: found by its id
+                await self._toolbox.end_context(self.id)
+                return
+            sandbox = await self._host.sdk_sandbox()
             await sandbox.code_interpreter.delete_context(self._context)
-        except DaytonaError as exc:
+        except (DaytonaError, BackendError) as exc:
             log.info("could not delete context %s (%s); it goes away with the sandbox", self.id, exc)
 
 
@@ -266,15 +300,15 @@ class DaytonaToolbox:
         )
 
     async def _list_contexts(self) -> list[Any]:
-        sandbox = self.host.sdk_sandbox
+        sandbox = await self.host.sdk_sandbox()
         return await self.host.api("list interpreter contexts", lambda: sandbox.code_interpreter.list_contexts())
 
     async def create_context(self) -> DaytonaContext:
-        sandbox = self.host.sdk_sandbox
+        sandbox = await self.host.sdk_sandbox()
         context = await self.host.api(
             "create an interpreter context", lambda: sandbox.code_interpreter.create_context(cwd=self.workdir)
         )
-        ours = DaytonaContext(self, context)
+        ours = DaytonaContext(self, context.id, context)
         self.contexts.append(ours)
         return ours
 
@@ -293,14 +327,14 @@ class DaytonaToolbox:
         found = (await self.contexts_by_id()).get(context_id)
         if found is None:
             raise ContextDied(f"the interpreter context {context_id} is gone")
-        ours = DaytonaContext(self, found)
+        ours = DaytonaContext(self, found.id, found)
         self.contexts.append(ours)
         return ours
 
     async def end_context(self, context_id: str) -> None:
         found = (await self.contexts_by_id()).get(context_id)
         if found is not None:
-            sandbox = self.host.sdk_sandbox
+            sandbox = await self.host.sdk_sandbox()
             await self.host.api("delete an interpreter context", lambda: sandbox.code_interpreter.delete_context(found))
 
     async def close_contexts(self) -> None:
@@ -313,7 +347,7 @@ class DaytonaToolbox:
         return sum(1 for c in await self._list_contexts() if c.id not in (DEFAULT_CONTEXT_ID, besides))
 
     async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        sandbox = self.host.sdk_sandbox
+        sandbox = await self.host.sdk_sandbox()
         response = await self.host.api(
             "run a command in the sandbox",
             lambda: sandbox.process.exec(command, cwd=self.workdir, timeout=int(timeout) if timeout else None),
@@ -322,7 +356,7 @@ class DaytonaToolbox:
         return ExecResult(int(response.exit_code or 0), response.result or "")
 
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
-        sandbox = self.host.sdk_sandbox
+        sandbox = await self.host.sdk_sandbox()
         uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
         await self.host.api("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
 
@@ -330,7 +364,7 @@ class DaytonaToolbox:
         """One bulk request. With ``limits``, the SDK streams each file into a private temporary file (so
         the kernel's memory holds none of it) and the download is stopped as soon as a file passes its limit:
         what the sandbox sends is counted in bytes, never taken from its report."""
-        sandbox = self.host.sdk_sandbox
+        sandbox = await self.host.sdk_sandbox()
         if not limits:
             results = await self.host.api(
                 "download files from the sandbox",
@@ -372,7 +406,7 @@ class DaytonaToolbox:
         """Clone with the daemon's go-git (apps/daemon/pkg/git/clone.go): a ``branch`` is read as
         refs/heads/<branch>, ``commit_id`` is checked out after cloning the default branch, and
         credentials count only when both are given (so a token alone gets a default username)."""
-        sandbox = self.host.sdk_sandbox
+        sandbox = await self.host.sdk_sandbox()
         path = posixpath.join(self.workdir, dest)
         if password and not username:
             username = GIT_DEFAULT_USERNAME

@@ -235,10 +235,21 @@ class WorkspaceSandboxes:
             volume = await self._api(f"check the volume {name!r}", lambda: client.volume.get(name))
         return volume
 
-    async def find(self) -> Any:
+    async def find(self, sandbox_id: str = "") -> Any:
         """'reuse': the folder's sandbox. 'ephemeral': the one this kernel made before a restart (the
-        Jupyter kernel id, in a label, is the same across a restart)."""
+        Jupyter kernel id, in a label, is the same across a restart). ``sandbox_id``: that one, looked up by
+        its id (a restart's handoff named it), if it still exists."""
         self.idle_why = ""  # set by create, when this kernel makes the sandbox
+        if sandbox_id:
+            client = self._client_or_open()
+            try:
+                found = await self._api("look up the sandbox", lambda: client.get(sandbox_id))
+            except BackendError as exc:
+                if not isinstance(exc.__cause__, DaytonaNotFoundError):
+                    raise
+                found = None
+            if found is not None and state_name(found) not in GONE_STATES:
+                return found
         return await self._find_by(self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL))
 
     async def _find_by(self, labels: dict[str, str]) -> Any:

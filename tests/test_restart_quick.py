@@ -1,0 +1,188 @@
+"""The first cell after a restart runs before the daytona SDK has loaded in the new kernel process
+(docs/reattach.md, "The first cell after a restart"), and every doubt falls back to the normal start:
+real kernels, the unmodified SDK, the emulator.
+
+The proof that the SDK has not loaded: a ``sitecustomize`` on the kernel's path holds the import of the
+SDK's client (``daytona._async.daytona``) until the test opens a gate file, so no request to Daytona's
+API can be made before; the emulator's ``sequence`` shows which requests came, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from kernels import Kernel, result_text
+from test_lifecycle_daytona import end_context, only_sandbox
+
+from daytona_kernel.backends.daytona_handoff import handoff_path
+from daytona_kernel.compose import kernel_id_of
+
+pytestmark = pytest.mark.slow  # the emulator and kernels run as subprocesses
+EXECUTE = "/process/interpreter/execute"
+GATE_CODE = """\
+import importlib.abc, os, sys, time
+
+class _SdkGate(importlib.abc.MetaPathFinder):
+    # test-only: holds the SDK client's import until the gate file exists (30 s at most)
+    def find_spec(self, name, path=None, target=None):
+        gate = os.environ.get("DK_TEST_SDK_GATE")
+        if gate and name == "daytona._async.daytona":
+            deadline = time.monotonic() + 30
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return None
+
+sys.meta_path.insert(0, _SdkGate())
+"""
+
+
+class Gate:
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir()
+        (folder / "sitecustomize.py").write_text(GATE_CODE)
+        self.path = folder / "open"
+        self.env = {"PYTHONPATH": str(folder), "DK_TEST_SDK_GATE": str(self.path)}
+
+    def open(self) -> None:
+        self.path.touch()
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def quick_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from daytona_emulator import DaytonaEmulator
+
+    emu = DaytonaEmulator(tmp_path_factory.mktemp("restart-quick")).start()
+    yield emu
+    emu.close()
+
+
+@pytest.fixture
+def emu(quick_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for key, value in quick_emulator.env().items():
+        monkeypatch.setenv(key, value)
+    quick_emulator.reset_counts()
+    return quick_emulator
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Gate:
+    return Gate(tmp_path / "gate")
+
+
+def handoff_of(k: Kernel) -> Path:
+    path = handoff_path(kernel_id_of(k.km.connection_file))
+    assert path is not None
+    return path
+
+
+def restart_in_two_steps(k: Kernel, between: Any = None) -> None:
+    """What restart_kernel does, with ``between(handoff file)`` run after the old process is gone."""
+    k.km.shutdown_kernel(now=False, restart=True)
+    if between is not None:
+        between(handoff_of(k))
+    k.km.start_kernel(**k.km._launch_args)
+    k.kc.wait_for_ready(timeout=60)
+
+
+def rest_before_first_socket(emu: Any) -> list[str]:
+    """The requests to Daytona's API before the first interpreter websocket."""
+    first = next(i for i, key in enumerate(emu.sequence) if EXECUTE in key)
+    return [key for key in emu.sequence[:first] if "/api/" in key]
+
+
+def test_a_restarts_first_cell_runs_before_the_sdk_has_loaded(emu: Any, tmp_path: Path, gate: Gate) -> None:
+    notebook = tmp_path / "project"
+    notebook.mkdir()
+    gate.open()
+    with Kernel("daytona", cwd=str(notebook), env=gate.env) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, notebook)
+        gate.close()  # the next process cannot load the SDK's client until the gate opens
+
+        def check(path: Path) -> None:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+            text = path.read_text()
+            assert emu.api_key not in text and "Bearer" not in text  # no credential in the handoff
+            emu.reset_counts()
+
+        restart_in_two_steps(k, check)
+        left = set(sandbox.contexts)
+        first = k.execute("import os\nos.getpid() > 0", timeout=20)
+        assert result_text(first) == "True" and first.text("stderr") == ""
+        assert k.execute("x", timeout=20).errors[0]["ename"] == "NameError"  # a new interpreter, like ipykernel
+        assert [key for key in emu.sequence if "/api/" in key] == []  # no API call: the SDK has not loaded
+        assert emu.count(EXECUTE) == 3  # the runtime's install, then the two cells
+        assert set(sandbox.contexts) == left  # the context the old process left
+        assert not handoff_of(k).exists()  # consumed
+
+        gate.open()  # the SDK loads; files, the mirror and input() work on
+        (notebook / "data.txt").write_text("from the laptop")
+        run = k.execute(
+            "print(open('data.txt').read())\nopen('made.txt', 'w').write(input('name? '))",
+            stdin_answer=lambda content: "ada",
+            timeout=60,
+        )
+        assert run.errors == [] and "from the laptop" in run.text()
+        assert run.stdin_requests and run.stdin_requests[0]["prompt"] == "name? "
+        assert (notebook / "made.txt").read_text() == "ada"  # the mirror brought it back
+        assert emu.count("/api/") > 0
+    assert sandbox.state == "stopped"  # the shutdown, which needs the SDK, released it
+
+
+def stale(path: Path) -> None:
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "written_at": time.time() - 3600}))
+
+
+def foreign(path: Path) -> None:
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "toolbox_url": "https://toolbox.example.com/toolbox"}))
+
+
+@pytest.mark.parametrize("why", ["stale", "foreign origin", "other settings", "context gone", "sandbox stopped", "sandbox deleted"])
+def test_a_handoff_that_cannot_be_used_falls_back_and_runs_the_cell_once(emu: Any, tmp_path: Path, why: str) -> None:
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+
+        def spoil(path: Path) -> None:
+            (left,) = sandbox.contexts
+            if why == "stale":
+                stale(path)
+            elif why == "foreign origin":
+                foreign(path)
+            elif why == "other settings":
+                k.km._launch_args["env"]["DAYTONA_KERNEL_AUTO_STOP_INTERVAL"] = "17"
+            elif why == "context gone":
+                emu.call(end_context(sandbox, left))
+            elif why == "sandbox stopped":
+                emu.stop_sandbox(sandbox.id)
+                emu.wait_for_state(sandbox.id, "stopped")
+            else:
+                emu.delete_sandbox_now(sandbox.id)
+                emu.wait_for_state(sandbox.id, "destroyed")
+            assert path.exists()
+            emu.reset_counts()
+
+        restart_in_two_steps(k, spoil)
+        run = k.execute("import os\nopen('ran.txt', 'a').write('1')\nopen('ran.txt').read()", timeout=60)
+        assert result_text(run) == "'1'", run.errors  # the cell ran once
+        assert k.execute("x").errors[0]["ename"] == "NameError"
+        assert not handoff_of(k).exists()
+        if why in ("stale", "foreign origin", "other settings"):
+            assert rest_before_first_socket(emu) != []  # the normal start: the API first
+        live = only_sandbox(emu, tmp_path)
+        assert len(live.contexts) == 1  # the kernel's one context: none left behind
+        if why == "sandbox deleted":
+            assert live.id != sandbox.id
+        elif why == "sandbox stopped":
+            assert live.state == "started"
