@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(
     config = DaytonaKernelConfig(backend="daytona")
     session = build_session(config, tempfile.mkdtemp(), "k1", logging.getLogger())
     assert "daytona._async.daytona" not in sys.modules, "building the session imported the SDK's client"
+    assert "pydantic" not in sys.modules, "building the session imported pydantic (the SDK's models)"
 
     async def main():
         ticks = []
@@ -42,6 +43,8 @@ SCRIPT = textwrap.dedent(
 
     ticks = asyncio.run(main())
     assert "daytona._async.daytona" in sys.modules and session.sandbox._workspace._client is not None
+    import pydantic
+    assert pydantic.BaseModel.model_config.get("defer_build"), "the SDK's models were built at import"
     assert ticks > 3, f"the event loop was blocked while the SDK loaded ({ticks} ticks)"
     print("ok")
     """

@@ -40,8 +40,8 @@ def defer_model_builds() -> None:
 
     The daytona SDK defines about 300 models at import (its API clients'), and a kernel uses a few of
     them: building them all was about a tenth of the SDK's import, paid by every start and restart. Set
-    before the Daytona backend first imports the SDK; in a kernel process only the SDK uses pydantic
-    (cells run in the sandbox), and the local backend never imports it."""
+    before the Daytona backend first imports the SDK's models, with its client (``WorkspaceSandboxes``); in a
+    kernel process only the SDK uses pydantic (cells run in the sandbox), and the local backend never imports it."""
     import pydantic
 
     pydantic.BaseModel.model_config["defer_build"] = True
@@ -54,7 +54,6 @@ def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sa
         from .local import LocalSandbox
 
         return LocalSandbox(settings_from(LocalSettings, config), key)
-    defer_model_builds()
     from .daytona import DaytonaSandbox
 
     return DaytonaSandbox(settings_from(DaytonaSettings, config), key, kernel_id)

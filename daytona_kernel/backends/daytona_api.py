@@ -18,11 +18,10 @@ import re
 import socket
 import time
 from datetime import datetime
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 from urllib.parse import urlparse
 
 import aiohttp
-from daytona import DaytonaConfig
 from daytona.common.errors import (
     DaytonaAuthenticationError,
     DaytonaConnectionError,
@@ -36,6 +35,9 @@ from daytona.common.errors import (
 from ..config import DaytonaSettings
 from ..errors import AuthError, BackendError, QuotaExceeded
 from .base import ProgressCallback
+
+if TYPE_CHECKING:
+    from daytona import DaytonaConfig
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -153,7 +155,10 @@ def state_name(resource: Any) -> str:
 
 
 def client_config(config: DaytonaSettings) -> DaytonaConfig:
-    """The SDK's config: the kernel's api_url/target, else DAYTONA_API_URL/DAYTONA_TARGET."""
+    """The SDK's config: the kernel's api_url/target, else DAYTONA_API_URL/DAYTONA_TARGET. (The SDK's models
+    are imported with its client, in a thread: not while the kernel starts.)"""
+    from daytona import DaytonaConfig
+
     return DaytonaConfig(
         api_key=os.environ.get("DAYTONA_API_KEY") or None,
         api_url=(config.api_url or os.environ.get("DAYTONA_API_URL") or "").rstrip("/") or None,

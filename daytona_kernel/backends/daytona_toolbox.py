@@ -21,7 +21,6 @@ import tempfile
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import aiohttp
-from daytona import FileDownloadRequest, FileUpload
 from daytona.common.errors import DaytonaError, DaytonaRateLimitError
 
 from ..errors import (
@@ -356,6 +355,8 @@ class DaytonaToolbox:
         return ExecResult(int(response.exit_code or 0), response.result or "")
 
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
+        from daytona import FileUpload  # the SDK's models: loaded with its client
+
         sandbox = await self.host.sdk_sandbox()
         uploads = [FileUpload(source=content, destination=dest) for content, dest in files]
         await self.host.api("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
@@ -364,6 +365,8 @@ class DaytonaToolbox:
         """One bulk request. With ``limits``, the SDK streams each file into a private temporary file (so
         the kernel's memory holds none of it) and the download is stopped as soon as a file passes its limit:
         what the sandbox sends is counted in bytes, never taken from its report."""
+        from daytona import FileDownloadRequest  # the SDK's models: loaded with its client
+
         sandbox = await self.host.sdk_sandbox()
         if not limits:
             results = await self.host.api(
@@ -384,6 +387,8 @@ class DaytonaToolbox:
     async def _download_limited(self, sandbox: Any, paths: list[str], limits: dict[str, int], out: dict[str, bytes | FileError]) -> str | None:
         """One bulk request into temporary files, watched; returns the path that passed its limit (the
         request was then stopped and ``out`` is left alone), or None with ``out`` filled in."""
+        from daytona import FileDownloadRequest
+
         with tempfile.TemporaryDirectory(prefix="daytona-kernel-download-") as tmp:
             dests = {path: os.path.join(tmp, str(i)) for i, path in enumerate(paths)}
             requests = [FileDownloadRequest(source=p, destination=dests[p]) for p in paths]

@@ -174,7 +174,10 @@ class WorkspaceSandboxes:
         return self._client
 
     def _new_client(self) -> AsyncDaytona:
+        from . import defer_model_builds
+
         try:
+            defer_model_builds()
             from daytona import AsyncDaytona
         except Exception as exc:  # a broken or incompatible install: said once per start, with the fix
             raise BackendError(
