@@ -86,8 +86,8 @@ def test_a_handoff_holds_no_credential(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "changes",
     [
-        {"written_at": time.time() - HANDOFF_MAX_AGE_S - 1},  # stale
-        {"written_at": time.time() + 60},  # from the future
+        {"written_at": -HANDOFF_MAX_AGE_S - 1},  # stale (seconds from now)
+        {"written_at": 60},  # from the future
         {"kernel_id": "another-kernel"},  # another kernel's (a copied file)
         {"fingerprint": settings_fingerprint(settings(image="python:3.12"), "ws-1", API, "us")},  # other settings
         {"sandbox_id": "../../etc"},
@@ -96,6 +96,8 @@ def test_a_handoff_holds_no_credential(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_a_handoff_that_does_not_fit_is_refused_and_deleted(changes: dict[str, Any]) -> None:
+    if "written_at" in changes:
+        changes = {"written_at": time.time() + changes["written_at"]}
     handoff = record(**changes)
     path = handoff_path(KERNEL)
     assert path is not None

@@ -3,7 +3,7 @@
 real kernels, the unmodified SDK, the emulator.
 
 The proof that the SDK has not loaded: a ``sitecustomize`` on the kernel's path holds the import of the
-SDK's client (``daytona._async.daytona``) until the test opens a gate file, so no request to Daytona's
+SDK's client (``daytona._async.daytona``, the module's code) until the test opens a gate file, so no request to Daytona's
 API can be made before; the emulator's ``sequence`` shows which requests came, in order.
 """
 
@@ -25,17 +25,28 @@ from daytona_kernel.compose import kernel_id_of
 pytestmark = pytest.mark.slow  # the emulator and kernels run as subprocesses
 EXECUTE = "/process/interpreter/execute"
 GATE_CODE = """\
-import importlib.abc, os, sys, time
+import importlib.abc, importlib.machinery, os, sys, time
 
 class _SdkGate(importlib.abc.MetaPathFinder):
-    # test-only: holds the SDK client's import until the gate file exists (30 s at most)
+    # test-only: the SDK client's module runs only once the gate file exists (30 s at most); waiting in
+    # exec_module holds that module's import lock only (find_spec runs under the global one)
     def find_spec(self, name, path=None, target=None):
         gate = os.environ.get("DK_TEST_SDK_GATE")
-        if gate and name == "daytona._async.daytona":
+        if not gate or name != "daytona._async.daytona":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
             deadline = time.monotonic() + 30
             while not os.path.exists(gate) and time.monotonic() < deadline:
                 time.sleep(0.02)
-        return None
+            run(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 sys.meta_path.insert(0, _SdkGate())
 """
@@ -136,6 +147,26 @@ def test_a_restarts_first_cell_runs_before_the_sdk_has_loaded(emu: Any, tmp_path
         assert (notebook / "made.txt").read_text() == "ada"  # the mirror brought it back
         assert emu.count("/api/") > 0
     assert sandbox.state == "stopped"  # the shutdown, which needs the SDK, released it
+
+
+def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> None:
+    """A restart that comes before the SDK has loaded (a second restart right after the first) leaves the next
+    context and deletes its own without it: no restart waits for the SDK, and none leaves a context behind."""
+    gate.open()
+    with Kernel("daytona", cwd=str(tmp_path), env=gate.env) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        gate.close()
+        restart_in_two_steps(k, lambda path: emu.reset_counts())
+        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+        restart_in_two_steps(k)  # the SDK is still held
+        assert k.execute("y", timeout=20).errors[0]["ename"] == "NameError"
+        assert result_text(k.execute("1 + 1", timeout=20)) == "2"
+        assert [key for key in emu.sequence if "/api/" in key] == []  # no API call: the SDK never loaded
+        assert len(sandbox.contexts) == 1  # each restart's old context was deleted
+        gate.open()
+        assert result_text(k.execute("import os\nos.path.isdir('.')", timeout=60)) == "True"
+    assert sandbox.state == "stopped"
 
 
 def stale(path: Path) -> None:

@@ -58,7 +58,7 @@ from .daytona_api import (
 from .daytona_handoff import Handoff, interpreter_headers, settings_fingerprint, take_handoff, write_handoff
 from .daytona_states import StateLadder
 from .daytona_status import status_lines
-from .daytona_toolbox import DaytonaContext, DaytonaToolbox, HandedOverInterpreter, open_interpreter_socket
+from .daytona_toolbox import DaytonaContext, DaytonaToolbox, HandedOverToolbox
 from .daytona_workspace import WorkspaceSandboxes, drift_notice
 
 log = logging.getLogger("daytona_kernel.daytona")
@@ -94,7 +94,8 @@ class DaytonaSandbox(Sandbox):
         # A restart's quick start (docs/reattach.md): the first cell runs in the context the old process left,
         # through ``_handed_over``, while ``_loading`` loads the SDK and fetches the sandbox.
         self._handoff: Handoff | None = None
-        self._handed_over: HandedOverInterpreter | None = None
+        self._handed_over: HandedOverToolbox | None = None
+        self._toolbox_url = ""  # the handed-over sandbox's toolbox URL, for a restart before the SDK has loaded
         self._loading: asyncio.Future[None] | None = None
         self._fingerprint = (
             settings_fingerprint(config, workspace_key, self.api_url, config.target or os.environ.get("DAYTONA_TARGET", ""))
@@ -142,11 +143,9 @@ class DaytonaSandbox(Sandbox):
             self._loading = None
         return None if loading.cancelled() else loading.exception()
 
-    async def open_interpreter(self) -> Any:
-        """The interpreter websocket: the restart's handed-over one while the SDK loads, else the SDK's."""
-        if self._handed_over is not None and self._loading is not None and not self._loading.done():
-            return await self._handed_over.connect()
-        return await open_interpreter_socket(await self.sdk_sandbox())
+    def without_sdk(self) -> HandedOverToolbox | None:
+        """After a restart's quick start, while the SDK loads: the toolbox through aiohttp alone."""
+        return self._handed_over if self.loading else None
 
     def take_notices(self) -> list[str]:
         notices = list(self._notices)
@@ -201,7 +200,8 @@ class DaytonaSandbox(Sandbox):
                 log.debug("restart handoff ignored: the credentials are not in the environment")
             return False
         self._handoff = handoff
-        self._handed_over = HandedOverInterpreter(handoff.interpreter_url, headers)
+        self._handed_over = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
+        self._toolbox_url = handoff.toolbox_url
         self.id = handoff.sandbox_id
         self.generation += 1
         self._loading = asyncio.ensure_future(self._locate(quiet, prefer=handoff.sandbox_id))
@@ -343,7 +343,8 @@ class DaytonaSandbox(Sandbox):
     async def detach(self) -> None:
         """A kernel restart: delete this kernel's contexts and keep the sandbox running, so the next
         kernel process (same Jupyter kernel id) finds it started: %pip installs and files survive."""
-        await self._settled()
+        if self.without_sdk() is None:  # else its contexts are deleted through aiohttp, without waiting for the SDK
+            await self._settled()
         try:
             await self.toolbox.close_contexts()
         finally:
@@ -352,7 +353,16 @@ class DaytonaSandbox(Sandbox):
     async def leave_next_context(self, code: str, timeout: float) -> None:
         """A restart: the next process's context, created now with ``code`` (importing IPython) left running
         in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it); the
-        handoff tells that process where its interpreter is, so its first cell need not wait for the SDK."""
+        handoff tells that process where its interpreter is, so its first cell need not wait for the SDK. A
+        restart that comes before this process's SDK has loaded does it through aiohttp, without the label."""
+        quick = self.without_sdk()
+        if quick is not None:
+            context = DaytonaContext(self.toolbox, await quick.create_context(self.workdir))
+            self.toolbox.contexts.append(context)
+            await context.start_code(code, timeout)
+            self.toolbox.forget(context)
+            write_handoff(Handoff(self._kernel_id, self.id, self._toolbox_url, context.id, self._fingerprint, time.time()))
+            return
         sandbox = await self.sdk_sandbox()
         context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
         await context.start_code(code, timeout)

@@ -55,11 +55,17 @@ class Handoff:
     written_at: float
 
     @property
+    def sandbox_url(self) -> str:
+        """The sandbox's toolbox through the proxy, as the SDK addresses it: the toolbox proxy URL, then the
+        sandbox id (``ToolboxApiClientProxy.param_serialize`` in the SDK)."""
+        return f"{self.toolbox_url.rstrip('/')}/{self.sandbox_id}"
+
+    @property
     def interpreter_url(self) -> str:
         """The interpreter websocket's URL, made as the SDK makes it: the toolbox proxy URL, the sandbox id, then
         the daemon's route (``ToolboxApiClientProxy.param_serialize`` in the SDK; ``/process/interpreter/execute``
         in apps/daemon/pkg/toolbox/server.go, line 239), with ``ws`` for ``http``."""
-        return re.sub(r"^http", "ws", f"{self.toolbox_url.rstrip('/')}/{self.sandbox_id}/process/interpreter/execute")
+        return re.sub(r"^http", "ws", f"{self.sandbox_url}/process/interpreter/execute")
 
 
 def handoff_path(kernel_id: str) -> Path | None:

@@ -57,8 +57,8 @@ class ToolboxHost(Protocol):
         """The SDK's sandbox in use, once there is one (raises SandboxNotRunning before): after a restart's
         quick start, every SDK call waits here for the SDK's load (``DaytonaSandbox``)."""
 
-    async def open_interpreter(self) -> aiohttp.ClientWebSocketResponse[bool]:
-        """The interpreter websocket (``open_interpreter_socket``, or the restart's handed-over one)."""
+    def without_sdk(self) -> HandedOverToolbox | None:
+        """While the SDK loads after a restart, the sandbox's toolbox through aiohttp alone; else None."""
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
         """Run an SDK call through the one retry loop and error translation."""
@@ -83,8 +83,8 @@ class FoundSandbox:
     async def sdk_sandbox(self) -> Any:
         return self._sandbox
 
-    async def open_interpreter(self) -> aiohttp.ClientWebSocketResponse[bool]:
-        return await open_interpreter_socket(self._sandbox)
+    def without_sdk(self) -> HandedOverToolbox | None:
+        return None
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
         return await call_api(what, fn, retry=retry, api_url=self._api_url)
@@ -118,21 +118,51 @@ async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketRespon
     return await session.ws_connect(re.sub(r"^http", "ws", url), headers=headers)
 
 
-class HandedOverInterpreter:
-    """After a restart, the next context's interpreter websocket opened with aiohttp alone, before the SDK has
-    loaded: the URL from the old process's handoff (``daytona_handoff``), the headers from this process's own
-    credentials, as the SDK sends them. The daemon takes the context's id in the request's first message
-    (apps/daemon/pkg/toolbox/process/interpreter/controller.go, lines 104-150), as with ``open_interpreter_socket``."""
+class HandedOverToolbox:
+    """After a restart, what the kernel process does in the sandbox before the SDK has loaded, with aiohttp
+    alone: the sandbox's toolbox URL from the old process's handoff (``daytona_handoff``), the headers from
+    this process's own credentials, as the SDK sends them. The interpreter websocket (the daemon takes the
+    context's id in the request's first message: apps/daemon/pkg/toolbox/process/interpreter/controller.go,
+    lines 104-150, as with ``open_interpreter_socket``), and, for a restart that comes before the SDK has
+    loaded, creating and deleting a context (the daemon's routes: apps/daemon/pkg/toolbox/server.go, lines
+    236-238)."""
 
-    def __init__(self, url: str, headers: dict[str, str]) -> None:
-        self._url = url
+    def __init__(self, sandbox_url: str, interpreter_url: str, headers: dict[str, str]) -> None:
+        self._sandbox_url = sandbox_url
+        self._interpreter_url = interpreter_url
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
 
-    async def connect(self) -> aiohttp.ClientWebSocketResponse[bool]:
+    def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return await self._session.ws_connect(self._url, headers=self._headers)
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=API_REQUEST_TIMEOUT_S))
+        return self._session
+
+    async def connect(self) -> aiohttp.ClientWebSocketResponse[bool]:
+        return await self._http().ws_connect(self._interpreter_url, headers=self._headers)
+
+    async def create_context(self, cwd: str) -> str:
+        """A new interpreter context; its id. Raises BackendError."""
+        url = f"{self._sandbox_url}/process/interpreter/context"
+        try:
+            async with self._http().post(url, json={"cwd": cwd}, headers=self._headers) as response:
+                body = await response.json(content_type=None) if response.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise BackendError(f"Could not create an interpreter context: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str):
+            raise BackendError(f"Could not create an interpreter context ({response.status}).")
+        return str(body["id"])
+
+    async def delete_context(self, context_id: str) -> None:
+        """Raises BackendError unless the daemon deleted it."""
+        url = f"{self._sandbox_url}/process/interpreter/context/{context_id}"
+        try:
+            async with self._http().delete(url, headers=self._headers) as response:
+                status = response.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise BackendError(f"Could not delete the interpreter context {context_id}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise BackendError(f"Could not delete the interpreter context {context_id} ({status}).")
 
     async def close(self) -> None:
         if self._session is not None:
@@ -208,10 +238,12 @@ class DaytonaContext(Context):
         """Open the interpreter websocket. Nothing has run before the handshake succeeds, so a 429 or 5xx
         (Daytona's proxy when busy) or a dropped connection is tried again by the one retry loop (``call_api``,
         through the host), as an SDK error of that status; then, or on any other failure, the sandbox's state says why."""
+        quick = self._host.without_sdk()
+        sandbox = await self._host.sdk_sandbox() if quick is None else None
 
         async def handshake() -> aiohttp.ClientWebSocketResponse[bool]:
             try:
-                return await self._host.open_interpreter()
+                return await (quick.connect() if quick is not None else open_interpreter_socket(sandbox))
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran
                 status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
                 if status == 429:
@@ -230,6 +262,13 @@ class DaytonaContext(Context):
 
     async def close(self) -> None:
         self._toolbox.forget(self)
+        quick = self._host.without_sdk()
+        if quick is not None:  # a restart before the SDK has loaded
+            try:
+                await quick.delete_context(self.id)
+                return
+            except BackendError as exc:
+                log.info("%s; deleting it through the SDK", exc)
         try:
             if self._context is None:  # handed over at a restart: found by its id
                 await self._toolbox.end_context(self.id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
@@ -161,9 +162,10 @@ class WorkspaceSandboxes:
         """Import the SDK's client and make it in a thread, so the kernel's event loop answers Jupyter
         (kernel_info) meanwhile: the import is about 1 s (most of it pydantic models and the API clients),
         and making it loads the system's certificates into each API client's TLS context. The SDK makes
-        the client without an event loop (its HTTP session is made at the first request)."""
+        the client without an event loop (its HTTP session is made at the first request). A daemon thread:
+        a kernel process that ends (a restart right after the last one) does not wait for the import."""
         if self._lender is None and self._client is None:
-            client = await asyncio.to_thread(self._new_client)
+            client = await in_daemon_thread(self._new_client)
             self._client = self._client or client  # (made meanwhile by a call that could not wait)
 
     def _client_or_open(self) -> AsyncDaytona:
@@ -354,6 +356,33 @@ class WorkspaceSandboxes:
                 "working directory on the sandbox's disk.\n"
             )
         return (self.mount_path if self.mount_path in mounts else ""), ""
+
+
+async def in_daemon_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread of its own that the process's exit does not join (``asyncio.to_thread``'s are)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, failure: BaseException | None) -> None:
+        if done.done():
+            return  # the waiter was cancelled
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, failure = fn(), None
+        except BaseException as exc:  # handed to the waiter, which raises it
+            result, failure = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, failure)
+        except RuntimeError:
+            pass  # the loop has closed: the kernel ended meanwhile
+
+    threading.Thread(target=run, name="daytona-sdk-load", daemon=True).start()
+    return await done
 
 
 def drift_notice(cfg: DaytonaSettings, mount_path: str, sb: Any, volume: Any) -> str:
