@@ -30,22 +30,26 @@ SCRIPT = textwrap.dedent(
     assert "daytona._async.daytona" not in sys.modules, "building the session imported the SDK's client"
     assert "pydantic" not in sys.modules, "building the session imported pydantic (the SDK's models)"
 
+    default = sys.getswitchinterval()
+
     async def main():
         ticks = []
         async def tick():
             while True:
-                ticks.append(1)
+                ticks.append(sys.getswitchinterval())
                 await asyncio.sleep(0.005)
         ticker = asyncio.ensure_future(tick())
         await session.sandbox._workspace.open_client()
         ticker.cancel()
-        return len(ticks)
+        return ticks
 
     ticks = asyncio.run(main())
     assert "daytona._async.daytona" in sys.modules and session.sandbox._workspace._client is not None
     import pydantic
     assert pydantic.BaseModel.model_config.get("defer_build"), "the SDK's models were built at import"
-    assert ticks > 3, f"the event loop was blocked while the SDK loaded ({ticks} ticks)"
+    assert len(ticks) > 3, f"the event loop was blocked while the SDK loaded ({len(ticks)} ticks)"
+    assert max(ticks[1:]) < default, "the event loop waited the whole switch interval for the GIL while the SDK loaded"
+    assert sys.getswitchinterval() == default, "the switch interval was not restored"
     print("ok")
     """
 )

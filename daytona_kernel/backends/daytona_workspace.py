@@ -9,11 +9,13 @@ interval is chosen at creation (``create``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import posixpath
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 
 from daytona.common.errors import DaytonaError, DaytonaNotFoundError
 
@@ -47,6 +49,9 @@ T = TypeVar("T")
 
 VOLUME_READY_TIMEOUT_S = 120.0
 VOLUME_POLL_S = 0.5
+LOADING_SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while the SDK loads in a thread (Python's default: 5 ms)
+_loads = 0  # SDK loads under way in this process: they share the short switch interval
+_interval_before = 0.0  # the switch interval to restore after them
 
 
 class ApiCall(Protocol):
@@ -165,7 +170,8 @@ class WorkspaceSandboxes:
         the client without an event loop (its HTTP session is made at the first request). A daemon thread:
         a kernel process that ends (a restart right after the last one) does not wait for the import."""
         if self._lender is None and self._client is None:
-            client = await in_daemon_thread(self._new_client)
+            with quick_gil_handoff():
+                client = await in_daemon_thread(self._new_client)
             self._client = self._client or client  # (made meanwhile by a call that could not wait)
 
     def _client_or_open(self) -> AsyncDaytona:
@@ -356,6 +362,25 @@ class WorkspaceSandboxes:
                 "working directory on the sandbox's disk.\n"
             )
         return (self.mount_path if self.mount_path in mounts else ""), ""
+
+
+@contextlib.contextmanager
+def quick_gil_handoff() -> Iterator[None]:
+    """While the SDK's import (about 1 s of CPU, holding the GIL) runs in its thread, the event loop that answers
+    Jupyter and runs a restart's first cell (``DaytonaSandbox._quick_start``) would wait up to the switch
+    interval for the GIL at every wake-up: a shorter one while it loads (back-to-back restarts on the emulator,
+    1.25 -> 1.15 s median, measured in turns)."""
+    global _loads, _interval_before
+    if _loads == 0:
+        _interval_before = sys.getswitchinterval()
+        sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
+    _loads += 1
+    try:
+        yield
+    finally:
+        _loads -= 1
+        if _loads == 0:
+            sys.setswitchinterval(_interval_before)
 
 
 async def in_daemon_thread(fn: Callable[[], T]) -> T:
