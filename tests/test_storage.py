@@ -300,3 +300,35 @@ def test_a_cloned_repository_comes_back_in_a_new_sandbox(kernel_name: str, tmp_p
             assert run.errors == [], run.errors
             assert "Cloned project/ into the working directory." in run.text("stderr")
             assert run.of_type("execute_result")[0]["data"]["text/plain"] == "7"
+
+
+def test_a_flush_runs_its_pass_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush (at a shutdown or a restart, which waits for it) runs the copier's pass at once: the settle
+    pause, which lets a burst of wakes after cells pass before a scan, would only delay the kernel."""
+    import threading
+
+    from daytona_kernel.runtime import durable
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    paused: list[float] = []
+    sleep = time.sleep
+
+    def watched(seconds: float) -> None:
+        if threading.current_thread().name == "daytona-kernel-durable-copy":
+            paused.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", watched)
+    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
+    workdir.mkdir(parents=True)
+    volume.mkdir()
+    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
+    assert copy.restore() == (0, [])
+    (workdir / "a.txt").write_text("one")
+    assert copy.flush(10)
+    assert (volume / "a.txt").read_text() == "one"
+    assert paused == []
+    (workdir / "a.txt").write_text("two")
+    copy.wake()  # after a cell: a burst of wakes settles first
+    assert copy.flush(10)
+    assert (volume / "a.txt").read_text() == "two"

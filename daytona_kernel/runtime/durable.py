@@ -17,6 +17,7 @@ chmod-ed or touched.
 - ``wake()`` after each cell: a background thread scans the working directory
   and copies the files that changed since their last copy, and removes from the
   volume the files that were deleted. The cell's reply does not wait for it.
+  ``flush()`` (at a shutdown or restart, which wait for it) runs a pass at once.
 - The record (``.daytona-kernel-volume-copy.json`` beside the working directory,
   on the disk) holds each file's size and mtime as last copied, so nothing
   already there is copied again. It stays out of the working directory, which
@@ -63,6 +64,7 @@ class DurableCopy(object):
         self._idle = threading.Condition()
         self._passes = 0
         self._running = False
+        self._hurry = False  # a flush waits: no settle pause before its pass
         self._thread = None
         self._failed = set()  # paths whose copy failed and was already reported
         self.pending = []  # volume files still to restore, after the restore's budget ran out
@@ -153,6 +155,7 @@ class DurableCopy(object):
         """Wake the copier and wait until a full pass has run. True if it finished in time."""
         with self._idle:  # a pass already running may have scanned too early: wait for the next one
             target = self._passes + (2 if self._running else 1)
+            self._hurry = True
         self.wake()
         deadline = time.monotonic() + timeout
         with self._idle:
@@ -166,9 +169,11 @@ class DurableCopy(object):
     def _loop(self):
         while True:
             self._wake.wait()
-            time.sleep(SETTLE_S)
+            if not self._hurry:
+                time.sleep(SETTLE_S)
             with self._idle:
                 self._running = True
+                self._hurry = False
                 self._wake.clear()
             try:
                 if self.pending:
