@@ -145,7 +145,7 @@ def test_a_restarts_first_cell_runs_before_the_sdk_has_loaded(emu: Any, tmp_path
         assert run.errors == [] and "from the laptop" in run.text()
         assert run.stdin_requests and run.stdin_requests[0]["prompt"] == "name? "
         assert (notebook / "made.txt").read_text() == "ada"  # the mirror brought it back
-        assert emu.count("/api/") > 0
+        assert emu.count("GET /api/sandbox/{sid}") == 1, emu.sequence  # fetched by its id, once: nothing to refresh
     assert sandbox.state == "stopped"  # the shutdown, which needs the SDK, released it
 
 

@@ -225,10 +225,11 @@ class DaytonaSandbox(Sandbox):
                 raise failed
         volume, self._sandbox = looked
         if self._sandbox is not None:
-            # a list item lacks the volumes and env that drift and the volume copy are judged by
+            # a list item lacks the volumes and env that drift and the volume copy are judged by (one got by its id has them)
             found = self._sandbox
             try:
-                await self.api("check the sandbox", lambda: found.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
+                if found.id != prefer:
+                    await self.api("check the sandbox", lambda: found.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
                 notice = drift_notice(self._config, self._workspace.mount_path, found, volume)
                 if notice:
                     self._notices.append(notice)
