@@ -146,7 +146,7 @@ def test_a_restarts_first_cell_runs_before_the_sdk_has_loaded(emu: Any, tmp_path
         assert run.stdin_requests and run.stdin_requests[0]["prompt"] == "name? "
         assert (notebook / "made.txt").read_text() == "ada"  # the mirror brought it back
         assert emu.count("GET /api/sandbox/{sid}") == 1, emu.sequence  # fetched by its id, once: nothing to refresh
-    assert sandbox.state == "stopped"  # the shutdown, which needs the SDK, released it
+    emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # the shutdown, which needs the SDK, released it
 
 
 def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> None:
@@ -166,7 +166,7 @@ def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> 
         assert len(sandbox.contexts) == 1  # each restart's old context was deleted
         gate.open()
         assert result_text(k.execute("import os\nos.path.isdir('.')", timeout=60)) == "True"
-    assert sandbox.state == "stopped"
+    emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # the shutdown waited for the SDK, then released it
 
 
 def stale(path: Path) -> None:
