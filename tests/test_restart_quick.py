@@ -169,6 +169,21 @@ def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> 
     emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # the shutdown waited for the SDK, then released it
 
 
+def test_a_shutdown_before_the_sdk_has_loaded_deletes_the_kernels_context_at_once(emu: Any, tmp_path: Path, gate: Gate) -> None:
+    """Stopping the sandbox needs the SDK; deleting the kernel's context does not: it goes first, so a kernel that
+    Jupyter kills meanwhile (5 s after its shutdown request) leaves no interpreter with the user's variables."""
+    gate.open()
+    with Kernel("daytona", cwd=str(tmp_path), env=gate.env) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        gate.close()
+        restart_in_two_steps(k)
+        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+        assert len(sandbox.contexts) == 1
+    assert sandbox.contexts == {}  # the SDK never loaded: the sandbox is not stopped, but the context is gone
+    gate.open()
+
+
 def stale(path: Path) -> None:
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "written_at": time.time() - 3600}))

@@ -397,7 +397,11 @@ class DaytonaSandbox(Sandbox):
     async def shutdown(self) -> None:
         """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a
         context in the sandbox (two notebooks in one folder): then it stays up for that kernel, and
-        auto-stop ends it once every kernel has gone quiet."""
+        auto-stop ends it once every kernel has gone quiet. While the SDK still loads after a restart, this kernel's
+        contexts are deleted through aiohttp first: if Jupyter kills the process before the SDK is there, no
+        interpreter with the user's variables is left."""
+        if self.without_sdk() is not None:
+            await self.toolbox.close_contexts()
         await self._settled()
         try:
             if self._sandbox is not None:
