@@ -171,7 +171,7 @@ class ContextSupervisor:
         try:
             return await self._installer.install(context, self._runtime_options)
         except BackendError as exc:
-            self._log.debug("the context the restart left cannot be used (%s); making another", exc)
+            self._log.info("the context the restart left cannot be used (%s); making another", exc)
             return None
 
     async def _look(self, journal: SessionJournal, context_id: str, hello: Hello) -> None:

@@ -97,6 +97,7 @@ class DaytonaSandbox(Sandbox):
         self._handed_over: HandedOverToolbox | None = None
         self._toolbox_url = ""  # the handed-over sandbox's toolbox URL, for a restart before the SDK has loaded
         self._loading: asyncio.Future[None] | None = None
+        self._load_failure: BaseException | None = None  # what the last load failed with, until a start tries again
         self._fingerprint = (
             settings_fingerprint(config, workspace_key, self.api_url, config.target or os.environ.get("DAYTONA_TARGET", ""))
             if worker is None
@@ -125,8 +126,8 @@ class DaytonaSandbox(Sandbox):
         failure = await self._settled()
         if failure is not None:
             raise failure
-        if self._sandbox is None:
-            raise SandboxNotRunning("The sandbox is not ready yet.")
+        if self._sandbox is None:  # the load's failure again (for every caller, not only the first), or no start yet
+            raise self._load_failure or SandboxNotRunning("The sandbox is not ready yet.")
         return self._sandbox
 
     @property
@@ -141,6 +142,8 @@ class DaytonaSandbox(Sandbox):
         await asyncio.wait({loading})  # never cancels it: another caller may wait too
         if self._loading is loading:
             self._loading = None
+            if not loading.cancelled() and loading.exception() is not None:
+                self._load_failure = loading.exception()
         return None if loading.cancelled() else loading.exception()
 
     def without_sdk(self) -> HandedOverToolbox | None:
@@ -211,6 +214,7 @@ class DaytonaSandbox(Sandbox):
 
     async def _locate(self, progress: ProgressCallback, prefer: str = "") -> None:
         """Find (``prefer``: by its id, the sandbox a restart handed over) or create the sandbox, and start it."""
+        self._load_failure = None
         await self._workspace.open_client()  # in a thread: the kernel answered Jupyter before the SDK was loaded
         if not self._gpu_checked:  # the snapshot's GPU decides the policy, before the sandbox is looked for
             notice = await self._workspace.check_gpu()
