@@ -4,10 +4,12 @@ after a quick start while the daytona SDK loads in the background. In process: n
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from daytona_kernel.backends.daytona import DaytonaSandbox
+from daytona_kernel.backends.daytona_toolbox import HandedOverToolbox
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 from daytona_kernel.errors import BackendError
 
@@ -30,3 +32,69 @@ async def test_a_failed_load_reaches_every_later_caller() -> None:
             await box.sdk_sandbox()
     with pytest.raises(BackendError, match="Could not load the daytona SDK"):
         await box.create_context()
+
+
+class Proxy:
+    """An HTTP proxy on loopback that answers every request itself: the request lines and headers it got."""
+
+    def __init__(self) -> None:
+        self.requests: list[bytes] = []
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.requests.append(head)
+        length = int(next((line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), b"0"))
+        await reader.readexactly(length)
+        body = b'{"id": "c1"}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    return monkeypatch
+
+
+async def test_the_handed_over_toolbox_goes_through_the_proxy_the_sdk_uses(proxy_env: pytest.MonkeyPatch) -> None:
+    """The SDK's sessions honour HTTP(S)_PROXY (trust_env): where only the proxy reaches Daytona, a quick start
+    that connected directly would hang or fail on every restart."""
+    proxy = Proxy()
+    async with proxy as url:
+        proxy_env.setenv("HTTP_PROXY", url)
+        toolbox = HandedOverToolbox("http://sandbox.invalid/toolbox/sb", "ws://sandbox.invalid/x", {"Authorization": "Bearer k"})
+        try:
+            assert await toolbox.create_context("/w") == "c1"
+        finally:
+            await toolbox.close()
+    assert [r.split(b"\r\n")[0] for r in proxy.requests] == [b"POST http://sandbox.invalid/toolbox/sb/process/interpreter/context HTTP/1.1"]
+
+
+async def test_a_netrc_entry_for_the_toolbox_host_is_never_sent(proxy_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With the environment trusted, aiohttp would read ~/.netrc; the request carries the key's Authorization, so
+    (as with the SDK) the combination is refused before anything is sent, and the quick path falls back."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine sandbox.invalid login someone password netrc-secret\n")
+    netrc.chmod(0o600)
+    proxy_env.setenv("NETRC", str(netrc))
+    proxy = Proxy()
+    async with proxy as url:
+        proxy_env.setenv("HTTP_PROXY", url)
+        toolbox = HandedOverToolbox("http://sandbox.invalid/toolbox/sb", "ws://sandbox.invalid/x", {"Authorization": "Bearer k"})
+        try:
+            with pytest.raises(BackendError):
+                await toolbox.create_context("/w")
+        finally:
+            await toolbox.close()
+    assert not any(b"netrc-secret" in r or b"c29tZW9uZTpuZXRyYy1zZWNyZXQ" in r for r in proxy.requests)

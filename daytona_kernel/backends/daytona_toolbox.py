@@ -134,12 +134,19 @@ class HandedOverToolbox:
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
+        """As the SDK's own sessions (daytona/internal/shared_session.py, ``trust_env=True``): HTTP(S)_PROXY and
+        NO_PROXY apply. aiohttp then also reads ~/.netrc, but every request here carries the key's Authorization
+        header, so a netrc entry for the host is refused with a ValueError before anything is sent (as with the
+        SDK) and becomes a BackendError here: the normal start follows."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=API_REQUEST_TIMEOUT_S))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=API_REQUEST_TIMEOUT_S), trust_env=True)
         return self._session
 
     async def connect(self) -> aiohttp.ClientWebSocketResponse[bool]:
-        return await self._http().ws_connect(self._interpreter_url, headers=self._headers)
+        try:
+            return await self._http().ws_connect(self._interpreter_url, headers=self._headers)
+        except ValueError as exc:  # a netrc entry for the host (see _http)
+            raise BackendError(f"Could not open the interpreter: {exc}") from exc
 
     async def create_context(self, cwd: str) -> str:
         """A new interpreter context; its id. Raises BackendError."""
@@ -159,7 +166,7 @@ class HandedOverToolbox:
         try:
             async with self._http().delete(url, headers=self._headers) as response:
                 status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             raise BackendError(f"Could not delete the interpreter context {context_id}: {type(exc).__name__}: {exc}") from exc
         if status != 200:
             raise BackendError(f"Could not delete the interpreter context {context_id} ({status}).")
