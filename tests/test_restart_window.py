@@ -35,10 +35,12 @@ async def test_a_failed_load_reaches_every_later_caller() -> None:
 
 
 class Proxy:
-    """An HTTP proxy on loopback that answers every request itself: the request lines and headers it got."""
+    """An HTTP server on loopback (a proxy, or the toolbox itself) that answers every request with ``status`` and
+    ``body``: the request lines and headers it got."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: bytes = b"200 OK", body: bytes = b'{"id": "c1"}') -> None:
         self.requests: list[bytes] = []
+        self._status, self._body = status, body
 
     async def __aenter__(self) -> str:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -53,8 +55,9 @@ class Proxy:
         self.requests.append(head)
         length = int(next((line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), b"0"))
         await reader.readexactly(length)
-        body = b'{"id": "c1"}'
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        body = self._body
+        head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (self._status, len(body))
+        writer.write(head + body)
         await writer.drain()
         writer.close()
 
@@ -98,3 +101,16 @@ async def test_a_netrc_entry_for_the_toolbox_host_is_never_sent(proxy_env: pytes
         finally:
             await toolbox.close()
     assert not any(b"netrc-secret" in r or b"c29tZW9uZTpuZXRyYy1zZWNyZXQ" in r for r in proxy.requests)
+
+
+async def test_deleting_a_context_the_daemon_no_longer_has_is_done(proxy_env: pytest.MonkeyPatch) -> None:
+    """The daemon answers 404 for a context that is already gone (apps/daemon/pkg/toolbox/process/interpreter/
+    controller.go, lines 199-201): done, not a failure that makes a restart wait for the SDK to delete it again."""
+    toolbox_server = Proxy(b"404 Not Found", b'{"message": "context not found"}')
+    async with toolbox_server as url:
+        toolbox = HandedOverToolbox(f"{url}/toolbox/sb", "ws://127.0.0.1:9/x", {"Authorization": "Bearer k"})
+        try:
+            await toolbox.delete_context("c1")
+        finally:
+            await toolbox.close()
+    assert [r.split(b"\r\n")[0] for r in toolbox_server.requests] == [b"DELETE /toolbox/sb/process/interpreter/context/c1 HTTP/1.1"]

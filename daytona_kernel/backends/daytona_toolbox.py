@@ -161,14 +161,15 @@ class HandedOverToolbox:
         return str(body["id"])
 
     async def delete_context(self, context_id: str) -> None:
-        """Raises BackendError unless the daemon deleted it."""
+        """Raises BackendError unless the daemon deleted it or no longer has it (404: apps/daemon/pkg/toolbox/
+        process/interpreter/controller.go, lines 199-201)."""
         url = f"{self._sandbox_url}/process/interpreter/context/{context_id}"
         try:
             async with self._http().delete(url, headers=self._headers) as response:
                 status = response.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             raise BackendError(f"Could not delete the interpreter context {context_id}: {type(exc).__name__}: {exc}") from exc
-        if status != 200:
+        if status not in (200, 404):
             raise BackendError(f"Could not delete the interpreter context {context_id} ({status}).")
 
     async def close(self) -> None:
