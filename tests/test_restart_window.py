@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from daytona_kernel.backends.daytona import DaytonaSandbox
 from daytona_kernel.backends.daytona_toolbox import HandedOverToolbox
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
-from daytona_kernel.errors import BackendError
+from daytona_kernel.errors import BackendError, SandboxGone
 
 
 def sandbox() -> DaytonaSandbox:
@@ -114,3 +116,53 @@ async def test_deleting_a_context_the_daemon_no_longer_has_is_done(proxy_env: py
         finally:
             await toolbox.close()
     assert [r.split(b"\r\n")[0] for r in toolbox_server.requests] == [b"DELETE /toolbox/sb/process/interpreter/context/c1 HTTP/1.1"]
+
+
+class Stop(Exception):
+    """Where the test stops the start: after the sandbox in use is settled."""
+
+
+class Workspace:
+    """The workspace's lookups: the handed-over sandbox ``A`` is found by its id; ``create`` makes ``B``."""
+
+    policy = None
+    notices: list[str] = []
+    mount_path = "/home/daytona/volume"
+
+    async def open_client(self) -> None:
+        return None
+
+    async def check_gpu(self) -> str:
+        return ""
+
+    async def ready_volume(self, progress: Any) -> str:
+        return "volume"
+
+    async def find(self, sandbox_id: str = "") -> Any:
+        return SimpleNamespace(id=sandbox_id, auto_pause_interval=0, labels={})
+
+    async def create(self, volume: Any, progress: Any) -> Any:
+        return SimpleNamespace(id="B", auto_pause_interval=0, labels={})
+
+
+async def test_a_handed_over_sandbox_replaced_after_it_is_gone_is_a_new_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick start counted sandbox A (its first cell and the mirror's first push went there); if A turns
+    out gone at the start and B is created, B has none of A's files: the mirror sends them again and the
+    repository is staged again, as for any new sandbox."""
+    box = sandbox()
+    box._workspace = Workspace()  # type: ignore[assignment]
+    box.generation = 1  # the quick start's
+    monkeypatch.setattr("daytona_kernel.backends.daytona.drift_notice", lambda *args: "")
+
+    async def ensure_started(progress: Any) -> None:
+        if box._sandbox.id == "A":
+            raise SandboxGone("sandbox A is gone")
+
+    async def prepare_workdir() -> None:
+        raise Stop
+
+    box._ensure_started = ensure_started  # type: ignore[method-assign]
+    box._prepare_workdir = prepare_workdir  # type: ignore[method-assign]
+    with pytest.raises(Stop):
+        await box._locate(lambda text: None, prefer="A")
+    assert (box.id, box.generation) == ("B", 2)

@@ -250,6 +250,7 @@ class DaytonaSandbox(Sandbox):
             await self._ensure_started(progress)
         except SandboxGone:  # deleted between the list and the start
             self._sandbox = await self._workspace.create(volume, progress)
+            self.generation += 1  # a new one, also when it replaces the sandbox a restart handed over
             self.id = self._sandbox.id
             await self._ensure_started(progress)
         self._note_idle_mode()
