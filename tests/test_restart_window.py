@@ -4,6 +4,8 @@ after a quick start while the daytona SDK loads in the background. In process: n
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -166,3 +168,26 @@ async def test_a_handed_over_sandbox_replaced_after_it_is_gone_is_a_new_generati
     with pytest.raises(Stop):
         await box._locate(lambda text: None, prefer="A")
     assert (box.id, box.generation) == ("B", 2)
+
+
+async def test_a_map_worker_waits_for_the_main_sandboxs_sdk_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``%%daytona map`` as the first cell after a quick restart: the workers borrow the main sandbox's client,
+    which is still loading in its thread; a worker waits for that load instead of importing the SDK again on
+    the event loop (about 1 s with the loop blocked: no status, no control messages)."""
+    main = sandbox()
+    worker = DaytonaSandbox(main._config, "key", "k1", worker=1, main=main)
+    made_on: list[threading.Thread] = []
+    client = object()
+
+    def new_client() -> Any:
+        made_on.append(threading.current_thread())
+        time.sleep(0.2)  # the import
+        return client
+
+    monkeypatch.setattr(main._workspace, "_new_client", new_client)
+    loading = asyncio.ensure_future(main._workspace.open_client())
+    await asyncio.sleep(0)
+    await worker._workspace.open_client()
+    assert worker._workspace._client_or_open() is client
+    await loading
+    assert len(made_on) == 1 and made_on[0] is not threading.main_thread()

@@ -105,6 +105,7 @@ class WorkspaceSandboxes:
         self._api = api
         self._api_url = api_url
         self._client: AsyncDaytona | None = None
+        self._opening: asyncio.Future[None] | None = None  # done when open_client's load of the SDK ends
         self.notices: list[str] = []  # about the configuration, for the user's first cell
         self.policy = SandboxPolicy(config.sandbox_policy if worker is None else SandboxPolicy.EPHEMERAL.value)
         if config.gpu > 0 and self.policy is not SandboxPolicy.EPHEMERAL:
@@ -168,11 +169,23 @@ class WorkspaceSandboxes:
         (kernel_info) meanwhile: the import is about 1 s (most of it pydantic models and the API clients),
         and making it loads the system's certificates into each API client's TLS context. The SDK makes
         the client without an event loop (its HTTP session is made at the first request). A daemon thread:
-        a kernel process that ends (a restart right after the last one) does not wait for the import."""
-        if self._lender is None and self._client is None:
-            with quick_gil_handoff():
-                client = await in_daemon_thread(self._new_client)
-            self._client = self._client or client  # (made meanwhile by a call that could not wait)
+        a kernel process that ends (a restart right after the last one) does not wait for the import.
+        A ``%%daytona map`` worker waits for its lender's load (after a restart's quick start, the first cell
+        can come while the main sandbox's client still loads)."""
+        if self._lender is not None:
+            await self._lender.open_client()
+            return
+        while self._client is None and self._opening is not None:  # one load at a time
+            await asyncio.wait({self._opening})  # if it failed, this caller tries again
+        if self._client is None:
+            self._opening = asyncio.get_running_loop().create_future()
+            try:
+                with quick_gil_handoff():
+                    client = await in_daemon_thread(self._new_client)
+                self._client = self._client or client  # (made meanwhile by a call that could not wait)
+            finally:
+                self._opening.set_result(None)
+                self._opening = None
 
     def _client_or_open(self) -> AsyncDaytona:
         if self._lender is not None:
