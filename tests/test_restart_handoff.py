@@ -3,6 +3,8 @@ the next one, and every reason the next one refuses it. Pure: no kernel, no emul
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import stat
@@ -188,3 +190,14 @@ def test_the_headers_are_the_sdks_and_come_from_this_process() -> None:
     assert jwt is not None and jwt["Authorization"] == "Bearer j" and jwt["X-Daytona-Organization-ID"] == "org"
     assert interpreter_headers({"DAYTONA_JWT_TOKEN": "j"}) is None  # the SDK needs the organization too
     assert interpreter_headers({}) is None  # perhaps in a .env file: the SDK's own path
+
+
+def test_the_fingerprint_is_keyed_with_this_machines_private_key(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings include the env passed into the sandbox (tokens, perhaps): nothing in the file may let
+    someone who guesses a value confirm it, so the hash is keyed with a random key that never leaves here."""
+    chosen = settings(env={"TOKEN": "guessable"})
+    mine = settings_fingerprint(chosen, "ws-1", API, "us")
+    plain = {"settings": dataclasses.asdict(chosen), "workspace": "ws-1", "api_url": API, "target": "us"}
+    assert mine != hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data_dir.parent / "another-machine"))
+    assert settings_fingerprint(chosen, "ws-1", API, "us") != mine

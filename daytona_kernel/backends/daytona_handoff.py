@@ -4,8 +4,8 @@ daytona SDK has loaded (docs/reattach.md, "The first cell after a restart").
 Jupyter replaces the kernel process at a restart, and the SDK's import and client take about 1 s of CPU in
 the new one. The old process has just left the next context running in the sandbox
 (``DaytonaSandbox.leave_next_context``); it writes here where that context's interpreter websocket is: the
-sandbox id, the toolbox URL its SDK used for that sandbox, the context's id, when, and a fingerprint of the
-settings that choose the sandbox. No credential: the new process builds the request's headers from its own
+sandbox id, the toolbox URL its SDK used for that sandbox, the context's id, when, and a keyed fingerprint of
+the settings that choose the sandbox. No credential: the new process builds the request's headers from its own
 environment, as the SDK builds them (``interpreter_headers``).
 
 The record is one file per Jupyter kernel id in this user's private folder (0700, the file 0600), written
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -32,6 +33,8 @@ from urllib.parse import urlsplit
 from jupyter_core.paths import jupyter_data_dir
 
 from ..config import DaytonaSettings
+from ..errors import ConfigError
+from ..identity import journal_key
 
 log = logging.getLogger("daytona_kernel.daytona")
 
@@ -76,10 +79,19 @@ def handoff_path(kernel_id: str) -> Path | None:
 
 
 def settings_fingerprint(config: DaytonaSettings, workspace_key: str, api_url: str, target: str) -> str:
-    """A hash of everything that chooses the sandbox: a restart with other settings (another image, snapshot,
-    API, target, policy ...) does not use the old sandbox's context."""
+    """A keyed hash of everything that chooses the sandbox: a restart with other settings (another image,
+    snapshot, API, target, policy, env ...) does not use the old sandbox's context. Keyed (HMAC-SHA256) with
+    this machine's private random key (``identity.journal_key``, 0600, never sent anywhere), because the
+    settings include the env passed into the sandbox: a guessed value cannot be confirmed from the file.
+    "" (no handoff, the normal start) when the key cannot be read or made."""
+    try:
+        key = journal_key()
+    except ConfigError as exc:
+        log.info("no restart handoff: %s", exc)
+        return ""
     chosen = {"settings": dataclasses.asdict(config), "workspace": workspace_key, "api_url": api_url, "target": target}
-    return hashlib.sha256(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()
+    message = b"daytona-kernel restart handoff\0" + json.dumps(chosen, sort_keys=True, default=str).encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
 def write_handoff(handoff: Handoff) -> None:
