@@ -107,8 +107,12 @@ def test_a_handoff_that_does_not_fit_is_refused_and_deleted(changes: dict[str, A
     if handoff.kernel_id != KERNEL:  # a file of another kernel's, under this kernel's name
         write_handoff(record())
         path.write_text(json.dumps({**json.loads(path.read_text()), "kernel_id": handoff.kernel_id}))
-    assert take() is None
+    refused: list[Handoff] = []
+    assert take(refused=refused) is None
     assert not path.exists()
+    # its context is one this kernel left (deleted by the next start) only when the record is otherwise sound
+    mine = "written_at" in changes or "fingerprint" in changes
+    assert refused == ([handoff] if mine else [])
 
 
 def test_the_fingerprint_follows_what_chooses_the_sandbox() -> None:

@@ -169,6 +169,30 @@ def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> 
     emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # the shutdown waited for the SDK, then released it
 
 
+def test_a_context_left_before_the_sdk_loaded_is_deleted_when_the_next_process_refuses_it(emu: Any, tmp_path: Path, gate: Gate) -> None:
+    """A restart before the SDK has loaded leaves the next context without the label; if the next process
+    refuses the handoff (here: the settings changed), it deletes that context, else it would stay alive and
+    count as another kernel's at shutdown (the sandbox left running)."""
+    gate.open()
+    with Kernel("daytona", cwd=str(tmp_path), env=gate.env) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, tmp_path)
+        gate.close()
+        restart_in_two_steps(k)
+        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+
+        def other_settings(path: Path) -> None:
+            assert path.exists()
+            k.km._launch_args["env"]["DAYTONA_KERNEL_AUTO_STOP_INTERVAL"] = "17"
+            gate.open()
+
+        restart_in_two_steps(k, other_settings)  # the SDK was still held: the next context has no label
+        assert result_text(k.execute("1 + 1", timeout=60)) == "2"
+        assert only_sandbox(emu, tmp_path).id == sandbox.id
+        assert len(sandbox.contexts) == 1  # the kernel's one context: the refused one was deleted
+    emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # no context counted as another kernel's
+
+
 def test_a_shutdown_before_the_sdk_has_loaded_deletes_the_kernels_context_at_once(emu: Any, tmp_path: Path, gate: Gate) -> None:
     """Stopping the sandbox needs the SDK; deleting the kernel's context does not: it goes first, so a kernel that
     Jupyter kills meanwhile (5 s after its shutdown request) leaves no interpreter with the user's variables."""

@@ -96,6 +96,7 @@ class DaytonaSandbox(Sandbox):
         self._handoff: Handoff | None = None
         self._handed_over: HandedOverToolbox | None = None
         self._toolbox_url = ""  # the handed-over sandbox's toolbox URL, for a restart before the SDK has loaded
+        self._unclaimed: Handoff | None = None  # a handoff of this kernel refused: its context is deleted at the start
         self._loading: asyncio.Future[None] | None = None
         self._load_failure: BaseException | None = None  # what the last load failed with, until a start tries again
         self._fingerprint = (
@@ -196,11 +197,13 @@ class DaytonaSandbox(Sandbox):
         (``_loading``). False (with a debug line saying why) for the normal start."""
         if not self._fingerprint:
             return False
-        handoff = take_handoff(self._kernel_id, self._fingerprint, self.api_url)
+        refused: list[Handoff] = []
+        handoff = take_handoff(self._kernel_id, self._fingerprint, self.api_url, refused=refused)
         headers = interpreter_headers() if handoff is not None else None
         if handoff is None or headers is None:
             if handoff is not None:
                 log.debug("restart handoff ignored: the credentials are not in the environment")
+            self._unclaimed = refused[0] if refused else handoff  # its context: deleted once the normal start has the sandbox
             return False
         self._handoff = handoff
         self._handed_over = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
@@ -392,12 +395,34 @@ class DaytonaSandbox(Sandbox):
         if self._sandbox is None:
             return None
         kernel, _, context_id = (self._sandbox.labels.get(LABEL_NEXT) or "").partition(".")
+        await self._delete_unclaimed(context_id if kernel == self._kernel_id else "")
         if kernel != self._kernel_id or not context_id:
             return None
         try:
             return await self.toolbox.adopt_context(context_id)
         except ContextDied:
             return None  # ended since (the sandbox restarted, or the warm-up failed): a new one is made
+
+    async def _delete_unclaimed(self, labelled: str) -> None:
+        """The context a refused handoff of this kernel names, unless the label names it too (then it is taken
+        as usual): left by a restart that came before the SDK had loaded (no label), no process took it, and it
+        would otherwise stay alive and count as another kernel's at shutdown (the sandbox left running)."""
+        unclaimed, self._unclaimed = self._unclaimed, None
+        if unclaimed is None or (unclaimed.sandbox_id == self.id and unclaimed.context_id == labelled):
+            return
+        try:
+            if unclaimed.sandbox_id == self.id:
+                await self.toolbox.end_context(unclaimed.context_id)
+                return
+            headers = interpreter_headers()  # a context in the sandbox the old settings chose
+            if headers is not None:
+                other = HandedOverToolbox(unclaimed.sandbox_url, unclaimed.interpreter_url, headers)
+                try:
+                    await other.delete_context(unclaimed.context_id)
+                finally:
+                    await other.close()
+        except BackendError as exc:
+            log.info("could not delete the context %s a restart left (%s); it goes when its sandbox stops", unclaimed.context_id, exc)
 
     async def shutdown(self) -> None:
         """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a

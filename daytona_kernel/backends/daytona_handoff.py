@@ -111,10 +111,13 @@ def write_handoff(handoff: Handoff) -> None:
         log.info("could not write the restart's handoff %s: %s", path, exc)
 
 
-def take_handoff(kernel_id: str, fingerprint: str, api_url: str, now: float | None = None) -> Handoff | None:
+def take_handoff(
+    kernel_id: str, fingerprint: str, api_url: str, now: float | None = None, refused: list[Handoff] | None = None
+) -> Handoff | None:
     """The handoff the previous process of this kernel left, deleted as it is read; None (with a debug line
     saying why) when there is none or it does not fit: another kernel's, too old, other settings, a file
-    others could write, or a URL that ``acceptable_url`` refuses."""
+    others could write, or a URL that ``acceptable_url`` refuses. A private record of this kernel refused only
+    for its age or settings goes to ``refused``: its context is one this kernel left and no process took."""
     path = handoff_path(kernel_id)
     if path is None:
         return None
@@ -139,6 +142,8 @@ def take_handoff(kernel_id: str, fingerprint: str, api_url: str, now: float | No
     why = why_not(handoff, kernel_id, fingerprint, api_url, time.time() if now is None else now)
     if why:
         log.debug("restart handoff ignored: %s", why)
+        if refused is not None and handoff is not None and not why_not(handoff, kernel_id, handoff.fingerprint, api_url, handoff.written_at):
+            refused.append(handoff)
         return None
     return handoff
 
