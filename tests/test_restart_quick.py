@@ -28,7 +28,7 @@ GATE_CODE = """\
 import importlib.abc, importlib.machinery, os, sys, time
 
 class _SdkGate(importlib.abc.MetaPathFinder):
-    # test-only: the SDK client's module runs only once the gate file exists (30 s at most); waiting in
+    # test-only: the SDK client's module runs only once the gate file exists (120 s at most); waiting in
     # exec_module holds that module's import lock only (find_spec runs under the global one)
     def find_spec(self, name, path=None, target=None):
         gate = os.environ.get("DK_TEST_SDK_GATE")
@@ -40,7 +40,7 @@ class _SdkGate(importlib.abc.MetaPathFinder):
         run = spec.loader.exec_module
 
         def exec_module(module):
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120
             while not os.path.exists(gate) and time.monotonic() < deadline:
                 time.sleep(0.02)
             run(module)
