@@ -95,6 +95,7 @@ def test_a_handoff_holds_no_credential(monkeypatch: pytest.MonkeyPatch) -> None:
         {"sandbox_id": "../../etc"},
         {"context_id": "a/b"},
         {"toolbox_url": "http://evil.example.com/toolbox"},  # a foreign origin
+        {"volume_dir": "relative/folder"},
     ],
 )
 def test_a_handoff_that_does_not_fit_is_refused_and_deleted(changes: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from daytona_kernel.backends.daytona import DaytonaSandbox
+from daytona_kernel.backends.daytona_handoff import Handoff, write_handoff
 from daytona_kernel.backends.daytona_toolbox import HandedOverToolbox
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 from daytona_kernel.errors import BackendError, SandboxGone
@@ -191,3 +192,20 @@ async def test_a_map_worker_waits_for_the_main_sandboxs_sdk_load(monkeypatch: py
     assert worker._workspace._client_or_open() is client
     await loading
     assert len(made_on) == 1 and made_on[0] is not threading.main_thread()
+
+
+async def test_a_quick_start_installs_with_the_volume_folder_the_old_process_had(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A sandbox whose volume is not at the configured mount path (an older layout, or drift) has no volume
+    folder on the normal path; the quick start, which installs the runtime before the sandbox is fetched,
+    takes the old process's (else the first cell says "the volume is not mounted at ...")."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DAYTONA_API_KEY", "key")
+    box = sandbox()
+    sid, cid = "7d1f0b52-aaaa-bbbb-cccc-0123456789ab", "5e1c7a3d-1111-2222-3333-444455556666"
+    write_handoff(Handoff("k1", sid, "https://proxy.app.daytona.io/toolbox", cid, box._fingerprint, time.time(), volume_dir=""))
+    assert box._quick_start()
+    assert box._loading is not None
+    box._loading.cancel()  # not this test's business: the SDK's load
+    assert (box.id, box.volume_dir) == (sid, "")

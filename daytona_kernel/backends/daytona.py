@@ -209,6 +209,7 @@ class DaytonaSandbox(Sandbox):
         self._handed_over = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
         self._toolbox_url = handoff.toolbox_url
         self.id = handoff.sandbox_id
+        self.volume_dir = handoff.volume_dir  # the sandbox's own (its fetch, which says it, comes later)
         self.generation += 1
         self._loading = asyncio.ensure_future(self._locate(quiet, prefer=handoff.sandbox_id))
         self._loading.add_done_callback(_log_failure)
@@ -370,7 +371,7 @@ class DaytonaSandbox(Sandbox):
             self.toolbox.contexts.append(context)
             await context.start_code(code, timeout)
             self.toolbox.forget(context)
-            write_handoff(Handoff(self._kernel_id, self.id, self._toolbox_url, context.id, self._fingerprint, time.time()))
+            write_handoff(Handoff(self._kernel_id, self.id, self._toolbox_url, context.id, self._fingerprint, time.time(), self.volume_dir))
             return
         sandbox = await self.sdk_sandbox()
         context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
@@ -379,7 +380,8 @@ class DaytonaSandbox(Sandbox):
         await self.api("name the next context in the sandbox's labels", lambda: sandbox.set_labels(labels))
         self.toolbox.forget(context)
         if self._fingerprint:
-            write_handoff(Handoff(self._kernel_id, sandbox.id, sandbox.toolbox_proxy_url, context.id, self._fingerprint, time.time()))
+            handoff = Handoff(self._kernel_id, sandbox.id, sandbox.toolbox_proxy_url, context.id, self._fingerprint, time.time(), self.volume_dir)
+            write_handoff(handoff)
 
     async def take_next_context(self) -> Context | None:
         """Looked for once, at this process's first start: a later start (a context that died, a sandbox

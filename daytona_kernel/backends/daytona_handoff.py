@@ -4,8 +4,8 @@ daytona SDK has loaded (docs/reattach.md, "The first cell after a restart").
 Jupyter replaces the kernel process at a restart, and the SDK's import and client take about 1 s of CPU in
 the new one. The old process has just left the next context running in the sandbox
 (``DaytonaSandbox.leave_next_context``); it writes here where that context's interpreter websocket is: the
-sandbox id, the toolbox URL its SDK used for that sandbox, the context's id, when, and a keyed fingerprint of
-the settings that choose the sandbox. No credential: the new process builds the request's headers from its own
+sandbox id, the toolbox URL its SDK used for that sandbox, the context's id, where the volume is mounted in
+it, when, and a keyed fingerprint of the settings that choose the sandbox. No credential: the new process builds the request's headers from its own
 environment, as the SDK builds them (``interpreter_headers``).
 
 The record is one file per Jupyter kernel id in this user's private folder (0700, the file 0600), written
@@ -56,6 +56,7 @@ class Handoff:
     context_id: str
     fingerprint: str
     written_at: float
+    volume_dir: str = ""  # where the volume is mounted in that sandbox ("" when it is not where the runtime can use it)
 
     @property
     def sandbox_url(self) -> str:
@@ -175,6 +176,8 @@ def why_not(handoff: Handoff | None, kernel_id: str, fingerprint: str, api_url: 
         return "the settings that choose the sandbox changed"
     if not (_ID.match(handoff.sandbox_id) and _ID.match(handoff.context_id)):
         return "not a sandbox or context id"
+    if handoff.volume_dir and not (handoff.volume_dir.startswith("/") and handoff.volume_dir.isprintable()):
+        return "not a volume folder"
     return acceptable_url(handoff.toolbox_url, api_url)
 
 
