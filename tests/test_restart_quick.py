@@ -84,8 +84,10 @@ def emu(quick_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
-def gate(tmp_path: Path) -> Gate:
-    return Gate(tmp_path / "gate")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    """Outside the kernel's project folder: opening or closing it is no change for the mirror to send (which
+    would wait for the SDK the gate holds)."""
+    return Gate(tmp_path_factory.mktemp("sdk-gate") / "gate")
 
 
 def handoff_of(k: Kernel) -> Path:
