@@ -159,7 +159,7 @@ class ContextSupervisor:
             if self.sandbox.loading and self._settings.attach != "auto":  # not needed for the first cell's result
                 looking = asyncio.ensure_future(self._look(self.journal, context.id, hello))
                 self._looking.add(looking)
-                looking.add_done_callback(self._looking.discard)
+                looking.add_done_callback(self._looked)
             else:
                 await self._look(self.journal, context.id, hello)
         return self.live
@@ -173,6 +173,12 @@ class ContextSupervisor:
         except BackendError as exc:
             self._log.info("the context the restart left cannot be used (%s); making another", exc)
             return None
+
+    def _looked(self, looking: asyncio.Future[None]) -> None:
+        """A background look ended: its failure (the SDK's load's, which can be anything) is logged, not lost."""
+        self._looking.discard(looking)
+        if not looking.cancelled() and looking.exception() is not None:
+            self._log.warning("the session journal could not be read after the restart: %s", looking.exception())
 
     async def _look(self, journal: SessionJournal, context_id: str, hello: Hello) -> None:
         notice = await journal.look(context_id, hello.journal)

@@ -4,6 +4,7 @@ after a quick start while the daytona SDK loads in the background. In process: n
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -209,3 +210,36 @@ async def test_a_quick_start_installs_with_the_volume_folder_the_old_process_had
     assert box._loading is not None
     box._loading.cancel()  # not this test's business: the SDK's load
     assert (box.id, box.volume_dir) == (sid, "")
+
+
+async def test_a_failed_background_journal_look_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """After a quick start the journal's look runs in the background (not needed for the first result); its
+    failure (the load's, which can be anything) is logged, not lost as an unretrieved task exception."""
+    from fakes import FakeSandbox
+
+    from daytona_kernel.config import SessionSettings
+    from daytona_kernel.runtime.calls import RuntimeOptions
+    from daytona_kernel.supervisor import ContextSupervisor
+
+    supervisor = ContextSupervisor(FakeSandbox(), SessionSettings(), logging.getLogger("test-supervisor"), RuntimeOptions())
+
+    async def look() -> None:
+        raise RuntimeError("the load failed")
+
+    looking = asyncio.ensure_future(look())
+    supervisor._looking.add(looking)
+    await asyncio.wait({looking})
+    with caplog.at_level(logging.WARNING, "test-supervisor"):
+        supervisor._looked(looking)
+    assert not supervisor._looking and "the load failed" in caplog.text
+
+
+async def test_a_process_that_leaves_while_the_sdk_loads_cancels_the_load() -> None:
+    """A restart while the SDK loads: the process exits right after detach; a load left pending would be
+    destroyed at exit ('Task was destroyed but it is pending!' in the kernel's log)."""
+    box = sandbox()
+    box._loading = asyncio.ensure_future(asyncio.sleep(3600))
+    loading = box._loading
+    await box._close_client()
+    await asyncio.wait({loading})
+    assert loading.cancelled()

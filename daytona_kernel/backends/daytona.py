@@ -492,6 +492,8 @@ class DaytonaSandbox(Sandbox):
         return True
 
     async def _close_client(self) -> None:
+        if self._loading is not None:  # a restart while the SDK loads: the process exits next
+            self._loading.cancel()
         if self._handed_over is not None:
             await self._handed_over.close()
         await self._workspace.close()
