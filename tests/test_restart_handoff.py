@@ -206,3 +206,26 @@ def test_the_fingerprint_is_keyed_with_this_machines_private_key(data_dir: Path,
     assert mine != hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(data_dir.parent / "another-machine"))
     assert settings_fingerprint(chosen, "ws-1", API, "us") != mine
+
+
+async def test_the_headers_and_url_match_what_the_installed_sdk_would_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-written twin checked against the SDK itself (no network): a header the SDK adds, or a URL it
+    builds differently, fails here rather than costing every quick restart a fallback."""
+    for name in ("DAYTONA_JWT_TOKEN", "DAYTONA_ORGANIZATION_ID", "DAYTONA_API_URL", "DAYTONA_TARGET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DAYTONA_API_KEY", "k1")
+    from daytona import AsyncDaytona, DaytonaConfig
+    from daytona.internal.toolbox_api_client_proxy import ToolboxApiClientProxy
+    from daytona_toolbox_api_client_async import InterpreterApi
+
+    client = AsyncDaytona(DaytonaConfig(api_key="k1", api_url=API))
+    try:
+        handoff = record(toolbox_url="http://127.0.0.1:4000/toolbox")
+        proxy = ToolboxApiClientProxy(client._toolbox_api_client, handoff.sandbox_id, handoff.toolbox_url, None)
+        _, url, headers, *_ = InterpreterApi(proxy)._execute_interpreter_code_serialize(
+            _request_auth=None, _content_type=None, _headers=None, _host_index=None
+        )
+    finally:
+        await client.close()
+    assert dict(headers) == interpreter_headers()
+    assert url.replace("http", "ws", 1) == handoff.interpreter_url
