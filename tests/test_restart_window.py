@@ -243,3 +243,17 @@ async def test_a_process_that_leaves_while_the_sdk_loads_cancels_the_load() -> N
     await box._close_client()
     await asyncio.wait({loading})
     assert loading.cancelled()
+
+
+async def test_a_quick_start_checks_the_handed_over_url_against_the_configured_api(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The slow test's 'foreign origin' case would pass even without the check (the foreign host does not
+    resolve, so the handshake fails and the normal start follows); here the start itself refuses it."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DAYTONA_API_KEY", "key")
+    box = sandbox()
+    sid, cid = "7d1f0b52-aaaa-bbbb-cccc-0123456789ab", "5e1c7a3d-1111-2222-3333-444455556666"
+    write_handoff(Handoff("k1", sid, "https://toolbox.example.com/toolbox", cid, box._fingerprint, time.time()))
+    assert not box._quick_start()
+    assert box._loading is None and box._handed_over is None
