@@ -180,7 +180,7 @@ class WorkspaceSandboxes:
         if self._client is None:
             self._opening = asyncio.get_running_loop().create_future()
             try:
-                with quick_gil_handoff():
+                with short_switch_interval():
                     client = await in_daemon_thread(self._new_client)
                 self._client = self._client or client  # (made meanwhile by a call that could not wait)
             finally:
@@ -378,7 +378,7 @@ class WorkspaceSandboxes:
 
 
 @contextlib.contextmanager
-def quick_gil_handoff() -> Iterator[None]:
+def short_switch_interval() -> Iterator[None]:
     """While the SDK's import (about 1 s of CPU, holding the GIL) runs in its thread, the event loop that answers
     Jupyter and runs a restart's first cell (``DaytonaSandbox._quick_start``) would wait up to the switch
     interval for the GIL at every wake-up: a shorter one while it loads (back-to-back restarts on the emulator,
