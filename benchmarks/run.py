@@ -705,7 +705,7 @@ def _sync_figures(emu: DaytonaEmulator, quick: bool, scratch: Path) -> list[Figu
     import logging
 
     from daytona_kernel.backends.daytona import DaytonaSandbox
-    from daytona_kernel.config import DaytonaKernelConfig
+    from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
     from daytona_kernel.sync import WorkdirMirror
 
     figures = []
@@ -732,7 +732,7 @@ def _sync_figures(emu: DaytonaEmulator, quick: bool, scratch: Path) -> list[Figu
     os.environ.update(emu.env())
     config = DaytonaKernelConfig()
     config.sandbox_policy = "ephemeral"
-    sandbox = DaytonaSandbox(config, "bench-sync", "bench")
+    sandbox = DaytonaSandbox(settings_from(DaytonaSettings, config), "bench-sync", "bench")
 
     async def first_sync() -> tuple[float, int]:
         await sandbox.start(lambda text: None)
