@@ -9,6 +9,7 @@ API can be made before; the emulator's ``sequence`` shows which requests came, i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
 import time
@@ -105,6 +106,20 @@ def restart_in_two_steps(k: Kernel, between: Any = None) -> None:
     k.kc.wait_for_ready(timeout=60)
 
 
+@contextlib.contextmanager
+def quick_restarted(emu: Any, folder: Path, gate: Gate, between: Any = None) -> Iterator[tuple[Kernel, Any]]:
+    """A kernel in ``folder`` with a variable, restarted with the SDK held (the gate closed), and its first cell
+    run in the next process (``between`` as in ``restart_in_two_steps``); the kernel and its sandbox."""
+    gate.open()
+    with Kernel("daytona", cwd=str(folder), env=gate.env) as k:
+        k.execute("x = 1")
+        sandbox = only_sandbox(emu, folder)
+        gate.close()
+        restart_in_two_steps(k, between)
+        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+        yield k, sandbox
+
+
 def rest_before_first_socket(emu: Any) -> list[str]:
     """The requests to Daytona's API before the first interpreter websocket."""
     first = next(i for i, key in enumerate(emu.sequence) if EXECUTE in key)
@@ -154,13 +169,7 @@ def test_a_restarts_first_cell_runs_before_the_sdk_has_loaded(emu: Any, tmp_path
 def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> None:
     """A restart that comes before the SDK has loaded (a second restart right after the first) leaves the next
     context and deletes its own without it: no restart waits for the SDK, and none leaves a context behind."""
-    gate.open()
-    with Kernel("daytona", cwd=str(tmp_path), env=gate.env) as k:
-        k.execute("x = 1")
-        sandbox = only_sandbox(emu, tmp_path)
-        gate.close()
-        restart_in_two_steps(k, lambda path: emu.reset_counts())
-        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+    with quick_restarted(emu, tmp_path, gate, lambda path: emu.reset_counts()) as (k, sandbox):
         restart_in_two_steps(k)  # the SDK is still held
         assert k.execute("y", timeout=20).errors[0]["ename"] == "NameError"
         assert result_text(k.execute("1 + 1", timeout=20)) == "2"
@@ -175,13 +184,7 @@ def test_a_context_left_before_the_sdk_loaded_is_deleted_when_the_next_process_r
     """A restart before the SDK has loaded leaves the next context without the label; if the next process
     refuses the handoff (here: the settings changed), it deletes that context, else it would stay alive and
     count as another kernel's at shutdown (the sandbox left running)."""
-    gate.open()
-    with Kernel("daytona", cwd=str(tmp_path), env=gate.env) as k:
-        k.execute("x = 1")
-        sandbox = only_sandbox(emu, tmp_path)
-        gate.close()
-        restart_in_two_steps(k)
-        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+    with quick_restarted(emu, tmp_path, gate) as (k, sandbox):
 
         def other_settings(path: Path) -> None:
             assert path.exists()
@@ -198,13 +201,7 @@ def test_a_context_left_before_the_sdk_loaded_is_deleted_when_the_next_process_r
 def test_a_shutdown_before_the_sdk_has_loaded_deletes_the_kernels_context_at_once(emu: Any, tmp_path: Path, gate: Gate) -> None:
     """Stopping the sandbox needs the SDK; deleting the kernel's context does not: it goes first, so a kernel that
     Jupyter kills meanwhile (5 s after its shutdown request) leaves no interpreter with the user's variables."""
-    gate.open()
-    with Kernel("daytona", cwd=str(tmp_path), env=gate.env) as k:
-        k.execute("x = 1")
-        sandbox = only_sandbox(emu, tmp_path)
-        gate.close()
-        restart_in_two_steps(k)
-        assert result_text(k.execute("y = 2\ny", timeout=20)) == "2"
+    with quick_restarted(emu, tmp_path, gate) as (k, sandbox):
         assert len(sandbox.contexts) == 1
     assert sandbox.contexts == {}  # the SDK never loaded: the sandbox is not stopped, but the context is gone
     gate.open()
