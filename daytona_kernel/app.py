@@ -70,6 +70,18 @@ class DaytonaKernelApp(IPKernelApp):
             self.control_thread.stop()
             self.control_thread.join(CONTROL_JOIN_TIMEOUT_S)
 
+    def get_default_logging_config(self) -> dict[str, Any]:
+        """The kernel's log (stderr, which Jupyter keeps) also takes our modules' loggers, at its level.
+
+        Without this the ``daytona_kernel.*`` loggers had no handler: ``--debug`` left out what the
+        backends do, and their warnings went through logging's last-resort handler to whatever
+        ``sys.stderr`` was at that moment, which in a kernel is a cell's output stream.
+        """
+        config: dict[str, Any] = super().get_default_logging_config()
+        if "loggers" in config:  # not under pythonw, where traitlets turns logging off
+            config["loggers"]["daytona_kernel"] = {"level": "DEBUG", "handlers": ["console"], "propagate": False}
+        return config
+
     def load_config_file(self, *args: Any, **kwargs: Any) -> None:
         super().load_config_file(*args, **kwargs)
         self.update_config(load_config(self.log))
