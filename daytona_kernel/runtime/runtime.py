@@ -259,7 +259,8 @@ class Runtime(object):
             self.last_flush = time.monotonic()
 
     def wake_flusher(self):
-        self._flusher_wake.set()
+        if not self._flusher_wake.is_set():  # set() takes the event's lock and notifies: at every print of a flood
+            self._flusher_wake.set()
 
     def _ensure_flusher(self):
         if self._flusher is not None and self._flusher.is_alive():

@@ -185,7 +185,7 @@ class ProtocolWriter(_TextSink):
     def _release(self):
         text = "".join(self._parts)
         self._parts = []
-        if text.startswith(PROTOCOL_LINE_START) and text.endswith("}\n") and "\n" not in text[:-1]:
+        if text.startswith(PROTOCOL_LINE_START) and text.endswith("}\n") and text.find("\n", 0, -1) < 0:
             self._write_line(text.encode("utf-8", "replace"))
         else:
             self._rt.out.write(text)
