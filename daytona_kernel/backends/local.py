@@ -37,6 +37,8 @@ from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallba
 WORKER_SCRIPT = Path(__file__).with_name("local_worker.py")
 PRIVATE_DIR_MODE = 0o700
 PIPE_READ_BYTES = 64 * 1024
+PIPE_BYTES = 1024 * 1024  # the worker's stdout pipe: a whole 384 KiB stream line fits, so the worker need not wait for us
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; in fcntl from Python 3.10
 LINE_CAP_BYTES = 1024 * 1024  # the daemon's bufio.Scanner cap: a line this long stops its reader
 KILL_GRACE_S = 2.0  # the daemon's gracePeriod: SIGINT, then SIGKILL this much later
 STREAM_FIELDS = ("type", "text", "name", "value", "traceback")
@@ -137,6 +139,18 @@ class _WorkerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
         self._exited_event.set()
 
 
+def _enlarge_pipe(transport: asyncio.SubprocessTransport) -> None:
+    """Make the worker's stdout pipe hold PIPE_BYTES (64 KiB by default on Linux), where the system allows it."""
+    pipe = transport.get_pipe_transport(1)
+    fileobj = pipe.get_extra_info("pipe") if pipe is not None else None
+    if fileobj is None:
+        return
+    try:
+        fcntl.fcntl(fileobj.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError as exc:  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size works too
+        log.debug("could not enlarge the worker's pipe: %s", exc)
+
+
 class InterpreterWorker:
     """One interpreter context's worker slot, run the way the Daytona daemon runs it.
 
@@ -196,6 +210,7 @@ class InterpreterWorker:
             ) from exc
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._proc, self._transport = proc, transport
+        _enlarge_pipe(transport)
         self._exited = exited
         self.reader_stopped = False
         for job in (self._read_loop(proc), self._watch_exit(proc, exited)):
