@@ -9,15 +9,20 @@ session with a scripted sandbox; the last ones run end to end on both backends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes import FakeSandbox, Run, frame, raw
 from kernels import Kernel
 
+from daytona_kernel.backends.local import LocalSandbox
 from daytona_kernel.cell import Cell, CellOutcome, Recorder
-from daytona_kernel.config import SessionSettings
+from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, SessionSettings, settings_from
 from daytona_kernel.runtime import framing
 from daytona_kernel.runtime.calls import RuntimeOptions, Synced
 from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, BadFrame, FrameDecoder, Text, encode_frame
@@ -178,6 +183,71 @@ async def test_a_file_of_large_strings_that_does_not_fit_its_frame() -> None:
 
 async def test_a_file_of_large_strings_larger_than_any_frame() -> None:
     await assert_rejected_for_its_cell_only(blob_frame({"data": {"image/png": ""}}, "/tmp/x", [[["data", "image/png"], 2**40]]))
+
+
+def hang_under(folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[str]]:
+    """From now on an ``os.open`` that reaches into ``folder`` hangs, as on a network file system that stopped
+    answering, until the returned event is set (or 2 s pass); the list gets what was opened while it hung."""
+    released, hung = threading.Event(), []
+    real_open, far = os.open, str(folder.resolve())
+
+    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        where = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path) if dir_fd is not None else os.fspath(path)
+        parent, name = os.path.split(where)
+        real = os.path.join(os.path.realpath(parent), name) if flags & os.O_NOFOLLOW else os.path.realpath(where)
+        if (real == far or real.startswith(far + os.sep)) and not released.wait(2):
+            hung.append(where)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_)
+    return released, hung
+
+
+@pytest.mark.parametrize("how", ["elsewhere", "through a symlink in the temporary folder", "up out of the temporary folder"])
+async def test_a_forged_file_of_large_strings_is_never_read_on_the_event_loop(how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forged frame can name any file for the kernel to fetch. On the local backend the runtime's own files
+    (its private folder in the sandbox's temporary folder) are read in the event loop, any other file in a
+    thread: one on a network file system that hangs must not stop the kernel (review4 N9)."""
+    config = DaytonaKernelConfig(backend="local", sandbox_policy="ephemeral")
+    sandbox = LocalSandbox(settings_from(LocalSettings, config), "n9-" + tmp_path.name)
+    await sandbox.start(lambda _: None)
+    try:
+        far = tmp_path / "nfs"
+        far.mkdir()
+        (far / "out-0").write_bytes(b"secret")
+        if how == "elsewhere":
+            path = str(far / "out-0")
+        elif how.startswith("through"):
+            (Path(sandbox.temp_dir) / "daytona-kernel-inbox-1-abc").symlink_to(far)
+            path = os.path.join(sandbox.temp_dir, "daytona-kernel-inbox-1-abc", "out-0")
+        else:
+            path = os.path.join(sandbox.temp_dir, os.path.relpath(far, sandbox.temp_dir), "out-0")
+        released, hung = hang_under(far, monkeypatch)
+        asyncio.get_running_loop().call_soon(released.set)  # runs only if the read leaves the event loop free
+        assert await sandbox.download([path], {path: 6}) == {path: b"secret"}
+        assert hung == []
+    finally:
+        await sandbox.shutdown()
+
+
+async def test_the_runtimes_own_file_of_large_strings_is_read_in_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's files were written moments ago (page cache): a hop to a thread and back costs more than the read."""
+    config = DaytonaKernelConfig(backend="local", sandbox_policy="ephemeral")
+    sandbox = LocalSandbox(settings_from(LocalSettings, config), "own-" + tmp_path.name)
+    await sandbox.start(lambda _: None)
+    try:
+        private = Path(sandbox.temp_dir) / "daytona-kernel-inbox-1-abc"
+        private.mkdir()
+        (private / "out-0").write_bytes(b"x" * 1000)
+
+        def no_thread(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("read in a thread")
+
+        monkeypatch.setattr(asyncio, "to_thread", no_thread)
+        path = str(private / "out-0")
+        assert await sandbox.download([path], {path: 1000}) == {path: b"x" * 1000}
+    finally:
+        await sandbox.shutdown()
 
 
 def test_an_overlong_frame_line_is_dropped_as_soon_as_it_passes_the_limit() -> None:

@@ -483,12 +483,46 @@ class LocalSandbox(Sandbox):
             target.write_bytes(content)
 
     async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
-        """Each file's bytes. One file of at most ``INLINE_READ_BYTES`` (a cell's large output strings, which
-        the worker wrote moments ago: still in the page cache, 0.3 ms for 2.7 MB) is read at once; more in a thread."""
+        """Each file's bytes, read in a thread. One file of at most ``INLINE_READ_BYTES`` in the sandbox's
+        temporary folder (a cell's large output strings, in the runtime's private folder there: written moments
+        ago, still in the page cache, 0.3 ms for 2.7 MB) is read at once instead: only there, since a forged
+        frame can name any file, and reading one on a network file system that hangs would stop the event loop."""
         limits = limits or {}
         if len(paths) == 1 and limits.get(paths[0], INLINE_READ_BYTES + 1) <= INLINE_READ_BYTES:
-            return {paths[0]: self._read_file(paths[0], limits[paths[0]])}
+            content = self._read_temporary(paths[0], limits[paths[0]])
+            if content is not None:
+                return {paths[0]: content}
         return await asyncio.to_thread(lambda: {p: self._read_file(p, limits.get(p)) for p in paths})
+
+    def _read_temporary(self, path: str, limit: int) -> bytes | FileError | None:
+        """``_read_file`` for a file in the sandbox's temporary folder, reached from it without a symlink or
+        ``..`` (each folder opened relative to the last, O_NOFOLLOW): nothing outside that folder is touched.
+        None when ``path`` is not such a file (then it is read in a thread, as any other)."""
+        tmp = str(self._tmp)
+        full = str(self._local_path(path))
+        parts = full[len(tmp) + 1 :].split(os.sep) if full.startswith(tmp + os.sep) else [""]
+        if any(part in ("", ".", "..") for part in parts):
+            return None
+        folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            folder = os.open(tmp, folder_flags)
+        except OSError:
+            return None
+        try:
+            for part in parts[:-1]:
+                inner = os.open(part, folder_flags, dir_fd=folder)
+                os.close(folder)
+                folder = inner
+        except OSError:  # a symlink (or not a folder) on the way
+            os.close(folder)
+            return None
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        except OSError as exc:
+            return FileError(f"{exc.strerror or exc}", retry=False)
+        finally:
+            os.close(folder)
+        return self._read_fd(fd, limit)
 
     def _read_file(self, path: str, limit: int | None = None) -> bytes | FileError:
         """A regular file's bytes, at most ``limit``: never through a final symlink, never blocking on a FIFO."""
@@ -496,6 +530,11 @@ class LocalSandbox(Sandbox):
             fd = os.open(self._local_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             return FileError(f"{exc.strerror or exc}", retry=False)
+        return self._read_fd(fd, limit)
+
+    @staticmethod
+    def _read_fd(fd: int, limit: int | None) -> bytes | FileError:
+        """An opened file's bytes, at most ``limit``, if it is a regular file; the fd is closed."""
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
