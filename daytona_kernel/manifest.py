@@ -88,6 +88,32 @@ class SyncManifest(dict[str, list[Any]]):
             known[1] = now[1]
         return changed or (len(known) > 3 and known[3] != now[2])
 
+    def changes(self, files: dict[str, Stat]) -> tuple[list[tuple[str, int]], list[tuple[str, str]], int]:
+        """Of a scan's files: those changed since the last sync, as (path, size); those that could not be
+        read, with why (both sorted); and how many of them this manifest knows.
+
+        One lookup per file: an entry with the same size, mtime and mode whose mtime was not racy
+        when it was recorded is unchanged (``locally_changed``'s first answer); only the others go
+        through ``locally_changed``."""
+        changed: list[tuple[str, int]] = []
+        unreadable: list[tuple[str, str]] = []
+        known_here = 0
+        get = self.get
+        for rel, now in files.items():
+            known = get(rel)
+            if known is not None:
+                known_here += 1
+                if len(known) > 4 and known[0] == now[0] and known[1] == now[1] and known[3] == now[2] and known[1] < known[4] - RACY_WINDOW_NS:
+                    continue
+            try:
+                if self.locally_changed(rel, now):
+                    changed.append((rel, now[0]))
+            except OSError as exc:
+                unreadable.append((rel, f"could not read it here ({exc.strerror or exc})"))
+        changed.sort()
+        unreadable.sort()
+        return changed, unreadable, known_here
+
     def record_file(self, rel: str) -> None:
         """Remember a file as it is here now, hashing it (a big file the sandbox shares with this disk)."""
         st = os.lstat(self._root / rel)

@@ -160,18 +160,12 @@ class WorkdirMirror:
         """
         found_secrets: list[str] = []
         files, complete = scan(str(self.local_root), self._rules, skipped=found_secrets, budget_s=SCAN_BUDGET_S)
-        plan = UpPlan(secrets=found_secrets)
-        changed = []
-        for rel in sorted(files):
-            now = files[rel]
-            try:
-                if self._manifest.locally_changed(rel, now):
-                    changed.append((rel, now[0]))
-            except OSError as exc:
-                plan.skipped.append((rel, f"could not read it here ({exc.strerror or exc})"))
+        changed, unreadable, known_here = self._manifest.changes(files)
+        plan = UpPlan(secrets=found_secrets, skipped=unreadable)
         choose_up(plan, changed, self._config, self._sandbox.on_this_disk)
         if complete:
-            plan.deleted = [rel for rel in self._manifest if rel not in files and _gone_here(self.local_root, rel)]
+            if known_here < len(self._manifest):  # some file the manifest knows was not found
+                plan.deleted = [rel for rel in self._manifest if rel not in files and _gone_here(self.local_root, rel)]
         else:
             plan.skipped.append(
                 ("(folder)", f"over 50000 files or {SCAN_BUDGET_S:g} s to scan; the rest was not looked at. Add sync_exclude patterns.")

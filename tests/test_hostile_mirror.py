@@ -356,9 +356,32 @@ def _random_case(rng: random.Random) -> tuple[list[str], dict[str, list[str]]]:
     return sorted(files), gitignores
 
 
+def _git_ignored(repo: Path, paths: list[str]) -> set[str]:
+    out = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "--no-index", "--stdin", "-z"],
+        input="\0".join(paths) + "\0",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return {p for p in out.stdout.split("\0") if p}
+
+
+def _write_gitignores(repo: Path, gitignores: dict[str, list[str]]) -> list[str]:
+    """Write these .gitignore files, remove the others; the paths to ask about (every file and folder)."""
+    for old in repo.rglob(".gitignore"):
+        old.unlink()
+    for base, lines in gitignores.items():
+        (repo / base / ".gitignore").write_text("\n".join(lines) + "\n")
+    paths = {p.relative_to(repo).as_posix() for p in repo.rglob("*") if ".git" not in p.relative_to(repo).parts}
+    return sorted(paths)
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_gitignore_rules_match_git_check_ignore(tmp_path: Path, seed: int) -> None:
-    """Our .gitignore semantics against git itself, over generated patterns, trees and nested files."""
+    """Our .gitignore semantics against git itself, over generated patterns, trees and nested files; then
+    the same scanner again after the .gitignore files changed (the scan remembers verdicts between scans)."""
     rng = random.Random(seed)
     files, gitignores = _random_case(rng)
     repo = tmp_path / "repo"
@@ -367,29 +390,21 @@ def test_gitignore_rules_match_git_check_ignore(tmp_path: Path, seed: int) -> No
     for rel in files:
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text("x")
-    for base, lines in gitignores.items():
-        (repo / base / ".gitignore").write_text("\n".join(lines) + "\n")
-    paths = set(files) | {f"{base}/.gitignore" if base else ".gitignore" for base in gitignores}
-    for rel in list(paths):
-        parts = rel.split("/")
-        paths |= {"/".join(parts[:i]) for i in range(1, len(parts))}
-    paths_list = sorted(paths)
-    out = subprocess.run(
-        ["git", "-C", str(repo), "check-ignore", "--no-index", "--stdin", "-z"],
-        input="\0".join(paths_list) + "\0",
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode in (0, 1), out.stderr
-    git_ignored = {p for p in out.stdout.split("\0") if p}
-    rules = MirrorRules(str(repo), defaults=(), secrets=())
-    ours = {p for p in paths_list if rules.check(p, (repo / p).is_dir())}
-    context = "\n".join(f"{base or '.'}/.gitignore: {lines!r}" for base, lines in gitignores.items())
-    assert ours == git_ignored, f"only ours: {sorted(ours - git_ignored)}; only git: {sorted(git_ignored - ours)}\n{context}"
-    scanned, _ = scan(str(repo), MirrorRules(str(repo), defaults=(), secrets=()))
-    expected = {p for p in paths_list if (repo / p).is_file() and p not in git_ignored}
-    assert set(scanned) == expected, context
+    scanner = MirrorRules(str(repo), defaults=(), secrets=())
+    for turn in range(2):
+        if turn:
+            folders = sorted({f.rsplit("/", 1)[0] for f in files if "/" in f})
+            gitignores = {base: lines for base, lines in _random_case(rng)[1].items() if base == "" or base in folders}
+            gitignores.update({base: _random_case(rng)[1][""] for base in rng.sample(folders, min(len(folders), 2))})
+        paths_list = _write_gitignores(repo, gitignores)
+        git_ignored = _git_ignored(repo, paths_list)
+        rules = MirrorRules(str(repo), defaults=(), secrets=())
+        ours = {p for p in paths_list if rules.check(p, (repo / p).is_dir())}
+        context = f"round {turn}\n" + "\n".join(f"{base or '.'}/.gitignore: {lines!r}" for base, lines in gitignores.items())
+        assert ours == git_ignored, f"only ours: {sorted(ours - git_ignored)}; only git: {sorted(git_ignored - ours)}\n{context}"
+        scanned, _ = scan(str(repo), scanner)
+        expected = {p for p in paths_list if (repo / p).is_file() and p not in git_ignored}
+        assert set(scanned) == expected, context
 
 
 def test_folder_holding_the_home_folder_is_not_mirrored_automatically(tmp_path: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]

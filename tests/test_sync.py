@@ -41,6 +41,56 @@ def test_scan_skips_defaults_gitignore_and_virtualenvs(tmp_path: Path) -> None:
     assert sorted(files) == [".gitignore", "a.py"]
 
 
+def test_a_repeated_scan_classifies_only_paths_it_has_not_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan remembers each path's verdict while the .gitignore files it depends on stay the same."""
+    for rel in ("a.txt", "sub/b.csv", "sub/deep/c.txt", "x.dat"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    (tmp_path / ".gitignore").write_text("*.dat\n")
+    rules = load_rules(str(tmp_path))
+    assert sorted(scan(str(tmp_path), rules)[0]) == [".gitignore", "a.txt", "sub/b.csv", "sub/deep/c.txt"]
+    classified: list[str] = []
+    real = rules.classify
+    monkeypatch.setattr(rules, "classify", lambda rel, *args: classified.append(rel) or real(rel, *args))
+    assert sorted(scan(str(tmp_path), rules)[0]) == [".gitignore", "a.txt", "sub/b.csv", "sub/deep/c.txt"]
+    assert classified == []
+    (tmp_path / "new.txt").write_text("new")
+    assert "new.txt" in scan(str(tmp_path), rules)[0] and classified == ["new.txt"]
+
+
+def test_a_remembered_verdict_never_outlives_what_it_was_decided_on(tmp_path: Path) -> None:
+    """A changed, added or removed .gitignore, a new secret, a renamed folder, a file turned folder and a
+    folder turned Python environment are all seen at the next scan of the same rules."""
+    for rel in ("a.txt", "sub/b.csv", "sub/deep/c.txt", "x.dat", "venv"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    (tmp_path / ".gitignore").write_text("*.dat\n")
+    rules = load_rules(str(tmp_path))
+
+    def listed() -> tuple[list[str], list[str]]:
+        secrets: list[str] = []
+        files, complete = scan(str(tmp_path), rules, skipped=secrets)
+        assert complete
+        return sorted(files), sorted(secrets)
+
+    assert listed() == ([".gitignore", "a.txt", "sub/b.csv", "sub/deep/c.txt", "venv"], [])
+    (tmp_path / ".gitignore").write_text("*.csv\n")  # changed: x.dat comes back, b.csv goes
+    assert listed() == ([".gitignore", "a.txt", "sub/deep/c.txt", "venv", "x.dat"], [])
+    (tmp_path / "sub" / "deep" / ".gitignore").write_text("c.txt\n")  # added below
+    assert listed() == ([".gitignore", "a.txt", "sub/deep/.gitignore", "venv", "x.dat"], [])
+    (tmp_path / "sub" / "deep" / ".gitignore").unlink()
+    (tmp_path / ".gitignore").unlink()  # removed: everything is back
+    assert listed() == (["a.txt", "sub/b.csv", "sub/deep/c.txt", "venv", "x.dat"], [])
+    (tmp_path / "sub" / "ID_RSA").write_text("key")  # a new file with a secret's name
+    (tmp_path / "sub").rename(tmp_path / "renamed")
+    assert listed() == (["a.txt", "renamed/b.csv", "renamed/deep/c.txt", "venv", "x.dat"], ["renamed/ID_RSA"])
+    (tmp_path / "venv").unlink()  # a file called venv was mirrored; a folder called venv/ is a default exclude
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / "lib.py").write_text("")
+    (tmp_path / "renamed" / "deep" / "pyvenv.cfg").write_text("")  # a folder that became a Python environment
+    assert listed() == (["a.txt", "renamed/b.csv", "x.dat"], ["renamed/ID_RSA"])
+
+
 def test_conflict_names() -> None:
     assert conflict_name("data/table.csv") == "data/table.sandbox-conflict.csv"
     assert conflict_name("Makefile") == "Makefile.sandbox-conflict"
@@ -77,6 +127,63 @@ def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: P
     assert mirror.plan_up().todo == []
     sandbox.generation = 2  # another sandbox: it has only what the volume restored
     assert asyncio.run(mirror.push()).up == ["a.txt"] and sandbox.uploaded == [(b"one", "/remote/a.txt")]
+
+
+def test_a_same_size_rewrite_that_keeps_the_mtime_is_seen_only_while_the_mtime_cannot_tell(tmp_path: Path) -> None:
+    """The manifest hashes a file whose size and mtime did not move only while its mtime was too close to
+    its recording to tell a rewrite (``RACY_WINDOW_NS``); a deleted file is planned as deleted."""
+    import os
+
+    from daytona_kernel.manifest import RACY_WINDOW_NS, SyncManifest
+
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text("one")
+    manifest = SyncManifest(tmp_path / "m.json", tmp_path, logging.getLogger())
+    for name in ("a.txt", "b.txt", "c.txt"):
+        manifest.record_file(name)
+
+    def stat_of(name: str) -> tuple[int, int, int]:
+        st = os.lstat(tmp_path / name)
+        return (st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
+
+    assert manifest.changes({name: stat_of(name) for name in ("a.txt", "b.txt", "c.txt")}) == ([], [], 3)
+    recorded = manifest["b.txt"][1]
+    manifest["b.txt"][4] = recorded + 2 * RACY_WINDOW_NS  # recorded long after its last write: its mtime can tell
+    for name in ("a.txt", "b.txt"):  # rewritten with the same size, and the old mtime put back
+        (tmp_path / name).write_text("two")
+        os.utime(tmp_path / name, ns=(manifest[name][1], manifest[name][1]))
+    os.chmod(tmp_path / "c.txt", 0o600)
+    changed, unreadable, known = manifest.changes({name: stat_of(name) for name in ("a.txt", "b.txt", "c.txt")})
+    assert changed == [("a.txt", 3), ("c.txt", 3)] and unreadable == [] and known == 3
+    assert manifest.changes({"a.txt": stat_of("a.txt"), "new.txt": (1, 1, 0o644)})[0] == [("a.txt", 3), ("new.txt", 1)]
+
+
+def test_a_deleted_file_is_planned_as_deleted_beside_a_new_one(tmp_path: Path) -> None:
+    import asyncio
+
+    from daytona_kernel.config import DaytonaKernelConfig
+    from daytona_kernel.sync import WorkdirMirror
+
+    class NoRequests:
+        workdir = "/remote"
+        generation = 1
+        on_this_disk = False
+
+        async def upload(self, files):  # type: ignore[no-untyped-def]
+            pass
+
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "project" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "project" / name).write_text(name)
+    mirror = WorkdirMirror(str(tmp_path / "project"), NoRequests(), DaytonaKernelConfig(), tmp_path / "m.json", logging.getLogger())  # type: ignore[arg-type]
+    asyncio.run(mirror.push())
+    nothing = mirror.plan_up()
+    assert (nothing.todo, nothing.deleted, nothing.skipped, nothing.secrets) == ([], [], [], [])
+    (tmp_path / "project" / "b.txt").unlink()
+    assert mirror.plan_up().deleted == ["b.txt"]
+    (tmp_path / "project" / "c.txt").write_text("c")
+    plan = mirror.plan_up()
+    assert plan.deleted == ["b.txt"] and plan.todo == ["c.txt"]
 
 
 # -- through kernels, on both backends -----------------------------------------------

@@ -131,6 +131,8 @@ DEFAULT_EXCLUDES = (
     ".npm/",
 )
 
+_UNKNOWN = object()  # a path the last scan did not decide
+
 # Why a path is not mirrored (``None``: it is).
 NEVER_REASON = "never"
 SECRET_REASON = "secret"
@@ -370,16 +372,27 @@ class MirrorRules:
         self._extra = PathRules(extra)
         self._defaults = PathRules(defaults)
         self._read_gitignore = gitignore
-        self._gitignores = {}
+        self._gitignores = {}  # {folder: (PathRules or None, the lines they were made from)}
+        # What the last ``scan`` decided: {path: reason} (a folder's path ends with "/"), and the lines of
+        # the .gitignore in each folder it looked into (None: no .gitignore), which those verdicts rest on.
+        self.last_scan = ({}, {})  # type: tuple[dict, dict]
 
     def gitignore(self, rel_dir):
         """The rules of the .gitignore in one folder (relative to the root), read once."""
+        return self._read(rel_dir)[0]
+
+    def gitignore_lines(self, rel_dir):
+        """The lines ``gitignore(rel_dir)`` was made from (None without a .gitignore there)."""
+        return self._read(rel_dir)[1]
+
+    def _read(self, rel_dir):
         if not self._read_gitignore:
-            return None
+            return None, None
         if rel_dir not in self._gitignores:
             folder = os.path.join(self.root, rel_dir) if rel_dir else self.root
-            rules = PathRules(read_gitignore(os.path.join(folder, ".gitignore")))
-            self._gitignores[rel_dir] = rules if rules else None
+            lines = read_gitignore(os.path.join(folder, ".gitignore"))
+            rules = PathRules(lines)
+            self._gitignores[rel_dir] = (rules if rules else None, tuple(lines) if lines else None)
         return self._gitignores[rel_dir]
 
     def forget_gitignores(self):
@@ -467,34 +480,56 @@ def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
     the scan took longer than ``budget_s`` seconds (checked once per folder).
     Symlinks, FIFOs and devices are never listed. Paths skipped as secrets are
     appended to ``skipped`` when it is a list.
+
+    A path's verdict depends only on the path, whether it is a folder, the rules
+    and the .gitignore files above it, so the scan reuses the last scan's verdict
+    for a path it saw then (``rules.last_scan``), as long as every .gitignore on
+    the way reads the same as then; one that changed, appeared or went away
+    drops them all. Whether a folder is a Python environment is looked at every
+    time, and nothing inside an excluded folder is looked at.
     """
     files = {}  # type: dict
     rules.forget_gitignores()
+    known, ignores = rules.last_scan
+    verdicts, seen = {}, {}  # type: dict, dict
+    classify = rules.classify
     stack = [("", [])]  # type: list
     deadline = None if budget_s is None else time.monotonic() + budget_s
+    complete = True
     while stack:
         if deadline is not None and time.monotonic() > deadline:
-            return files, False
+            complete = False
+            break
         rel_dir, levels = stack.pop()
         try:
             with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
                 entries = list(it)
         except OSError:
             continue  # vanished or unreadable: nothing to mirror there
+        lines = None
         if any(entry.name == ".gitignore" for entry in entries):  # no open() per folder without one
             inner = rules.gitignore(rel_dir)
             if inner is not None:
                 levels = [(rel_dir, inner)] + levels
+            lines = rules.gitignore_lines(rel_dir)
+        seen[rel_dir] = lines
+        if known and ignores.get(rel_dir, lines) != lines:
+            known = {}  # the verdicts below this folder rest on what its .gitignore said then
+        prefix = rel_dir + "/" if rel_dir else ""
         for entry in entries:
-            rel = rel_dir + "/" + entry.name if rel_dir else entry.name
+            rel = prefix + entry.name
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)
                 if not is_dir and not entry.is_file(follow_symlinks=False):
                     continue  # symlink, FIFO, socket, device
-                reason = rules.classify(rel, is_dir, levels)
+                key = rel + "/" if is_dir else rel
+                reason = known.get(key, _UNKNOWN)
+                if reason is _UNKNOWN:
+                    reason = classify(rel, is_dir, levels)
+                verdicts[key] = reason
                 if reason is not None:
                     if reason == SECRET_REASON and skipped is not None:
-                        skipped.append(rel + "/" if is_dir else rel)
+                        skipped.append(key)
                     continue
                 if is_dir:
                     if not is_environment(entry.path):
@@ -503,7 +538,11 @@ def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # removed while we looked
-            files[rel] = file_stat(st)
+            files[rel] = (st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
             if len(files) >= max_files:
-                return files, False
-    return files, True
+                complete = False
+                break
+        if not complete:
+            break
+    rules.last_scan = (verdicts, seen)
+    return files, complete
