@@ -395,3 +395,31 @@ async def test_local_worker_system_exit_and_error_format(local) -> None:  # type
     assert await local_run(local, "import sys\nsys.exit(1)") == ("", "", None)
     error = (await local_run(local, "\n1/0"))[2]
     assert error.traceback == 'Traceback (most recent call last):\n  File "<stdin>", line 2\nZeroDivisionError: division by zero\n'
+
+
+@pytest.mark.parametrize(
+    ("line", "chunk"),
+    [
+        (b'{"type": "stdout", "text": "hi\\n"}', {"type": "stdout", "text": "hi\n"}),
+        (b'{"type": "stdout", "text": "hi"}\r', {"type": "stdout", "text": "hi"}),  # ScanLines drops a final \r
+        (b"null", {}),
+        (b"[1, 2]", None),
+        (b'"text"', None),
+        (b"plain", None),
+        (b'{"type": "stdout", "text": 5, "name": null, "value": ["x"]}', {"type": "stdout", "text": ""}),
+        (b'{"type": "stdout", "text": "a", "text": "b"}', {"type": "stdout", "text": "b"}),  # the last one wins
+        (b'{"type": "stdout", "text": "bad \xff utf-8"}', {"type": "stdout", "text": "bad \ufffd utf-8"}),
+        (b'{"type": "stdout", "text": "lone \\ud800"}', {"type": "stdout", "text": "lone \ud800"}),
+        (b'{"type": "stdout", "text": "x", "n": NaN, "big": 123456789012345678901234567890}', {"type": "stdout", "text": "x"}),
+        (b'{"type": "stdout"} trailing', None),
+        # nested past any parser's depth: dropped (Go's limit is 10,000), never an exception that stops the reader
+        (b'{"type": "stdout", "text": "x", "a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
+        (b"[" * 100_000, None),
+    ],
+)
+def test_a_worker_line_is_read_as_the_daemon_reads_it(line: bytes, chunk: dict[str, str] | None) -> None:
+    from daytona_kernel.backends.local import STREAM_FIELDS, parse_chunk
+
+    expected = None if chunk is None else {key: chunk.get(key, "") for key in STREAM_FIELDS}
+    assert parse_chunk(line) == expected
+    assert parse_chunk(bytearray(line)) == expected

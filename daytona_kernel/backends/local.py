@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+import orjson
 from jupyter_core.paths import jupyter_data_dir
 
 from ..config import SECRET_ENV_VARS, LocalSettings
@@ -106,16 +107,22 @@ class WorkerEnd(enum.Enum):
     EXITED = "exited"  # the worker process ended mid-request; close 1001
 
 
-def parse_chunk(line: bytes) -> Chunk | None:
+def parse_chunk(line: bytes | bytearray) -> Chunk | None:
     """A worker line as the daemon reads it: a JSON object, else dropped (None).
 
     Like Go's json.Unmarshal into a map: ``null`` is an empty chunk, every other
-    non-object is dropped, and a field that is not a string reads as "".
+    non-object is dropped, and a field that is not a string reads as "". orjson reads
+    a line in half the time of the json module (a flood of output is one 384 KiB line
+    after another); what it refuses (invalid UTF-8, a lone surrogate, NaN, deep nesting)
+    the json module reads as before.
     """
     try:
-        value = json.loads(line.rstrip(b"\r").decode("utf-8", "replace"))
-    except ValueError:
-        return None
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(line.rstrip(b"\r").decode("utf-8", "replace"))
+        except (ValueError, RecursionError):  # nested too deep: an exception here would stop the reader for good
+            return None
     if value is None:
         value = {}
     if not isinstance(value, dict):
@@ -232,7 +239,7 @@ class InterpreterWorker:
             while end >= 0:
                 if end - begin >= LINE_CAP_BYTES:
                     return self._stop_reading(proc)
-                self._on_line(proc, bytes(pending[begin:end]))
+                self._on_line(proc, pending[begin:end])
                 begin = end + 1
                 end = pending.find(b"\n", begin)
             del pending[:begin]
@@ -245,10 +252,10 @@ class InterpreterWorker:
         if proc is self._proc:
             self.reader_stopped = True
 
-    def _on_line(self, proc: asyncio.subprocess.Process, line: bytes) -> None:
+    def _on_line(self, proc: asyncio.subprocess.Process, line: bytearray) -> None:
         chunk = parse_chunk(line)
         if chunk is None:
-            log.debug("dropped a worker line that is not JSON: %r", line[:200])
+            log.debug("dropped a worker line that is not JSON: %r", bytes(line[:200]))
         elif proc is self._proc and self._inbox is not None:
             self._inbox.put_nowait(chunk)
 
