@@ -8,15 +8,17 @@ import dataclasses
 import io
 import json
 import os
+import sys
 import threading
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
-from daytona_kernel.runtime import journal
+from daytona_kernel.runtime import journal, streams
 from daytona_kernel.runtime.calls import JournalOptions
-from daytona_kernel.runtime.framing import Kind, encode_frame
+from daytona_kernel.runtime.framing import MARK, Kind, encode_frame
 
 TOKEN = "0123abcd"
 ME = {"instance": "me", "kernel": "k1", "host": "h", "pid": 1}
@@ -38,6 +40,7 @@ class StubRuntime:
         self.user_ns: dict[str, Any] = {"x": 1, "_hidden": 2, "json": json}
         self.initial_names: frozenset[str] = frozenset()
         self.sent: list[tuple[str, Any]] = []
+        self.fds: Any = None
 
     def request_output(self) -> Any:
         return contextlib.nullcontext()
@@ -53,6 +56,50 @@ def opened(tmp_path: Path) -> tuple[StubRuntime, journal.Journal]:
     j = journal.open_journal(rt, options)
     assert j is not None
     return rt, j
+
+
+class DaemonEmitter:
+    """sys.stdout of the Daytona daemon's worker (repl_worker.py, _StreamEmitter and _emit): a chunk at a newline or
+    1024 characters, sent as ``json.dump`` of {"type", "text"} to ``sys.__stdout__`` (written a token at a time), then a
+    newline and a flush."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        if "\n" in text or sum(map(len, self.parts)) >= 1024:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self.parts:
+            text, self.parts = "".join(self.parts), []
+            emit({"type": self.kind, "text": text})
+
+
+def emit(chunk: dict[str, str]) -> None:
+    json.dump(chunk, sys.__stdout__)
+    sys.__stdout__.write("\n")
+    sys.__stdout__.flush()
+
+
+def through_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[StubRuntime, journal.Journal, Path]:
+    """A journal whose runtime writes to the daemon's worker, as in a sandbox: its streams' targets are the worker's
+    emitters, and ``sys.__stdout__`` is the runtime's ProtocolWriter, writing the lines to a file (the daemon's pipe)."""
+    rt, j = opened(tmp_path)
+    daemon = tmp_path / "daemon"
+    writer = streams.ProtocolWriter(rt, os.open(daemon, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    monkeypatch.setattr(sys, "__stdout__", writer)
+    rt.fds = types.SimpleNamespace(protocol=writer)
+    rt.out.target, rt.err.target = DaemonEmitter("stdout"), DaemonEmitter("stderr")
+    rt._frame_target = rt.out.target
+    return rt, j, daemon
+
+
+def journal_lines(folder: str) -> list[bytes]:
+    return b"".join(path.read_bytes() for path in sorted(Path(folder).glob("out.*.jsonl"))).splitlines(keepends=True)
 
 
 def read_all(folder: str) -> tuple[list[dict[str, str]], bool, dict[str, Any]]:
@@ -83,15 +130,16 @@ def test_a_cell_is_journaled_then_marked_idle_with_its_count_and_variables(tmp_p
     assert (meta["state"], meta["count"], meta["variables"]) == ("idle", 7, 1)
 
 
-def test_the_journal_is_bounded_rotates_and_never_splits_a_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("runtime", ["through the worker", "without a protocol writer"])
+def test_the_journal_is_bounded_rotates_and_never_splits_a_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
     monkeypatch.setattr(journal, "FILE_BYTES", 300)
-    rt, j = opened(tmp_path)
+    rt, j = through_the_worker(tmp_path, monkeypatch)[:2] if runtime == "through the worker" else opened(tmp_path)
     j.arm(1)
     j.begin()
     for i in range(100):
         rt.out.target.write(f"line {i}\n")
-    pieces = encode_frame(TOKEN, Kind.DISPLAY, {"data": {"text/plain": "x" * 200}}, piece_chars=60)
-    assert len(pieces) > 3
+    pieces = encode_frame(TOKEN, Kind.DISPLAY, {"data": {"text/plain": "x" * 400}}, piece_chars=40)
+    assert len(pieces) > 10  # more than two files hold (about 80 bytes a line)
     for piece in pieces:
         rt._frame_target.write(piece)
     rt.out.target.write("last\n")
@@ -101,6 +149,39 @@ def test_the_journal_is_bounded_rotates_and_never_splits_a_frame(tmp_path: Path,
     texts = [r["text"] for r in records]
     assert texts[-1] == "last\n"
     assert texts[-1 - len(pieces) : -1] == pieces  # the frame's pieces stay together
+
+
+def test_the_journal_keeps_the_lines_the_daemon_got_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal records the worker's own stdout and stderr lines as they go to the daemon (docs/reattach.md): what
+    a reattaching kernel replays is what the kernel was sent, a line the cell wrote in the daemon's format to
+    sys.__stdout__ and the worker's coalescing of a partial line included; the worker's other lines are not output."""
+    rt, j, daemon = through_the_worker(tmp_path, monkeypatch)
+    frame = encode_frame(TOKEN, Kind.DISPLAY, {"data": {"text/plain": "é" * 100}}, piece_chars=200)
+    j.arm(1)
+    j.begin()
+    writes: list[Callable[[], Any]] = [
+        lambda: rt.out.target.write("hello\n"),
+        lambda: rt.out.target.write('é ü \x01 "quoted" \\ \ud800 \t\n'),
+        lambda: rt.err.target.write("careful\n"),
+        lambda: rt.out.target.write("abc"),  # the worker holds a partial line ...
+        lambda: rt.out.target.write("def\n"),  # ... and sends it with the next: one line, "abcdef\n"
+        *[lambda piece=piece: rt._frame_target.write(piece) for piece in frame],
+        lambda: sys.__stdout__.write('{"type": "stdout", "text": "written to sys.__stdout__\\n"}\n'),
+        lambda: emit({"type": "error", "name": "E", "value": "", "traceback": ""}),
+    ]
+    for write in writes:
+        write()
+    j.end()
+    rt.out.target.write("after the cell\n")
+    sent = daemon.read_bytes().splitlines(keepends=True)
+    output = [line for line in sent if line.startswith((b'{"type": "stdout"', b'{"type": "stderr"'))]
+    assert len(output) == len(sent) - 1 == 6 + len(frame)
+    assert journal_lines(j.folder) == output[:-1]  # the line after the cell is not the cell's
+    records = read_all(j.folder)[0]
+    assert [r["text"] for r in records[:2]] == ["hello\n", 'é ü \x01 "quoted" \\ \ud800 \t\n']
+    assert [(r["type"], r["text"]) for r in records[2:4]] == [("stderr", "careful\n"), ("stdout", "abcdef\n")]
+    assert [r["text"] for r in records[4:]] == [*frame, "written to sys.__stdout__\n"]
+    assert all(r["text"].startswith(MARK) for r in records[4:-1])
 
 
 def test_exactly_one_of_two_kernels_claims_a_session(tmp_path: Path) -> None:

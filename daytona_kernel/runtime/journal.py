@@ -2,9 +2,9 @@
 
 Standard library only, Python 3.9+. It has two users:
 
-- the runtime (inside the interpreter context): ``Journal`` records every write of a
-  cell's output (frames and text, exactly what goes to the daemon) and the session's
-  state: running or idle, execution count, variables, when the last cell ended;
+- the runtime (inside the interpreter context): ``Journal`` records a cell's output (frames
+  and text: the worker's own stdout and stderr lines, exactly what goes to the daemon) and the
+  session's state: running or idle, execution count, variables, when the last cell ended;
 - the kernel, through ``process.exec`` (``runtime.journal_command``: this source run by
   ``python3 -I -c``, its argument a ``calls.JournalCall`` as keyword JSON): ``scan``
   lists the sessions, ``read`` returns what a cell wrote since an offset, ``claim`` makes
@@ -17,8 +17,8 @@ per interpreter context::
 
     <context id>/meta.json     the session's state, rewritten whole (tmp + rename)
     <context id>/owner.json    which kernel process owns it; only ``claim`` changes it
-    <context id>/out.<n>.jsonl the current cell's output, one {"type", "text"} line per
-                               write; rotated at FILE_BYTES, the last two files kept
+    <context id>/out.<n>.jsonl the current cell's output, the worker's {"type", "text"} lines
+                               to the daemon; rotated at FILE_BYTES, the last two files kept
 
 The daemon drains the worker's stdout whether or not a client listens (output with no
 client is dropped), so the journal is the only copy of what a detached cell prints.
@@ -42,6 +42,10 @@ PIECE_MARK = " + "  # after "<MARK><token>": a frame piece that more pieces foll
 JSON_BYTES = 64 * 1024  # meta.json and owner.json are a few hundred bytes; anything bigger is not ours
 PID_MAX = 4194304  # Linux's PID_MAX_LIMIT: no pid is bigger
 SKIPPED = "skipped"  # a record that stands for a line too long to read (its size is its "text")
+# How the daemon's worker starts its line of a stdout or stderr chunk (json.dump of {"type": ..., "text": ...}, in that
+# order: repl_worker.py's _StreamEmitter): the journal keeps these lines as they are (``record_line``)
+STDOUT_LINE = b'{"type": "stdout", "text": '
+STDERR_LINE = b'{"type": "stderr", "text": '
 
 
 def _write_json(path, value):
@@ -153,7 +157,8 @@ def _alive(meta):
 
 
 class _Tee(object):
-    """A worker stream that also appends what passes through it to the journal."""
+    """A worker stream that also appends what passes through it to the journal: only where the runtime has no
+    ProtocolWriter (fds 1 and 2 could not be captured), which otherwise hands the journal the worker's lines."""
 
     def __init__(self, journal, inner, kind):
         self._journal = journal
@@ -203,6 +208,8 @@ class Journal(object):
         self._size = 0
         self._mid_frame = False
         self._piece_head = None
+        self._piece_line = None  # how the worker's line of a frame piece that more pieces follow starts
+        self._writer = None  # type: Any  # the runtime's ProtocolWriter while it hands this journal the cell's lines
         self.broken = ""
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         _write_json(os.path.join(self.folder, "owner.json"), options.owner)
@@ -248,11 +255,17 @@ class Journal(object):
                 os.remove(os.path.join(self.folder, name))
             self._n, self._size, self._mid_frame = 0, 0, False
             self._piece_head = _frame_mark() + rt.token + PIECE_MARK
-            self._file = open(os.path.join(self.folder, "out.0.jsonl"), "a", encoding="utf-8")  # noqa: SIM115 (open for the cell)
+            self._piece_line = STDOUT_LINE + json.dumps(self._piece_head)[:-1].encode("ascii")
+            self._file = open(os.path.join(self.folder, "out.0.jsonl"), "ab")  # noqa: SIM115 (open for the cell)
             self.meta.update(state="running", cell=self.meta["cell"] + 1, cell_count=self._armed, cell_started_at=time.time())
             _write_json(os.path.join(self.folder, "meta.json"), self.meta)
         except OSError as exc:
             self._fail(exc)
+            return
+        writer = getattr(rt.fds, "protocol", None)
+        if writer is not None:  # the worker's lines, as they go to the daemon: no second JSON encoding of the text
+            self._writer = writer
+            writer.journal = self
             return
         rt.out.target = _Tee(self, rt.out.target, "stdout")
         rt.err.target = _Tee(self, rt.err.target, "stderr")
@@ -264,6 +277,9 @@ class Journal(object):
         if self._armed is None:
             return
         count, self._armed = self._armed, None
+        if self._writer is not None:
+            self._writer.journal = None
+            self._writer = None
         for name in ("out", "err"):
             stream = getattr(rt, name)
             if isinstance(stream.target, _Tee):
@@ -291,20 +307,34 @@ class Journal(object):
         except OSError as exc:
             self._fail(exc)
 
+    def record_line(self, line):
+        """One line (bytes) the worker sends the daemon during the cell (``streams.ProtocolWriter``): a stdout or
+        stderr chunk is kept as it is, the worker's JSON being the journal's (the text is not encoded again)."""
+        if line.startswith(STDOUT_LINE):
+            self._append(line, line.startswith(self._piece_line))
+        elif line.startswith(STDERR_LINE):
+            self._append(line, None)
+
     def record(self, kind, text):
-        """One write of the cell's output. Never raises: a full disk stops the journal, not the cell."""
+        """One write of the cell's output (``_Tee``), as the worker's line for it."""
+        if text:
+            line = (json.dumps({"type": kind, "text": text}) + "\n").encode("ascii")
+            self._append(line, text.startswith(self._piece_head) if kind == "stdout" else None)
+
+    def _append(self, line, mid_frame):
+        """``mid_frame``: whether the line is a frame's piece that more follow (None: a stderr line, which says
+        nothing about it). Never raises: a full disk stops the journal, not the cell."""
         f = self._file
-        if f is None or not text:
+        if f is None:
             return
         try:
             if self._size >= FILE_BYTES and not self._mid_frame:
                 f = self._rotate()
-            line = json.dumps({"type": kind, "text": text}) + "\n"
             f.write(line)
             f.flush()
             self._size += len(line)
-            if kind == "stdout":  # never rotate between the pieces of one frame
-                self._mid_frame = text.startswith(self._piece_head)
+            if mid_frame is not None:  # never rotate between the pieces of one frame
+                self._mid_frame = mid_frame
         except OSError as exc:
             self._fail(exc)
 
@@ -317,7 +347,7 @@ class Journal(object):
             os.remove(old)
         self._n += 1
         self._size = 0
-        self._file = open(os.path.join(self.folder, "out.%d.jsonl" % self._n), "a", encoding="utf-8")  # noqa: SIM115
+        self._file = open(os.path.join(self.folder, "out.%d.jsonl" % self._n), "ab")  # noqa: SIM115
         return self._file
 
     def _fail(self, exc):

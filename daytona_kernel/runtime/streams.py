@@ -158,8 +158,9 @@ class ProtocolWriter(_TextSink):
 
     The daemon's worker writes each JSON line to ``sys.__stdout__`` and flushes.
     A line that looks like one of those goes to the original fd 1 in one piece
-    (SIGINT held off, so no half line is left behind). Anything else written
-    here (user code printing to ``sys.__stdout__``) is cell output.
+    (SIGINT held off, so no half line is left behind), after the session journal
+    (``journal``, during a cell) has it. Anything else written here (user code
+    printing to ``sys.__stdout__``) is cell output.
     """
 
     def __init__(self, runtime, fd):
@@ -167,6 +168,7 @@ class ProtocolWriter(_TextSink):
         self._rt = runtime
         self._fd = fd
         self._parts = []
+        self.journal = None
 
     def fileno(self):
         return 1  # the captured fd 1: never the protocol fd
@@ -193,6 +195,9 @@ class ProtocolWriter(_TextSink):
     def _write_line(self, data):
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
         try:
+            journal = self.journal
+            if journal is not None:  # first: whatever the daemon got, an attaching kernel finds
+                journal.record_line(data)
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
@@ -218,6 +223,7 @@ class FdCapture(object):
         self._readers = {}  # read end -> (stream, incremental decoder)
         self._libc = None
         self.original_stdout = None
+        self.protocol = None  # the ProtocolWriter, once installed
         self.last_drain = 0.0
         self.reading = False
 
@@ -238,6 +244,7 @@ class FdCapture(object):
             os.set_blocking(read_end, False)
             self._readers[read_end] = (stream, codecs.getincrementaldecoder("utf-8")("replace"))
         sys.__stdout__ = protocol  # type: ignore[misc,assignment]  # where the worker writes its protocol
+        self.protocol = protocol
         threading.Thread(target=self._pump, name="daytona-kernel-fd-pump", daemon=True).start()
 
     def _pump(self):
