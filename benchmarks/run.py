@@ -715,6 +715,12 @@ def _sync_figures(emu: DaytonaEmulator, quick: bool, scratch: Path) -> list[Figu
         sub = tree / f"d{i // 500:02d}"
         sub.mkdir(exist_ok=True)
         (sub / f"f{i:05d}.txt").write_text("x" * 100)
+    # A project that exists before the kernel starts: files written an hour ago. The manifest hashes a file
+    # whose mtime was within RACY_WINDOW_NS (2 s) of its recording (a same-size rewrite in the same second
+    # would keep size and mtime), so a tree written just now would time that window, not the check.
+    settled = time.time_ns() - 3600 * 10**9
+    for path in tree.glob("*/*.txt"):
+        os.utime(path, ns=(settled, settled))
     config = DaytonaKernelConfig()
     mirror = WorkdirMirror(str(tree), _NoNetwork(), config, scratch / "manifests" / "tree.json", logging.getLogger())  # type: ignore[arg-type]
     asyncio.run(mirror.push())

@@ -175,6 +175,8 @@ def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> 
         assert result_text(k.execute("1 + 1", timeout=20)) == "2"
         assert [key for key in emu.sequence if "/api/" in key] == []  # no API call: the SDK never loaded
         assert len(sandbox.contexts) == 1  # each restart's old context was deleted
+        pid = k.km.provisioner.process.pid  # type: ignore[union-attr]
+        assert "aiohttp" not in Path(f"/proc/{pid}/maps").read_text()  # it loads with the SDK, not before
         gate.open()
         assert result_text(k.execute("import os\nos.path.isdir('.')", timeout=60)) == "True"
     emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # the shutdown waited for the SDK, then released it

@@ -4,7 +4,10 @@ after a quick start while the daytona SDK loads in the background. In process: n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import ssl
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -14,8 +17,8 @@ from typing import Any
 import pytest
 
 from daytona_kernel.backends.daytona import DaytonaSandbox
+from daytona_kernel.backends.daytona_handedover import HandedOverToolbox
 from daytona_kernel.backends.daytona_handoff import Handoff, write_handoff
-from daytona_kernel.backends.daytona_toolbox import HandedOverToolbox
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 from daytona_kernel.errors import BackendError, SandboxGone
 
@@ -76,37 +79,100 @@ def proxy_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyP
     return monkeypatch
 
 
-async def test_the_handed_over_toolbox_goes_through_the_proxy_the_sdk_uses(proxy_env: pytest.MonkeyPatch) -> None:
-    """The SDK's sessions honour HTTP(S)_PROXY (trust_env): where only the proxy reaches Daytona, a quick start
-    that connected directly would hang or fail on every restart."""
-    proxy = Proxy()
-    async with proxy as url:
-        proxy_env.setenv("HTTP_PROXY", url)
-        toolbox = HandedOverToolbox("http://sandbox.invalid/toolbox/sb", "ws://sandbox.invalid/x", {"Authorization": "Bearer k"})
+@pytest.mark.parametrize(
+    ("name", "quick"),
+    [("HTTP_PROXY", False), ("https_proxy", False), ("WSS_PROXY", False), ("WS_PROXY", False), ("ALL_PROXY", True), (None, True)],
+)
+async def test_a_proxy_in_the_environment_gives_the_normal_start(
+    proxy_env: pytest.MonkeyPatch, tmp_path: Path, name: str | None, quick: bool
+) -> None:
+    """The SDK's sessions honour the environment's proxies (aiohttp's trust_env: http, https, ws and wss; not
+    ALL_PROXY); tornado's client, which the quick start uses, cannot go through one. Where only the proxy reaches
+    Daytona, a quick start that connected directly would hang or fail on every restart: with a proxy, the normal
+    start (the SDK), and the left context is deleted once it has the sandbox."""
+    proxy_env.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    proxy_env.setenv("DAYTONA_API_KEY", "key")
+    if name is not None:
+        proxy_env.setenv(name, "http://127.0.0.1:9")
+    box = sandbox()
+    sid, cid = "7d1f0b52-aaaa-bbbb-cccc-0123456789ab", "5e1c7a3d-1111-2222-3333-444455556666"
+    write_handoff(Handoff("k1", sid, "https://proxy.app.daytona.io/toolbox", cid, box._fingerprint, time.time()))
+    assert box._quick_start() is quick
+    if quick:
+        assert box._loading is not None
+        box._loading.cancel()  # not this test's business: the SDK's load
+    else:
+        assert box._loading is None and box._handed_over is None
+        assert box._unclaimed is not None and box._unclaimed.context_id == cid
+
+
+async def test_a_proxy_the_toolbox_host_bypasses_keeps_the_quick_start(proxy_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    proxy_env.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    proxy_env.setenv("DAYTONA_API_KEY", "key")
+    proxy_env.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    proxy_env.setenv("NO_PROXY", ".daytona.io")
+    box = sandbox()
+    write_handoff(Handoff("k1", "sb1", "https://proxy.app.daytona.io/toolbox", "c1", box._fingerprint, time.time()))
+    assert box._quick_start()
+    assert box._loading is not None
+    box._loading.cancel()
+
+
+async def test_a_netrc_entry_for_the_toolbox_host_is_never_sent(proxy_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The request carries the key's Authorization and nothing from ~/.netrc (the SDK's aiohttp would refuse the
+    pair; tornado's client never reads it)."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password netrc-secret\n")
+    netrc.chmod(0o600)
+    proxy_env.setenv("NETRC", str(netrc))
+    toolbox_server = Proxy()
+    async with toolbox_server as url:
+        toolbox = HandedOverToolbox(f"{url}/toolbox/sb", "ws://127.0.0.1:9/x", {"Authorization": "Bearer k"})
         try:
             assert await toolbox.create_context("/w") == "c1"
         finally:
             await toolbox.close()
-    assert [r.split(b"\r\n")[0] for r in proxy.requests] == [b"POST http://sandbox.invalid/toolbox/sb/process/interpreter/context HTTP/1.1"]
+    (request,) = toolbox_server.requests
+    assert b"Authorization: Bearer k" in request
+    assert b"netrc-secret" not in request and b"c29tZW9uZTpuZXRyYy1zZWNyZXQ" not in request
 
 
-async def test_a_netrc_entry_for_the_toolbox_host_is_never_sent(proxy_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """With the environment trusted, aiohttp would read ~/.netrc; the request carries the key's Authorization, so
-    (as with the SDK) the combination is refused before anything is sent, and the quick path falls back."""
-    netrc = tmp_path / "netrc"
-    netrc.write_text("machine sandbox.invalid login someone password netrc-secret\n")
-    netrc.chmod(0o600)
-    proxy_env.setenv("NETRC", str(netrc))
-    proxy = Proxy()
-    async with proxy as url:
-        proxy_env.setenv("HTTP_PROXY", url)
-        toolbox = HandedOverToolbox("http://sandbox.invalid/toolbox/sb", "ws://sandbox.invalid/x", {"Authorization": "Bearer k"})
-        try:
-            with pytest.raises(BackendError):
-                await toolbox.create_context("/w")
-        finally:
-            await toolbox.close()
-    assert not any(b"netrc-secret" in r or b"c29tZW9uZTpuZXRyYy1zZWNyZXQ" in r for r in proxy.requests)
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+async def test_the_handed_over_toolbox_verifies_the_toolboxs_certificate(proxy_env: pytest.MonkeyPatch, self_signed: tuple[Path, Path]) -> None:
+    """As the SDK's sessions (ssl.create_default_context()): a certificate the system does not trust ends the
+    connection before any request, and so before the key, is sent."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*self_signed)
+    got: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            got.append(await reader.read(1024))
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    toolbox = HandedOverToolbox(f"{url}/toolbox/sb", f"wss{url[5:]}/toolbox/sb/process/interpreter/execute", {"Authorization": "Bearer k"})
+    try:
+        with pytest.raises(BackendError, match="CERTIFICATE_VERIFY_FAILED"):
+            await toolbox.create_context("/w")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await toolbox.connect()
+    finally:
+        await toolbox.close()
+        server.close()
+        await server.wait_closed()
+    assert not any(b"Bearer" in data for data in got)
 
 
 async def test_deleting_a_context_the_daemon_no_longer_has_is_done(proxy_env: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,7 @@ SCRIPT = textwrap.dedent(
     session = build_session(config, tempfile.mkdtemp(), "k1", logging.getLogger())
     assert "daytona._async.daytona" not in sys.modules, "building the session imported the SDK's client"
     assert "pydantic" not in sys.modules, "building the session imported pydantic (the SDK's models)"
+    assert "aiohttp" not in sys.modules, "building the session imported aiohttp (0.15 s: it loads with the SDK)"
 
     default = sys.getswitchinterval()
 

@@ -158,6 +158,28 @@ def test_a_same_size_rewrite_that_keeps_the_mtime_is_seen_only_while_the_mtime_c
     assert manifest.changes({"a.txt": stat_of("a.txt"), "new.txt": (1, 1, 0o644)})[0] == [("a.txt", 3), ("new.txt", 1)]
 
 
+def test_a_file_replaced_by_a_fifo_after_the_scan_does_not_hang_the_check(tmp_path: Path) -> None:
+    """The manifest hashes a file the scan found regular; if a FIFO took its place meanwhile, the hash
+    must not wait for a writer that never comes (the check runs before every cell)."""
+    import os
+
+    from daytona_kernel.manifest import SyncManifest
+
+    (tmp_path / "a.txt").write_text("one")
+    manifest = SyncManifest(tmp_path / "m.json", tmp_path, logging.getLogger())
+    manifest.record_file("a.txt")
+    size, mtime = manifest["a.txt"][:2]
+    (tmp_path / "a.txt").unlink()
+    os.mkfifo(tmp_path / "a.txt")
+    answer: list[bool] = []
+    checker = threading.Thread(target=lambda: answer.append(manifest.locally_changed("a.txt", (size, mtime + 1, 0o644))), daemon=True)
+    checker.start()
+    checker.join(10)
+    if checker.is_alive():  # let the stuck open() go before failing
+        os.close(os.open(tmp_path / "a.txt", os.O_WRONLY | os.O_NONBLOCK))
+    assert answer == [True]
+
+
 def test_a_deleted_file_is_planned_as_deleted_beside_a_new_one(tmp_path: Path) -> None:
     import asyncio
 

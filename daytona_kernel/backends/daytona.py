@@ -36,7 +36,7 @@ import logging
 import os
 import shlex
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from daytona.common.errors import DaytonaNotFoundError
 
@@ -55,11 +55,14 @@ from .daytona_api import (
     quiet,
     status_of,
 )
-from .daytona_handoff import Handoff, interpreter_headers, settings_fingerprint, take_handoff, write_handoff
+from .daytona_handoff import Handoff, interpreter_headers, proxied, settings_fingerprint, take_handoff, write_handoff
 from .daytona_states import StateLadder
 from .daytona_status import status_lines
-from .daytona_toolbox import DaytonaContext, DaytonaToolbox, HandedOverToolbox
+from .daytona_toolbox import DaytonaContext, DaytonaToolbox, FoundSandbox
 from .daytona_workspace import WorkspaceSandboxes, drift_notice
+
+if TYPE_CHECKING:
+    from .daytona_handedover import HandedOverToolbox
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -148,7 +151,7 @@ class DaytonaSandbox(Sandbox):
         return None if loading.cancelled() else loading.exception()
 
     def without_sdk(self) -> HandedOverToolbox | None:
-        """After a restart's quick start, while the SDK loads: the toolbox through aiohttp alone."""
+        """After a restart's quick start, while the SDK loads: the toolbox without it (tornado's client)."""
         return self._handed_over if self.loading else None
 
     def take_notices(self) -> list[str]:
@@ -193,18 +196,23 @@ class DaytonaSandbox(Sandbox):
 
     def _quick_start(self) -> bool:
         """The first start after a restart, when the old process left a handoff that fits: the sandbox is taken
-        as started, the first cell runs in the next context through aiohttp alone, and the SDK loads meanwhile
-        (``_loading``). False (with a debug line saying why) for the normal start."""
+        as started, the first cell runs in the next context through tornado's client (``daytona_handedover``), and
+        the SDK loads meanwhile (``_loading``). False (with a debug line saying why) for the normal start: also
+        when the environment names a proxy for the toolbox, which the SDK's sessions honour and tornado's
+        client cannot."""
         if not self._fingerprint:
             return False
         refused: list[Handoff] = []
         handoff = take_handoff(self._kernel_id, self._fingerprint, self.api_url, refused=refused)
         headers = interpreter_headers() if handoff is not None else None
-        if handoff is None or headers is None:
+        proxy = proxied(handoff.toolbox_url) if handoff is not None else ""
+        if handoff is None or headers is None or proxy:
             if handoff is not None:
-                log.debug("restart handoff ignored: the credentials are not in the environment")
+                log.debug("restart handoff not used: %s", proxy or "the credentials are not in the environment")
             self._unclaimed = refused[0] if refused else handoff  # its context: deleted once the normal start has the sandbox
             return False
+        from .daytona_handedover import HandedOverToolbox
+
         self._handoff = handoff
         self._handed_over = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
         self._toolbox_url = handoff.toolbox_url
@@ -353,7 +361,7 @@ class DaytonaSandbox(Sandbox):
     async def detach(self) -> None:
         """A kernel restart: delete this kernel's contexts and keep the sandbox running, so the next
         kernel process (same Jupyter kernel id) finds it started: %pip installs and files survive."""
-        if self.without_sdk() is None:  # else its contexts are deleted through aiohttp, without waiting for the SDK
+        if self.without_sdk() is None:  # else its contexts are deleted without the SDK, without waiting for it
             await self._settled()
         try:
             await self.toolbox.close_contexts()
@@ -364,7 +372,8 @@ class DaytonaSandbox(Sandbox):
         """A restart: the next process's context, created now with ``code`` (importing IPython) left running
         in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it); the
         handoff tells that process where its interpreter is, so its first cell need not wait for the SDK. A
-        restart that comes before this process's SDK has loaded does it through aiohttp, without the label."""
+        restart that comes before this process's SDK has loaded does it without the SDK (``daytona_handedover``),
+        without the label."""
         quick = self.without_sdk()
         if quick is not None:
             context = DaytonaContext(self.toolbox, await quick.create_context(self.workdir))
@@ -416,13 +425,9 @@ class DaytonaSandbox(Sandbox):
             if unclaimed.sandbox_id == self.id:
                 await self.toolbox.end_context(unclaimed.context_id)
                 return
-            headers = interpreter_headers()  # a context in the sandbox the old settings chose
-            if headers is not None:
-                other = HandedOverToolbox(unclaimed.sandbox_url, unclaimed.interpreter_url, headers)
-                try:
-                    await other.delete_context(unclaimed.context_id)
-                finally:
-                    await other.close()
+            other = await self._workspace.by_id(unclaimed.sandbox_id)  # the sandbox the old settings chose
+            if other is not None:
+                await DaytonaToolbox(FoundSandbox(other, self.api_url), self.workdir).end_context(unclaimed.context_id)
         except BackendError as exc:
             log.info("could not delete the context %s a restart left (%s); it goes when its sandbox stops", unclaimed.context_id, exc)
 
@@ -430,7 +435,7 @@ class DaytonaSandbox(Sandbox):
         """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a
         context in the sandbox (two notebooks in one folder): then it stays up for that kernel, and
         auto-stop ends it once every kernel has gone quiet. While the SDK still loads after a restart, this kernel's
-        contexts are deleted through aiohttp first: if Jupyter kills the process before the SDK is there, no
+        contexts are deleted without it first: if Jupyter kills the process before the SDK is there, no
         interpreter with the user's variables is left."""
         if self.without_sdk() is not None:
             await self.toolbox.close_contexts()

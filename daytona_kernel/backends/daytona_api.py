@@ -16,12 +16,12 @@ import os
 import random
 import re
 import socket
+import sys
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 from urllib.parse import urlparse
 
-import aiohttp
 from daytona.common.errors import (
     DaytonaAuthenticationError,
     DaytonaConnectionError,
@@ -119,7 +119,8 @@ def _unreachable_cause(exc: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         if isinstance(current, ConnectionRefusedError):
             return "connection refused"
-        if isinstance(current, (socket.gaierror, aiohttp.ClientConnectorDNSError)):
+        aiohttp = sys.modules.get("aiohttp")  # its errors exist once it is loaded (with the SDK)
+        if isinstance(current, socket.gaierror) or (aiohttp is not None and isinstance(current, aiohttp.ClientConnectorDNSError)):
             return "unknown host"
         seen.add(id(current))
         current = current.__cause__ or current.__context__

@@ -245,3 +245,18 @@ def interpreter_headers(environ: Any = None) -> dict[str, str] | None:
         return None
     headers.update({"X-Daytona-Source": SDK_SOURCE, "X-Daytona-SDK-Version": sdk_version})
     return headers
+
+
+def proxied(url: str) -> str:
+    """Why a request to ``url`` would go through a proxy ("" when it would not): the SDK's sessions take the proxy
+    from the environment (aiohttp with ``trust_env``: ``http``, ``https``, ``ws`` and ``wss`` proxies, minus
+    ``NO_PROXY``, as ``urllib.request`` reads them; a scheme other than the request's counts too, to be safe), and tornado's client, which the quick start uses, cannot
+    go through one; then the restart has the normal start, through the SDK."""
+    if not any(name.lower().endswith("_proxy") for name in os.environ):
+        return ""  # the usual case: no need to load urllib.request
+    from urllib.request import getproxies, proxy_bypass  # what aiohttp's trust_env reads (helpers.get_env_proxy_for_url)
+
+    schemes = sorted(k for k in getproxies() if k in ("http", "https", "ws", "wss"))
+    if not schemes or proxy_bypass(urlsplit(url).hostname or ""):
+        return ""
+    return f"the environment names a proxy ({', '.join(s.upper() + '_PROXY' for s in schemes)}), which only the SDK honours"

@@ -17,10 +17,10 @@ import os
 import posixpath
 import re
 import shlex
+import sys
 import tempfile
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
-import aiohttp
 from daytona.common.errors import DaytonaError, DaytonaRateLimitError
 
 from ..errors import (
@@ -37,6 +37,11 @@ from .base import Context, ExecResult, FileError, OutputCallback, RunError
 from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, call_api
 from .daytona_states import StateLadder
 
+if TYPE_CHECKING:
+    import aiohttp
+
+    from .daytona_handedover import HandedOverToolbox
+
 log = logging.getLogger("daytona_kernel.daytona")
 WS_CLOSE_WAIT_S = 1.0  # websocket.go: the reader that answers a close starts when the job leaves the queue
 T = TypeVar("T")
@@ -48,6 +53,49 @@ DEFAULT_CONTEXT_ID = "default"  # the daemon's own context (interpreter/manager.
 WS_DONE = 1000
 WS_GOING_AWAY = 1001  # the daemon: the worker process ended, or the context was deleted
 WS_TIMEOUT = 4008  # the daemon: timeout, or a KeyboardInterrupt escaped the code
+WS_TEXT, WS_BINARY, WS_CLOSE = 0x1, 0x2, 0x8  # a message's type: aiohttp's WSMsgType (the frame's opcode, RFC 6455)
+
+
+class InterpreterSocket(Protocol):
+    """The interpreter websocket as a context reads it: aiohttp's (the SDK's session, ``open_interpreter_socket``)
+    or, while the SDK loads after a restart, tornado's (``daytona_handedover.HandedOverSocket``)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def close_code(self) -> int | None: ...
+
+    async def send_str(self, data: str) -> None: ...
+
+    async def receive(self) -> Any: ...
+
+    async def close(self) -> Any: ...
+
+
+def socket_errors() -> tuple[type[BaseException], ...]:
+    """What a broken websocket raises: OSError and timeouts from either client, and aiohttp's errors once it is
+    loaded (with the SDK: before, no socket of its exists). Evaluated where it is caught, so that nothing imports
+    aiohttp before the SDK."""
+    aiohttp = sys.modules.get("aiohttp")
+    return (asyncio.TimeoutError, OSError, ValueError) + ((aiohttp.ClientError,) if aiohttp is not None else ())
+
+
+class HandshakeRefused(ConnectionError):
+    """The toolbox answered the websocket's handshake with ``status`` instead of switching protocols: nothing ran
+    (tornado's client, ``daytona_handedover``; aiohttp's is ``WSServerHandshakeError``)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def handshake_status(exc: BaseException) -> int | None:
+    """The HTTP status the toolbox refused the websocket's handshake with (None: it did not answer)."""
+    if isinstance(exc, HandshakeRefused):
+        return exc.status
+    aiohttp = sys.modules.get("aiohttp")
+    return exc.status if aiohttp is not None and isinstance(exc, aiohttp.WSServerHandshakeError) else None
 
 
 class ToolboxHost(Protocol):
@@ -58,7 +106,7 @@ class ToolboxHost(Protocol):
         quick start, every SDK call waits here for the SDK's load (``DaytonaSandbox``)."""
 
     def without_sdk(self) -> HandedOverToolbox | None:
-        """While the SDK loads after a restart, the sandbox's toolbox through aiohttp alone; else None."""
+        """While the SDK loads after a restart, the sandbox's toolbox without it (``daytona_handedover``); else None."""
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
         """Run an SDK call through the one retry loop and error translation."""
@@ -118,66 +166,6 @@ async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketRespon
     return await session.ws_connect(re.sub(r"^http", "ws", url), headers=headers)
 
 
-class HandedOverToolbox:
-    """After a restart, what the kernel process does in the sandbox before the SDK has loaded, with aiohttp
-    alone: the sandbox's toolbox URL from the old process's handoff (``daytona_handoff``), the headers from
-    this process's own credentials, as the SDK sends them. The interpreter websocket (the daemon takes the
-    context's id in the request's first message: apps/daemon/pkg/toolbox/process/interpreter/controller.go,
-    lines 104-150, as with ``open_interpreter_socket``), and, for a restart that comes before the SDK has
-    loaded, creating and deleting a context (the daemon's routes: apps/daemon/pkg/toolbox/server.go, lines
-    236-238)."""
-
-    def __init__(self, sandbox_url: str, interpreter_url: str, headers: dict[str, str]) -> None:
-        self._sandbox_url = sandbox_url
-        self._interpreter_url = interpreter_url
-        self._headers = headers
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        """As the SDK's own sessions (daytona/internal/shared_session.py, ``trust_env=True``): HTTP(S)_PROXY and
-        NO_PROXY apply. aiohttp then also reads ~/.netrc, but every request here carries the key's Authorization
-        header, so a netrc entry for the host is refused with a ValueError before anything is sent (as with the
-        SDK) and becomes a BackendError here: the normal start follows."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=API_REQUEST_TIMEOUT_S), trust_env=True)
-        return self._session
-
-    async def connect(self) -> aiohttp.ClientWebSocketResponse[bool]:
-        try:
-            return await self._http().ws_connect(self._interpreter_url, headers=self._headers)
-        except ValueError as exc:  # a netrc entry for the host (see _http)
-            raise BackendError(f"Could not open the interpreter: {exc}") from exc
-
-    async def create_context(self, cwd: str) -> str:
-        """A new interpreter context; its id. Raises BackendError."""
-        url = f"{self._sandbox_url}/process/interpreter/context"
-        try:
-            async with self._http().post(url, json={"cwd": cwd}, headers=self._headers) as response:
-                body = await response.json(content_type=None) if response.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-            raise BackendError(f"Could not create an interpreter context: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(body, dict) or not isinstance(body.get("id"), str):
-            raise BackendError(f"Could not create an interpreter context ({response.status}).")
-        return str(body["id"])
-
-    async def delete_context(self, context_id: str) -> None:
-        """Raises BackendError unless the daemon deleted it or no longer has it (404: apps/daemon/pkg/toolbox/
-        process/interpreter/controller.go, lines 199-201)."""
-        url = f"{self._sandbox_url}/process/interpreter/context/{context_id}"
-        try:
-            async with self._http().delete(url, headers=self._headers) as response:
-                status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-            raise BackendError(f"Could not delete the interpreter context {context_id}: {type(exc).__name__}: {exc}") from exc
-        if status not in (200, 404):
-            raise BackendError(f"Could not delete the interpreter context {context_id} ({status}).")
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
 class DaytonaContext(Context):
     """An interpreter context in a Daytona sandbox. ``context`` is the SDK's object for it; None for the one a
     restart handed over (the SDK had not loaded when it was taken)."""
@@ -203,7 +191,7 @@ class DaytonaContext(Context):
             await ws.send_str(json.dumps(request))
             while True:
                 msg = await ws.receive()
-                if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                if msg.type in (WS_TEXT, WS_BINARY):
                     chunk = json.loads(msg.data)
                     kind = chunk.get("type")
                     if kind == "stdout":
@@ -213,10 +201,10 @@ class DaytonaContext(Context):
                     elif kind == "error":
                         error = RunError(chunk.get("name", ""), chunk.get("value", ""), chunk.get("traceback") or "")
                     continue
-                close_code = msg.data if msg.type == aiohttp.WSMsgType.CLOSE else ws.close_code
-                reason = msg.extra if msg.type == aiohttp.WSMsgType.CLOSE else None
+                close_code = msg.data if msg.type == WS_CLOSE else ws.close_code
+                reason = msg.extra if msg.type == WS_CLOSE else None
                 break
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except socket_errors() as exc:
             raise await self._toolbox.why_cut_off(self.id, f"{type(exc).__name__}: {exc}") from exc
         finally:
             if not ws.closed:  # the daemon answers a close only once its job runs: do not wait long for it
@@ -236,33 +224,33 @@ class DaytonaContext(Context):
         ws = await self._open_socket()
         try:
             await ws.send_str(json.dumps({"code": code, "contextId": self.id, "timeout": math.ceil(timeout)}))
-        except (aiohttp.ClientError, OSError) as exc:
+        except socket_errors() as exc:
             raise await self._toolbox.why_cut_off(self.id, f"{type(exc).__name__}: {exc}") from exc
         finally:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(ws.close(), WS_CLOSE_WAIT_S)
 
-    async def _open_socket(self) -> aiohttp.ClientWebSocketResponse[bool]:
+    async def _open_socket(self) -> InterpreterSocket:
         """Open the interpreter websocket. Nothing has run before the handshake succeeds, so a 429 or 5xx
         (Daytona's proxy when busy) or a dropped connection is tried again by the one retry loop (``call_api``,
         through the host), as an SDK error of that status; then, or on any other failure, the sandbox's state says why."""
         quick = self._host.without_sdk()
         sandbox = await self._host.sdk_sandbox() if quick is None else None
 
-        async def handshake() -> aiohttp.ClientWebSocketResponse[bool]:
+        async def handshake() -> InterpreterSocket:
             try:
                 return await (quick.connect() if quick is not None else open_interpreter_socket(sandbox))
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # nothing ran
-                status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
+            except socket_errors() as exc:  # nothing ran
+                status = handshake_status(exc)
                 if status == 429:
                     raise DaytonaRateLimitError(f"the interpreter's websocket: {exc}", status_code=status) from exc
-                if (status or 0) >= 500 or isinstance(exc, aiohttp.ServerDisconnectedError):
+                if (status or 0) >= 500 or _disconnected(exc):
                     raise DaytonaError(f"the interpreter's websocket: {exc}", status_code=status) from exc
                 raise
 
         try:
             return await self._host.api("open the interpreter", handshake)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except socket_errors() as exc:
             raise await self._toolbox.why_unreachable(exc) from exc
         except BackendError as exc:  # the retries ran out: the handshake's own failure says more
             failure = exc.__cause__.__cause__ if exc.__cause__ is not None else None
@@ -313,7 +301,7 @@ class DaytonaToolbox:
             return SandboxPaused(f"The sandbox {self.host.id} is {state}.")
         if state != "started":
             return SandboxNotRunning(f"The sandbox {self.host.id} is {state}.")
-        status = exc.status if isinstance(exc, aiohttp.WSServerHandshakeError) else None
+        status = handshake_status(exc)
         if status in (401, 403):
             return AuthError(
                 f"Daytona refused to open the interpreter ({status}): check DAYTONA_API_KEY and DAYTONA_TARGET, "
@@ -511,6 +499,14 @@ class DaytonaToolbox:
             f"{used_gib:.1f} of {size_gib:.1f} GiB used; stopped sandboxes count against your quota too "
             "(`daytona-kernel gc` lists them)"
         )
+
+
+def _disconnected(exc: BaseException) -> bool:
+    """The toolbox closed the connection before it answered the handshake (Daytona's proxy when busy): try again."""
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, ConnectionResetError)
 
 
 def _download_result(item: Any) -> bytes | FileError:

@@ -264,17 +264,21 @@ class WorkspaceSandboxes:
         Jupyter kernel id, in a label, is the same across a restart). ``sandbox_id``: that one, looked up by
         its id (a restart's handoff named it), if it still exists."""
         self.idle_why = ""  # set by create, when this kernel makes the sandbox
-        if sandbox_id:
-            client = self._client_or_open()
-            try:
-                found = await self._api("look up the sandbox", lambda: client.get(sandbox_id))
-            except BackendError as exc:
-                if not isinstance(exc.__cause__, DaytonaNotFoundError):
-                    raise
-                found = None
-            if found is not None and state_name(found) not in GONE_STATES:
-                return found
+        found = await self.by_id(sandbox_id) if sandbox_id else None
+        if found is not None:
+            return found
         return await self._find_by(self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL))
+
+    async def by_id(self, sandbox_id: str) -> Any:
+        """The sandbox with this id, None when it no longer exists."""
+        client = self._client_or_open()
+        try:
+            found = await self._api("look up the sandbox", lambda: client.get(sandbox_id))
+        except BackendError as exc:
+            if not isinstance(exc.__cause__, DaytonaNotFoundError):
+                raise
+            return None
+        return found if state_name(found) not in GONE_STATES else None
 
     async def _find_by(self, labels: dict[str, str]) -> Any:
         from daytona import ListSandboxesQuery

@@ -379,13 +379,10 @@ class MirrorRules:
 
     def gitignore(self, rel_dir):
         """The rules of the .gitignore in one folder (relative to the root), read once."""
-        return self._read(rel_dir)[0]
+        return self.gitignore_file(rel_dir)[0]
 
-    def gitignore_lines(self, rel_dir):
-        """The lines ``gitignore(rel_dir)`` was made from (None without a .gitignore there)."""
-        return self._read(rel_dir)[1]
-
-    def _read(self, rel_dir):
+    def gitignore_file(self, rel_dir):
+        """(the rules of the .gitignore in one folder, or None; the lines they were made from, or None)."""
         if not self._read_gitignore:
             return None, None
         if rel_dir not in self._gitignores:
@@ -508,10 +505,9 @@ def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
             continue  # vanished or unreadable: nothing to mirror there
         lines = None
         if any(entry.name == ".gitignore" for entry in entries):  # no open() per folder without one
-            inner = rules.gitignore(rel_dir)
+            inner, lines = rules.gitignore_file(rel_dir)  # one read: another scan may forget them meanwhile
             if inner is not None:
                 levels = [(rel_dir, inner)] + levels
-            lines = rules.gitignore_lines(rel_dir)
         seen[rel_dir] = lines
         if known and ignores.get(rel_dir, lines) != lines:
             known = {}  # the verdicts below this folder rest on what its .gitignore said then

@@ -1,0 +1,55 @@
+"""How the sandbox's interpreter ends at a restart: the daemon deletes the context with SIGTERM and answers only
+once the worker has exited, and the restart waits for that answer (docs/reattach.md, "The first cell after a
+restart")."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kernels import Kernel, result_text
+
+# Runs in every Python started with this PYTHONPATH, before anything else registers an exit handler: its
+# handler therefore runs last, just before the interpreter's own teardown, and says whether the heap is frozen.
+REPORTER = """\
+import atexit, gc, os
+
+def _report():
+    with open(os.path.join(os.environ["EXIT_REPORTS"], str(os.getpid())), "w") as f:
+        f.write(str(gc.get_freeze_count()))
+
+atexit.register(_report)
+"""
+
+
+def test_a_restart_ends_the_old_interpreter_after_its_exit_work_without_a_collection_of_the_whole_heap(
+    kernel_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site, reports = tmp_path / "site", tmp_path / "reports"
+    site.mkdir()
+    reports.mkdir()
+    (site / "sitecustomize.py").write_text(REPORTER)
+    monkeypatch.setenv("PYTHONPATH", str(site))  # the kernel's worker, and the emulator's (it runs here)
+    monkeypatch.setenv("EXIT_REPORTS", str(reports))
+    user_atexit, unclosed = tmp_path / "user-atexit.txt", tmp_path / "unclosed.txt"
+    project = tmp_path / "project"
+    project.mkdir()
+    with Kernel(kernel_name, cwd=str(project)) as k:
+        pid = result_text(k.execute("import os\nos.getpid()"))
+        run = k.execute(
+            "import atexit\n"
+            f"atexit.register(lambda: open({str(user_atexit)!r}, 'w').write('ran'))\n"
+            "class Holder: pass\n"
+            f"h = Holder(); h.me = h; h.f = open({str(unclosed)!r}, 'w'); h.f.write('kept')\n"
+        )
+        assert run.reply["content"]["status"] == "ok", run.errors
+        k.restart()
+        report = reports / pid
+        deadline = time.monotonic() + 10
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert report.read_text() != "0"  # frozen: the interpreter's final collections skip the heap
+        assert user_atexit.read_text() == "ran"  # the user's exit handlers still run
+        assert unclosed.read_text() == "kept"  # IPython's exit work (the namespace cleared and collected) still runs
+        assert result_text(k.execute("1 + 1")) == "2"
