@@ -279,11 +279,16 @@ class ContextSupervisor:
         if self._sandbox_started:
             await self._wait_for_closing()
             if restart:
+                # This process's context goes while the next one is made: the daemon answers a deletion only once
+                # the worker has exited. Not under the timeout, which would cancel a deletion half done.
+                ending = asyncio.ensure_future(self.close_quietly(self.live.context)) if self.live is not None else None
                 try:
                     await asyncio.wait_for(self._leave_next_context(), LEAVE_NEXT_CONTEXT_S)
                 except asyncio.TimeoutError:
                     self._log.warning("no time to prepare the next context for the restart: the next process makes its own")
                 finally:
+                    if ending is not None:
+                        await ending
                     await self.sandbox.detach()  # also deletes a next context that was not named in time
             else:
                 await self.sandbox.shutdown()

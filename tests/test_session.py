@@ -245,3 +245,37 @@ def test_a_notice_queued_after_the_first_ones_were_shown_is_kept() -> None:
     assert supervisor.take_notices() == ["first\n"]
     supervisor._installer._notice("later\n")
     assert supervisor.take_notices() == ["later\n"]
+
+
+async def test_a_restart_deletes_the_old_context_while_it_leaves_the_next_one() -> None:
+    """The daemon answers a context's deletion only once its worker has exited, and the restart waits for the
+    answer: the next context is made meanwhile, not after. The sandbox is let go of (detach) after both."""
+    events: list[str] = []
+
+    class Restarting(FakeSandbox):
+        async def leave_next_context(self, code: str, timeout: float) -> None:
+            events.append("leave begins")
+            await asyncio.sleep(0.05)
+            events.append("leave ends")
+
+        async def detach(self) -> None:
+            events.append("detach")
+            await super().detach()
+
+    sandbox = Restarting([Run()])
+    session = session_for(sandbox)
+    await session.execute(Cell("x", 1), Recorder())
+    live = session.supervisor.live
+    assert live is not None
+    close = live.context.close
+
+    async def closing() -> None:
+        events.append("close begins")
+        await asyncio.sleep(0.05)
+        await close()
+        events.append("close ends")
+
+    live.context.close = closing  # type: ignore[method-assign]
+    await session.shutdown(restart=True)
+    assert events.index("close begins") < events.index("leave ends")
+    assert events[-1] == "detach" and "close ends" in events
