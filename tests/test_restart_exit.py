@@ -4,10 +4,13 @@ restart")."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import sandboxes_of
 from kernels import Kernel, result_text
 
 # Runs in every Python started with this PYTHONPATH, before anything else registers an exit handler: its
@@ -53,3 +56,33 @@ def test_a_restart_ends_the_old_interpreter_after_its_exit_work_without_a_collec
         assert user_atexit.read_text() == "ran"  # the user's exit handlers still run
         assert unclosed.read_text() == "kept"  # IPython's exit work (the namespace cleared and collected) still runs
         assert result_text(k.execute("1 + 1")) == "2"
+
+
+def volume_copy(k: Kernel, kernel_name: str, emulator: Any, folder: Path) -> Path:
+    """Where the volume keeps the working directory's copy, as this machine sees it."""
+    if kernel_name == "daytona":
+        (sandbox,) = [s for s in sandboxes_of(emulator, folder) if s.state != "destroyed"]
+        return emulator.bucket_path("daytona-kernel", sandbox.spec["volumes"][0]["subpath"])
+    status = k.execute("%daytona status").text()
+    return Path(re.search(r"\(local folder (.+)\)", status).group(1))  # type: ignore[union-attr]
+
+
+def test_a_restart_leaves_on_the_volume_what_the_old_interpreter_wrote_as_it_ended(
+    kernel_name: str, emulator: Any, tmp_path: Path
+) -> None:
+    """The restart waits for the old context's deletion, which waits for its worker's exit; the worker's last
+    act is the volume copy's last pass, after the user's exit handlers and IPython's (which flushes a file left
+    open). Before, the copy was brought up to date before the deletion, and what the exit wrote reached the
+    volume only after the next process's first cell, or never (a sandbox lost meanwhile)."""
+    env = {"DAYTONA_KERNEL_SYNC": "off"}
+    with Kernel(kernel_name, cwd=str(tmp_path), env=env) as k:
+        run = k.execute(
+            "import atexit\n"
+            "atexit.register(lambda: open('saved.txt', 'w').write('state'))\n"
+            "log = open('unclosed.txt', 'w'); log.write('buffered')\n"
+        )
+        assert run.errors == [], run.errors
+        volume = volume_copy(k, kernel_name, emulator, tmp_path)
+        k.restart()
+        assert (volume / "saved.txt").read_text() == "state"
+        assert (volume / "unclosed.txt").read_text() == "buffered"

@@ -332,3 +332,32 @@ def test_a_flush_runs_its_pass_at_once(tmp_path: Path, monkeypatch: pytest.Monke
     copy.wake()  # after a cell: a burst of wakes settles first
     assert copy.flush(10)
     assert (volume / "a.txt").read_text() == "two"
+
+
+def test_the_last_pass_at_exit_starts_no_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the interpreter exits (the runtime's exit handler) a copier that never ran cannot be started (from
+    Python 3.12 no thread starts at exit): the pass runs in the exiting thread; a running copier does it."""
+    import threading
+
+    from daytona_kernel.runtime import durable
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
+    workdir.mkdir(parents=True)
+    volume.mkdir()
+    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
+    assert copy.restore() == (0, [])
+    (workdir / "a.txt").write_text("one")
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refused)
+        assert copy.last_pass(10)
+    assert (volume / "a.txt").read_text() == "one"
+    copy.wake()  # a cell ended: the copier runs from now on
+    assert copy.flush(10)
+    (workdir / "a.txt").write_text("two")
+    assert copy.last_pass(10)
+    assert (volume / "a.txt").read_text() == "two"

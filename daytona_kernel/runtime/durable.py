@@ -17,7 +17,8 @@ chmod-ed or touched.
 - ``wake()`` after each cell: a background thread scans the working directory
   and copies the files that changed since their last copy, and removes from the
   volume the files that were deleted. The cell's reply does not wait for it.
-  ``flush()`` (at a shutdown or restart, which wait for it) runs a pass at once.
+  ``flush()`` (at a shutdown, which waits for it) runs a pass at once; ``last_pass()`` runs one as the
+  interpreter exits (a restart deletes the context, and waits for the worker's exit).
 - The record (``.daytona-kernel-volume-copy.json`` beside the working directory,
   on the disk) holds each file's size and mtime as last copied, so nothing
   already there is copied again. It stays out of the working directory, which
@@ -164,6 +165,14 @@ class DurableCopy(object):
                 if left <= 0:
                     return False
                 self._idle.wait(left)
+        return True
+
+    def last_pass(self, timeout):
+        """At the interpreter's exit: a full pass, by the copier's thread when it runs (it may be in a pass),
+        else here (from Python 3.12 no thread can start once the interpreter exits). True if it finished in time."""
+        if self._thread is not None and self._thread.is_alive():
+            return self.flush(timeout)
+        self.copy_changes()
         return True
 
     def _loop(self):

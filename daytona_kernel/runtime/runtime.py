@@ -12,6 +12,7 @@ can run it, else on the basic shell (``basic.py``); both answer ``execute``,
 ``send_payloads``. The runtime never knows which backend it runs on.
 """
 
+import atexit
 import builtins
 import getpass
 import json
@@ -48,6 +49,7 @@ except ImportError:  # imported from the package (tests)
 
 Kind = _framing.Kind
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
+EXIT_COPY_TIMEOUT_S = 1.5  # the daemon kills a worker 2 s after the SIGTERM that deletes its context (repl_client.go)
 INPUT_POLL_S = 0.01
 # The kernel leaves this file (worker pid, execution count) for a cell it gave up on while the cell waited in the
 # daemon's queue behind another job; the cell returns at once when its turn comes. The kernel writes the same name.
@@ -57,6 +59,24 @@ CELL_BLOB_BYTES = 128 * 1024 * 1024  # large output strings one cell may leave i
 # twenty messages, and each write is a pipe write, a daemon line and a wake-up of the kernel during the cell's loop.
 BATCHED_KINDS = frozenset((Kind.COMM_OPEN, Kind.COMM_MSG, Kind.COMM_CLOSE))
 BATCH_CHARS = 64 * 1024  # waiting frames past this go out at once (far under the daemon's 1 MiB line)
+
+
+current = None  # this process's Runtime, set by the bootstrap
+
+
+def _copy_at_exit():
+    """The interpreter's last act: the volume's copy of the working directory catches up (``DurableCopy.last_pass``).
+
+    A restart deletes the old context, and the daemon answers the deletion only once the worker has exited, so
+    the restart finds the volume current without a runtime call of its own. Registered when this module loads,
+    before the shell registers its exit work, so it runs after that (IPython clears the namespace: a file left
+    open is flushed) and after the handlers the user's code registered (which may write files too)."""
+    runtime = current
+    if runtime is not None and runtime.durable is not None:
+        runtime.durable.last_pass(EXIT_COPY_TIMEOUT_S)
+
+
+atexit.register(_copy_at_exit)
 
 
 def _ipyshell_module():
