@@ -29,8 +29,6 @@ import tarfile
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
-from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
 
 from .backends.base import Context, Sandbox
 from .errors import DaytonaKernelError
@@ -51,6 +49,8 @@ def ipython_version() -> str:
 
 def supports(python: str) -> bool:
     """Whether the kernel's IPython runs on a sandbox's Python (``"3.11.7"``)."""
+    from packaging.specifiers import SpecifierSet  # only for a sandbox without IPython: not before kernel_info (10 ms)
+
     required = metadata.distribution("ipython").metadata["Requires-Python"] or ""
     return SpecifierSet(required).contains(python, prereleases=True)
 
@@ -61,6 +61,8 @@ def _key(name: str) -> str:
 
 def distributions(python: str) -> list[metadata.Distribution]:
     """IPython's distributions and their requirements, as the sandbox's Python would need them."""
+    from packaging.requirements import Requirement
+
     major_minor = ".".join(python.split(".")[:2])
     env = {
         "python_version": major_minor,

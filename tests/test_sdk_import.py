@@ -30,6 +30,7 @@ SCRIPT = textwrap.dedent(
     assert "daytona._async.daytona" not in sys.modules, "building the session imported the SDK's client"
     assert "pydantic" not in sys.modules, "building the session imported pydantic (the SDK's models)"
     assert "aiohttp" not in sys.modules, "building the session imported aiohttp (0.15 s: it loads with the SDK)"
+    assert "packaging.requirements" not in sys.modules, "building the session imported packaging's parsers (10 ms)"
 
     default = sys.getswitchinterval()
 
