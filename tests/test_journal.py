@@ -184,6 +184,22 @@ def test_the_journal_keeps_the_lines_the_daemon_got_byte_for_byte(tmp_path: Path
     assert all(r["text"].startswith(MARK) for r in records[4:-1])
 
 
+def test_a_worker_chunk_with_a_field_before_its_text_is_still_journaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal keeps Daytona's worker lines as they are when they start as its json.dump writes them today
+    (repl_worker.py ``_emit``: ``{"type": "stdout", "text": ...}``); a worker that adds a field before the text
+    must not leave the journal empty, so such a line is read and journaled in today's layout."""
+    rt, j, daemon = through_the_worker(tmp_path, monkeypatch)
+    j.arm(1)
+    j.begin()
+    sys.__stdout__.write('{"type": "stdout", "seq": 1, "text": "with a field\\n"}\n')
+    sys.__stdout__.write('{"type": "stderr", "seq": 2, "text": "on stderr\\n"}\n')
+    sys.__stdout__.write('{"type": "stdout", "seq": 3}\n')  # no text: nothing to keep
+    sys.__stdout__.write('{"type": "control", "text": "completed"}\n')
+    j.end()
+    assert len(daemon.read_bytes().splitlines()) == 4  # the daemon got them as they were
+    assert [(r["type"], r["text"]) for r in read_all(j.folder)[0]] == [("stdout", "with a field\n"), ("stderr", "on stderr\n")]
+
+
 def test_exactly_one_of_two_kernels_claims_a_session(tmp_path: Path) -> None:
     _, j = opened(tmp_path)
     results: list[dict[str, Any]] = []

@@ -43,9 +43,10 @@ JSON_BYTES = 64 * 1024  # meta.json and owner.json are a few hundred bytes; anyt
 PID_MAX = 4194304  # Linux's PID_MAX_LIMIT: no pid is bigger
 SKIPPED = "skipped"  # a record that stands for a line too long to read (its size is its "text")
 # How the daemon's worker starts its line of a stdout or stderr chunk (json.dump of {"type": ..., "text": ...}, in that
-# order: repl_worker.py's _StreamEmitter): the journal keeps these lines as they are (``record_line``)
-STDOUT_LINE = b'{"type": "stdout", "text": '
-STDERR_LINE = b'{"type": "stderr", "text": '
+# order: apps/daemon/pkg/toolbox/process/interpreter/repl_worker.py, _emit and _StreamEmitter): the journal keeps these
+# lines as they are (``record_line``), and reads a chunk line that has another field before its text
+STDOUT_CHUNK, STDERR_CHUNK = b'{"type": "stdout",', b'{"type": "stderr",'
+STDOUT_LINE, STDERR_LINE = STDOUT_CHUNK + b' "text": ', STDERR_CHUNK + b' "text": '
 
 
 def _write_json(path, value):
@@ -314,6 +315,13 @@ class Journal(object):
             self._append(line, line.startswith(self._piece_line))
         elif line.startswith(STDERR_LINE):
             self._append(line, None)
+        elif line.startswith((STDOUT_CHUNK, STDERR_CHUNK)):  # another field before the text: read it
+            try:
+                chunk = json.loads(line)
+            except ValueError:
+                return
+            if isinstance(chunk, dict) and isinstance(chunk.get("text"), str):
+                self.record(chunk["type"], chunk["text"])
 
     def record(self, kind, text):
         """One write of the cell's output (``_Tee``), as the worker's line for it."""
