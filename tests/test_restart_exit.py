@@ -86,3 +86,11 @@ def test_a_restart_leaves_on_the_volume_what_the_old_interpreter_wrote_as_it_end
         k.restart()
         assert (volume / "saved.txt").read_text() == "state"
         assert (volume / "unclosed.txt").read_text() == "buffered"
+
+
+def test_the_sandboxs_heap_of_ipython_is_frozen_once_the_runtime_is_installed(kernel_name: str, tmp_path: Path) -> None:
+    """IPython's objects (most of the worker's heap) are made once, at the bootstrap: no collection needs to
+    look at them again, the interpreter's exit included (its last collection then costs the user's objects
+    only)."""
+    with Kernel(kernel_name, cwd=str(tmp_path)) as k:
+        assert result_text(k.execute("import gc\ngc.get_freeze_count() > 10000")) == "True"
