@@ -194,9 +194,11 @@ def test_a_worker_chunk_with_a_field_before_its_text_is_still_journaled(tmp_path
     sys.__stdout__.write('{"type": "stdout", "seq": 1, "text": "with a field\\n"}\n')
     sys.__stdout__.write('{"type": "stderr", "seq": 2, "text": "on stderr\\n"}\n')
     sys.__stdout__.write('{"type": "stdout", "seq": 3}\n')  # no text: nothing to keep
+    deep = '{"type": "stdout", "a": ' + "[" * 5000 + "]" * 5000 + ', "text": "too deep to read"}\n'
+    sys.__stdout__.write(deep)  # a forged line the json module cannot read: dropped, and the write goes on
     sys.__stdout__.write('{"type": "control", "text": "completed"}\n')
     j.end()
-    assert len(daemon.read_bytes().splitlines()) == 4  # the daemon got them as they were
+    assert len(daemon.read_bytes().splitlines()) == 5  # the daemon got them as they were
     assert [(r["type"], r["text"]) for r in read_all(j.folder)[0]] == [("stdout", "with a field\n"), ("stderr", "on stderr\n")]
 
 

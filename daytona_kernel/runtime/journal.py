@@ -318,7 +318,7 @@ class Journal(object):
         elif line.startswith((STDOUT_CHUNK, STDERR_CHUNK)):  # another field before the text: read it
             try:
                 chunk = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line a cell forged: the journal never breaks the write it sees
                 return
             if isinstance(chunk, dict) and isinstance(chunk.get("text"), str):
                 self.record(chunk["type"], chunk["text"])
