@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 from typing import Any
 
 from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
@@ -10,7 +11,7 @@ from IPython.core.profiledir import ProfileDir
 from jupyter_client.session import Session
 from traitlets import Dict, Type
 
-from .config import SECTION, checked, load_config
+from .config import SECTION, checked, load_config, masked
 from .kernel import DaytonaKernel
 
 CONTROL_JOIN_TIMEOUT_S = 10.0
@@ -21,6 +22,18 @@ _SHELL_CLASSES = {"InteractiveShell", "InteractiveShellApp", "PlainTextFormatter
 
 def _trait_class(alias: str | tuple[str, str]) -> str:
     return (alias if isinstance(alias, str) else alias[0]).split(".")[0]
+
+
+class MaskedRecords(logging.Filter):
+    """Every line of the kernel's log with URL credentials and known token shapes masked (``config.masked``):
+    a line that names a setting such as ``repo_url`` cannot carry its token into the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = masked(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
 
 
 class DaytonaKernelApp(IPKernelApp):
@@ -80,6 +93,8 @@ class DaytonaKernelApp(IPKernelApp):
         config: dict[str, Any] = super().get_default_logging_config()
         if "loggers" in config:  # not under pythonw, where traitlets turns logging off
             config["loggers"]["daytona_kernel"] = {"level": "DEBUG", "handlers": ["console"], "propagate": False}
+            config.setdefault("filters", {})["masked"] = {"()": MaskedRecords}
+            config["handlers"]["console"].setdefault("filters", []).append("masked")
         return config
 
     def load_config_file(self, *args: Any, **kwargs: Any) -> None:

@@ -88,3 +88,14 @@ def test_a_kernel_with_huge_settings_starts_and_names_them(kernel: str, daytona_
         run = k.execute("print('hi')", timeout=60)
         assert run.status == "error" and run.errors[0]["ename"] == "DaytonaKernelConfigError"
         assert "output_limit_mb = '1e308'" in run.errors[0]["evalue"] and "sync_max_file_mb = '1e305'" in run.errors[0]["evalue"]
+
+
+def test_the_kernels_log_masks_url_credentials_and_tokens_in_every_line() -> None:
+    import logging
+
+    from daytona_kernel.app import MaskedRecords
+
+    token = "ghp_" + "z9y8x7w6v5" * 4
+    record = logging.LogRecord("daytona_kernel.x", logging.INFO, __file__, 1, "cloning %s failed: %s", (f"https://u:{token}@host/r.git", token), None)
+    assert MaskedRecords().filter(record)
+    assert token not in record.getMessage() and "host/r.git" in record.getMessage()

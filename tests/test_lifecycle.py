@@ -155,6 +155,18 @@ def test_a_volume_in_the_error_state_is_explained(daytona_env, tmp_path: Path) -
         assert k.request("kernel_info")["status"] == "ok"
 
 
+def test_a_token_in_repo_url_never_reaches_the_debug_log_or_the_notebook(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    token = "ghp_" + "a1b2c3d4e5" * 4
+    env = {"DAYTONA_KERNEL_REPO_URL": f"https://x-access-token:{token}@127.0.0.1:9/nothing.git", "DAYTONA_KERNEL_REPO_REF": "v1"}
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w") as log, Kernel("daytona", cwd=str(tmp_path), stderr=log, env=env, extra_arguments=["--debug"]) as k:
+        run = k.execute("1")
+        assert run.errors and "nothing.git" in run.errors[0]["evalue"]  # the clone failed, and the error names the repository
+        assert token not in json.dumps(run.messages, default=str)
+    logged = log_path.read_text()
+    assert "trying it as a tag or commit" in logged and token not in logged
+
+
 def test_the_api_key_never_leaks(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     key = daytona_env.api_key
     log_path = tmp_path / "kernel.log"

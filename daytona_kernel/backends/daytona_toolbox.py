@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from daytona.common.errors import DaytonaError, DaytonaRateLimitError
 
+from ..config import masked
 from ..errors import (
     AuthError,
     BackendError,
@@ -471,12 +472,12 @@ class DaytonaToolbox:
             except AuthError:
                 raise
             except BackendError as exc:
-                log.info("cloning %s as branch %s failed (%s); trying it as a tag or commit", url, ref, exc)
+                log.info("cloning %s as branch %s failed (%s); trying it as a tag or commit", masked(url), ref, masked(str(exc)))
             await clone()  # the default branch, with the tags that point into it
             result = await self.exec(f"git -C {shlex.quote(dest)} checkout --quiet {shlex.quote(ref)}", API_REQUEST_TIMEOUT_S)
             if result.exit_code:
                 raise BackendError(
-                    f"repo_ref {ref!r} is not a branch of {url}, and `git checkout {ref}` in the clone failed: "
+                    f"repo_ref {ref!r} is not a branch of {masked(url)}, and `git checkout {ref}` in the clone failed: "
                     f"{result.output.strip()}. Give a branch, a tag on the default branch, or a full 40-character commit id."
                 )
 
