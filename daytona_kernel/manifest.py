@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ def _racy(known: list[Any]) -> bool:
     return len(known) > 4 and known[1] >= known[4] - RACY_WINDOW_NS
 
 
+NOT_REGULAR = "not a regular file"  # _hash of a FIFO or device in a file's place: never a sha256, so "changed"
+
+
 def _hash(path: Path) -> str:
     """The sha256 of a file, read without a buffered file object (a third of the time on a small file,
     which is what a check right after a checkout hashes by the thousand), without following a symlink,
@@ -37,6 +41,8 @@ def _hash(path: Path) -> str:
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device (/dev/zero) would be read without end
+            return NOT_REGULAR
         while block := os.read(fd, 1024 * 1024):
             digest.update(block)
     finally:

@@ -384,3 +384,27 @@ def test_a_new_sandbox_gets_the_local_files_its_volume_copy_lacks(daytona_env, t
         assert [s.id for s in sandboxes_of(daytona_env, tmp_path) if s.state == "started"] != [old.id]
         assert k.execute("print(open('local.txt').read())").text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local.txt"]  # nothing came back as a conflict
+
+
+def test_a_character_device_in_a_files_place_is_not_read_forever(tmp_path: Path) -> None:
+    """A device that took a file's place (``/dev/zero``'s numbers) would be read without end by the hash
+    before a cell; it reads as changed, and the upload's own check refuses what is not a regular file."""
+    import os
+    import stat
+
+    from daytona_kernel.manifest import SyncManifest
+
+    (tmp_path / "a.txt").write_text("one")
+    manifest = SyncManifest(tmp_path / "m.json", tmp_path, logging.getLogger())
+    manifest.record_file("a.txt")
+    size, mtime = manifest["a.txt"][:2]
+    (tmp_path / "a.txt").unlink()
+    try:
+        os.mknod(tmp_path / "a.txt", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("making a character device needs CAP_MKNOD")
+    answer: list[bool] = []
+    checker = threading.Thread(target=lambda: answer.append(manifest.locally_changed("a.txt", (size, mtime, 0o600))), daemon=True)
+    checker.start()
+    checker.join(10)
+    assert answer == [True]
