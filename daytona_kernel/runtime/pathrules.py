@@ -385,12 +385,13 @@ class MirrorRules:
         """(the rules of the .gitignore in one folder, or None; the lines they were made from, or None)."""
         if not self._read_gitignore:
             return None, None
-        if rel_dir not in self._gitignores:
+        entry = self._gitignores.get(rel_dir)
+        if entry is None:  # (one lookup and one store: forget_gitignores() in another thread may replace the dict)
             folder = os.path.join(self.root, rel_dir) if rel_dir else self.root
             lines = read_gitignore(os.path.join(folder, ".gitignore"))
             rules = PathRules(lines)
-            self._gitignores[rel_dir] = (rules if rules else None, tuple(lines) if lines else None)
-        return self._gitignores[rel_dir]
+            entry = self._gitignores[rel_dir] = (rules if rules else None, tuple(lines) if lines else None)
+        return entry
 
     def forget_gitignores(self):
         """Read the .gitignore files again on the next check (they may have changed)."""
