@@ -8,6 +8,7 @@ import contextlib
 import logging
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -104,6 +105,23 @@ async def test_a_proxy_in_the_environment_gives_the_normal_start(
     else:
         assert box._loading is None and box._handed_over is None
         assert box._unclaimed is not None and box._unclaimed.context_id == cid
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32"])
+def test_a_proxy_set_in_the_systems_settings_counts_where_urllib_reads_them(
+    proxy_env: pytest.MonkeyPatch, platform: str
+) -> None:
+    """On macOS and Windows urllib's getproxies(), which aiohttp's trust_env reads, falls back to the system's
+    proxy settings when the environment names none: the SDK then goes through that proxy, so the quick start
+    (which cannot) must not take the environment's silence for "no proxy"."""
+    import urllib.request
+
+    from daytona_kernel.backends.daytona_handoff import proxied
+
+    proxy_env.setattr(sys, "platform", platform)
+    proxy_env.setattr(urllib.request, "getproxies", lambda: {"https": "http://proxy.corp:3128"})
+    proxy_env.setattr(urllib.request, "proxy_bypass", lambda host: False)
+    assert "HTTPS_PROXY" in proxied("wss://proxy.app.daytona.io/toolbox/x")
 
 
 async def test_a_proxy_the_toolbox_host_bypasses_keeps_the_quick_start(proxy_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

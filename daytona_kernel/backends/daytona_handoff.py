@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,8 +253,8 @@ def proxied(url: str) -> str:
     from the environment (aiohttp with ``trust_env``: ``http``, ``https``, ``ws`` and ``wss`` proxies, minus
     ``NO_PROXY``, as ``urllib.request`` reads them; a scheme other than the request's counts too, to be safe), and tornado's client, which the quick start uses, cannot
     go through one; then the restart has the normal start, through the SDK."""
-    if not any(name.lower().endswith("_proxy") for name in os.environ):
-        return ""  # the usual case: no need to load urllib.request
+    if sys.platform not in ("darwin", "win32") and not any(name.lower().endswith("_proxy") for name in os.environ):
+        return ""  # the usual case: no need to load urllib.request (on macOS and Windows it also reads the system's settings)
     from urllib.request import getproxies, proxy_bypass  # what aiohttp's trust_env reads (helpers.get_env_proxy_for_url)
 
     schemes = sorted(k for k in getproxies() if k in ("http", "https", "ws", "wss"))
