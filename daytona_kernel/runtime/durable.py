@@ -66,6 +66,7 @@ class DurableCopy(object):
         self._passes = 0
         self._running = False
         self._hurry = False  # a flush waits: no settle pause before its pass
+        self._hurried = threading.Event()  # ends a settle pause already begun (a restart right after a cell)
         self._thread = None
         self._failed = set()  # paths whose copy failed and was already reported
         self.pending = []  # volume files still to restore, after the restore's budget ran out
@@ -157,6 +158,7 @@ class DurableCopy(object):
         with self._idle:  # a pass already running may have scanned too early: wait for the next one
             target = self._passes + (2 if self._running else 1)
             self._hurry = True
+            self._hurried.set()
         self.wake()
         deadline = time.monotonic() + timeout
         with self._idle:
@@ -179,10 +181,11 @@ class DurableCopy(object):
         while True:
             self._wake.wait()
             if not self._hurry:
-                time.sleep(SETTLE_S)
+                self._hurried.wait(SETTLE_S)
             with self._idle:
                 self._running = True
                 self._hurry = False
+                self._hurried.clear()
                 self._wake.clear()
             try:
                 if self.pending:
