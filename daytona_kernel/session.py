@@ -107,13 +107,17 @@ class RuntimeSession:
         self._idle_checkpoint.disarm()
         if self.pool is not None:
             await self.pool.close()  # workers never outlive their kernel, a restart included
-        if not restart and self.sandbox.volume_dir and self.supervisor.live is not None and self.inflight.request is None:
-            # finish the volume's copy of the working directory before the sandbox goes (at a restart the runtime's
-            # exit does it: the restart waits for the deletion of its context, which waits for the worker's exit)
-            reply = await self.supervisor.query(SyncVolume(), volume_synced)
-            if reply is not None and not reply.done:
-                self._log.warning("the volume's copy of the working directory was still being written at shutdown")
-        await self.supervisor.shutdown(restart)
+        flush = None
+        if self.sandbox.volume_dir and self.supervisor.live is not None and self.inflight.request is None:
+            flush = self._flush_volume
+        await self.supervisor.shutdown(restart, before_ending=flush)
+
+    async def _flush_volume(self) -> None:
+        """Finish the volume's copy of the working directory while its interpreter lives, before the context goes
+        (at a restart, while the next context is made). The interpreter's exit copies only what it can finish."""
+        reply = await self.supervisor.query(SyncVolume(), volume_synced)
+        if reply is not None and not reply.done:
+            self._log.warning("the volume's copy of the working directory was still being written at shutdown")
 
     # -- requests --------------------------------------------------------
 

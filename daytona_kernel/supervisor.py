@@ -268,9 +268,10 @@ class ContextSupervisor:
     async def close_quietly(self, context: Context) -> None:
         await close_quietly(context, self._log)
 
-    async def shutdown(self, restart: bool = False) -> None:
+    async def shutdown(self, restart: bool = False, before_ending: Callable[[], Awaitable[None]] | None = None) -> None:
         """Stop provisioning, then release the sandbox: on a restart keep it for the next kernel process
-        (``detach``), otherwise stop or delete it by policy. Safe to call twice."""
+        (``detach``), otherwise stop or delete it by policy. ``before_ending`` runs first in the live context (at a
+        restart, while the next context is made). Safe to call twice."""
         if self._shut_down:
             return
         self._shut_down = True
@@ -281,7 +282,7 @@ class ContextSupervisor:
             if restart:
                 # This process's context goes while the next one is made: the daemon answers a deletion only once
                 # the worker has exited. Not under the timeout, which would cancel a deletion half done.
-                ending = asyncio.ensure_future(self.close_quietly(self.live.context)) if self.live is not None else None
+                ending = asyncio.ensure_future(self._end_live(before_ending)) if self.live is not None else None
                 try:
                     await asyncio.wait_for(self._leave_next_context(), LEAVE_NEXT_CONTEXT_S)
                 except asyncio.TimeoutError:
@@ -291,7 +292,16 @@ class ContextSupervisor:
                         await ending
                     await self.sandbox.detach()  # also deletes a next context that was not named in time
             else:
+                if before_ending is not None:
+                    await before_ending()
                 await self.sandbox.shutdown()
+
+    async def _end_live(self, before_ending: Callable[[], Awaitable[None]] | None) -> None:
+        live = self.live
+        if before_ending is not None:
+            await before_ending()
+        if live is not None:
+            await self.close_quietly(live.context)
 
     async def _leave_next_context(self) -> None:
         """A restart: the next kernel process's context, with IPython importing there while that process

@@ -35,13 +35,21 @@ def test_a_restart_ends_the_old_interpreter_after_its_exit_work_without_a_collec
     (site / "sitecustomize.py").write_text(REPORTER)
     monkeypatch.setenv("PYTHONPATH", str(site))  # the kernel's worker, and the emulator's (it runs here)
     monkeypatch.setenv("EXIT_REPORTS", str(reports))
-    user_atexit, unclosed = tmp_path / "user-atexit.txt", tmp_path / "unclosed.txt"
+    user_atexit, unclosed, in_module = tmp_path / "user-atexit.txt", tmp_path / "unclosed.txt", tmp_path / "in-module.txt"
     project = tmp_path / "project"
     project.mkdir()
+    (project / "helper.py").write_text(  # a module's object in a cycle: alive until Python's teardown clears the module
+        "class Recorder:\n"
+        "    def __init__(self, path):\n"
+        "        self.f = open(path, 'w')\n"
+        "        self.me = self\n"
+        f"rec = Recorder({str(in_module)!r})\n"
+        "rec.f.write('kept')\n"
+    )
     with Kernel(kernel_name, cwd=str(project)) as k:
         pid = result_text(k.execute("import os\nos.getpid()"))
         run = k.execute(
-            "import atexit\n"
+            "import atexit, helper\n"
             f"atexit.register(lambda: open({str(user_atexit)!r}, 'w').write('ran'))\n"
             "class Holder: pass\n"
             f"h = Holder(); h.me = h; h.f = open({str(unclosed)!r}, 'w'); h.f.write('kept')\n"
@@ -55,6 +63,7 @@ def test_a_restart_ends_the_old_interpreter_after_its_exit_work_without_a_collec
         assert report.read_text() != "0"  # frozen: the interpreter's final collections skip the heap
         assert user_atexit.read_text() == "ran"  # the user's exit handlers still run
         assert unclosed.read_text() == "kept"  # IPython's exit work (the namespace cleared and collected) still runs
+        assert in_module.read_text() == "kept"  # and the teardown still finalizes what modules held in cycles
         assert result_text(k.execute("1 + 1")) == "2"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 from fakes import FakeSandbox, Run, frame
 
@@ -245,6 +246,43 @@ def test_a_notice_queued_after_the_first_ones_were_shown_is_kept() -> None:
     assert supervisor.take_notices() == ["first\n"]
     supervisor._installer._notice("later\n")
     assert supervisor.take_notices() == ["later\n"]
+
+
+async def test_a_restart_finishes_the_volume_copy_before_the_old_context_goes_while_the_next_is_made() -> None:
+    """The volume's copy is finished while the old interpreter lives (its exit copies only what it can finish in
+    the daemon's 2 s: a copy cut off there would truncate the volume's file), and that round trip overlaps the
+    making of the next context."""
+    events: list[str] = []
+
+    class Restarting(FakeSandbox):
+        async def leave_next_context(self, code: str, timeout: float) -> None:
+            events.append("leave begins")
+            await asyncio.sleep(0.05)
+            events.append("leave ends")
+
+    sandbox = Restarting([Run()])
+    sandbox.volume_dir = "/home/daytona/volume"
+    session = session_for(sandbox)
+    await session.execute(Cell("x", 1), Recorder())
+    live = session.supervisor.live
+    assert live is not None
+    close = live.context.close
+
+    async def query(call: Any, parse: Any) -> Any:
+        events.append(f"{type(call).__name__} begins")
+        await asyncio.sleep(0.03)
+        events.append(f"{type(call).__name__} ends")
+        return None
+
+    async def closing() -> None:
+        events.append("close begins")
+        await close()
+
+    session.supervisor.query = query  # type: ignore[method-assign]
+    live.context.close = closing  # type: ignore[method-assign]
+    await session.shutdown(restart=True)
+    assert events.index("SyncVolume ends") < events.index("close begins")
+    assert events.index("SyncVolume begins") < events.index("leave ends")
 
 
 async def test_a_restart_deletes_the_old_context_while_it_leaves_the_next_one() -> None:

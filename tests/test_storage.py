@@ -370,3 +370,31 @@ def test_a_flush_during_a_wakes_settle_pause_does_not_wait_it_out(tmp_path: Path
     time.sleep(0.1)  # the copier is in its pause
     assert copy.last_pass(10)
     assert (volume / "a.txt").read_text() == "one"
+
+
+@pytest.mark.parametrize("copier_running", [False, True])
+def test_the_last_pass_at_exit_never_starts_a_copy_it_may_not_finish(tmp_path: Path, copier_running: bool) -> None:
+    """The exit's pass has the daemon's 2 s before it kills the worker, and a volume file is written in place
+    (mount-s3 cannot rename): a copy cut off there would leave a truncated file where a whole one was. So it
+    copies small files only, up to a byte budget; the rest keeps its last whole copy, and the record says it is
+    still to be copied (the next pass in this sandbox copies it)."""
+    from daytona_kernel.runtime import durable
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
+    workdir.mkdir(parents=True)
+    volume.mkdir()
+    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
+    assert copy.restore() == (0, [])
+    big = b"A" * (durable.EXIT_COPY_BYTES + 1)
+    (workdir / "big.bin").write_bytes(big)
+    assert copy.copy_changes() == ["big.bin"]
+    if copier_running:
+        copy.wake()
+        assert copy.flush(10)
+    (workdir / "big.bin").write_bytes(b"B" * len(big))
+    (workdir / "small.txt").write_text("written at exit")
+    assert copy.last_pass(10)
+    assert (volume / "small.txt").read_text() == "written at exit"
+    assert (volume / "big.bin").read_bytes() == big  # the last whole copy, not a cut one
+    assert copy.copy_changes() == ["big.bin"]  # still due: a later pass copies it

@@ -34,6 +34,10 @@ import time
 RECORD = ".daytona-kernel-volume-copy.json"  # in the working directory's parent folder
 COPY_BLOCK_BYTES = 1024 * 1024
 SETTLE_S = 0.05  # after a wake, let a burst of wakes pass before scanning
+# What the pass at the interpreter's exit may copy, in bytes. It has the daemon's 2 s between SIGTERM and SIGKILL,
+# and a volume file is written in place (mount-s3 cannot rename): a copy cut off there would leave a truncated file
+# where a whole one was. A file past what is left of this stays as last copied, and due (the record is not updated).
+EXIT_COPY_BYTES = 16 * 1024 * 1024
 
 
 def _copy_whole(src, dst):
@@ -67,6 +71,7 @@ class DurableCopy(object):
         self._running = False
         self._hurry = False  # a flush waits: no settle pause before its pass
         self._hurried = threading.Event()  # ends a settle pause already begun (a restart right after a cell)
+        self._exit_budget = None  # bytes the exit's pass may copy (``last_pass``); None: no limit
         self._thread = None
         self._failed = set()  # paths whose copy failed and was already reported
         self.pending = []  # volume files still to restore, after the restore's budget ran out
@@ -172,6 +177,7 @@ class DurableCopy(object):
     def last_pass(self, timeout):
         """At the interpreter's exit: a full pass, by the copier's thread when it runs (it may be in a pass),
         else here (from Python 3.12 no thread can start once the interpreter exits). True if it finished in time."""
+        self._exit_budget = EXIT_COPY_BYTES  # read when its pass starts (a running pass is waited out, not used)
         if self._thread is not None and self._thread.is_alive():
             return self.flush(timeout)
         self.copy_changes()
@@ -208,9 +214,14 @@ class DurableCopy(object):
             except OSError:
                 continue  # not made yet
         copied = []
+        budget, self._exit_budget = self._exit_budget, None
         for rel in sorted(current):
             if self._record.get(rel) == current[rel]:
                 continue
+            if budget is not None:
+                if current[rel][0] > budget:
+                    continue  # the exit's pass: no copy it may not finish (the file stays due)
+                budget -= current[rel][0]
             src = os.path.join(self.workdir, rel)
             try:
                 self._put(src, os.path.join(self.volume, rel))

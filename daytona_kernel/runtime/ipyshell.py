@@ -9,7 +9,6 @@ Loaded only when the sandbox's Python has a compatible IPython (``MIN_IPYTHON``)
 otherwise the runtime keeps its small standard-library shell.
 """
 
-import atexit
 import gc
 import importlib.util
 import os
@@ -321,20 +320,8 @@ def make_shell(runtime, user_module):
     for name in KERNEL_MAGICS:
         shell.register_magic_function(_kernel_magic(name), "line", name)
     shell.run_cell("pass", store_history=False, silent=True)  # IPython's first run sets up what later ones reuse
-    gc.freeze()  # IPython's objects, most of the heap, made once: no collection looks at them again (_leave's included)
-    atexit.unregister(shell.atexit_operations)
-    atexit.register(_leave, shell)
-    return shell
-
-
-def _leave(shell):
-    """At the interpreter's exit (a restart or shutdown deletes the context: the daemon sends SIGTERM and answers
-    only once the worker has exited, and the kernel's restart waits for that answer): IPython's own exit work
-    (the user's namespace cleared, the history closed), one collection (so an object left in a reference cycle
-    is finalized: a file left open in it is flushed), then the heap is frozen, so the interpreter's teardown
-    does not collect it again and again: the worker's exit took 40-140 ms with IPython loaded. IPython's own
-    objects were frozen when the shell was made (``make_shell``), so the one collection looks at the user's
-    objects only. Exit handlers registered after the runtime (the user's) ran before this one, as before."""
-    shell.atexit_operations()
-    gc.collect()
+    # IPython's objects, most of the heap, made once: no collection looks at them again, the interpreter's teardown
+    # included (a restart waits for the old worker's exit: with them it took 40-140 ms). The user's objects stay
+    # collectable, so the teardown still finalizes what a module holds in a reference cycle (a file's buffer).
     gc.freeze()
+    return shell
