@@ -39,6 +39,7 @@ import logging
 import os
 import posixpath
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from .syncplan import (
 BATCH_BYTES = 64 * 1024 * 1024
 SHOW_PROGRESS_FILES = 50
 SCAN_BUDGET_S = 2.0  # the scan of the notebook folder before each cell
+GIT_CONFIG_TIMEOUT_S = 5.0  # `git config` for the global excludes file, once per kernel
 
 
 def open_mirror(
@@ -111,7 +113,10 @@ class WorkdirMirror:
                 "folder, which is too broad to copy into a sandbox. Open the notebook from a project folder, "
                 "or move files by hand with %upload / %download.\n"
             )
-        self._rules = load_rules(str(self.local_root), config.sync_exclude, config.sync_include)
+        self._rules = load_rules(
+            str(self.local_root), config.sync_exclude, config.sync_include, repository=True,
+            global_excludes=lambda: git_global_excludes(self.local_root),
+        )
         self._manifest = SyncManifest(manifest_path, self.local_root, log)
         self._secrets_noticed: set[str] = set()
         self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since the runtime last heard from us
@@ -284,6 +289,21 @@ class WorkdirMirror:
             await self._sandbox.upload(files[start : start + BATCH_FILES])
         self._up_modes.update(modes)
         return report
+
+
+def git_global_excludes(root: Path) -> str:
+    """The user's global git ignore file (core.excludesFile) as git itself reports it in ``root``, or git's
+    default ($XDG_CONFIG_HOME/git/ignore, else ~/.config/git/ignore) when it is unset or git is not installed."""
+    try:
+        found = subprocess.run(
+            ["git", "config", "--path", "--get", "core.excludesFile"], cwd=root, capture_output=True, text=True, timeout=GIT_CONFIG_TIMEOUT_S
+        )
+        if found.returncode == 0 and found.stdout.strip():
+            return os.path.join(root, found.stdout.strip())  # (an absolute path stays as it is)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(config_home, "git", "ignore")
 
 
 def _gone_here(root: Path, rel: str) -> bool:

@@ -407,6 +407,54 @@ def test_gitignore_rules_match_git_check_ignore(tmp_path: Path, seed: int) -> No
         assert set(scanned) == expected, context
 
 
+@pytest.mark.parametrize("layout", ["project at the repository's top", "project below the top", "linked work tree"])
+def test_git_ignore_files_from_outside_the_project_are_honoured_as_git_does(tmp_path: Path, layout: str) -> None:
+    """Besides the project's .gitignore files, git reads those of the folders above it up to the repository's
+    top, the repository's .git/info/exclude (where people list their own untracked notes and credentials) and
+    the user's global excludes file (core.excludesFile), in that order of precedence. The mirror must not send
+    a file git ignores; `git ls-files --cached --others --exclude-standard` is the oracle, also after they change."""
+    from daytona_kernel.runtime.pathrules import load_rules
+    from daytona_kernel.sync import git_global_excludes
+
+    def git(*args: str, cwd: Path) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git("init", "-q", cwd=repo)
+    global_file = tmp_path / "global-ignore"
+    global_file.write_text("*.global\n")
+    git("config", "core.excludesFile", str(global_file), cwd=repo)
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "exclude").write_text("*.infoex\nprivate/\n")
+    work = repo
+    if layout == "linked work tree":
+        (repo / "seed.txt").write_text("x")
+        git("add", "seed.txt", cwd=repo)
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "seed", cwd=repo)
+        work = tmp_path / "linked"
+        git("worktree", "add", "-q", str(work), cwd=repo)
+    project = work / "proj" if layout == "project below the top" else work
+    project.mkdir(exist_ok=True)
+    if project != work:
+        (work / ".gitignore").write_text("*.parent\n/proj/anchored.txt\n")
+    (project / ".gitignore").write_text("!keep.infoex\n")
+    names = ["a.txt", "b.parent", "c.infoex", "keep.infoex", "d.global", "anchored.txt", "private/notes.txt", "sub/e.infoex"]
+    for name in names:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("x")
+    rules = load_rules(str(project), secrets=(), repository=True, global_excludes=git_global_excludes(project))
+    for turn in range(2):
+        if turn:  # the files outside the project change between two scans of the same rules
+            (repo / ".git" / "info" / "exclude").write_text("a.txt\n")
+            global_file.write_text("keep.infoex\n")
+        expected = set(git("ls-files", "--cached", "--others", "--exclude-standard", cwd=project).split())
+        expected.discard(".gitignore")
+        scanned, _ = scan(str(project), rules)
+        assert set(scanned) - {".gitignore"} == expected, f"turn {turn}"
+        assert {n for n in names if rules.check(n, False) is None} == expected - {"seed.txt"}, f"turn {turn}"
+
+
 def test_folder_holding_the_home_folder_is_not_mirrored_automatically(tmp_path: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     home = tmp_path / "home" / "me"
     home.mkdir(parents=True)

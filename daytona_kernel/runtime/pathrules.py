@@ -335,10 +335,12 @@ class PathRules:
         return self.verdict(rel.replace(os.sep, "/"), is_dir) is True
 
 
-def read_gitignore(path):
-    """The lines of a .gitignore, or [] when there is none (a symlink is not followed, as in git)."""
+def read_gitignore(path, follow=False):
+    """The lines of a .gitignore, or [] when there is none (a symlink is not followed, as in git; ``follow``:
+    it is, as git does for a repository's info/exclude and the user's global excludes file)."""
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | nofollow | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return []
     try:
@@ -356,6 +358,47 @@ def _is_regular(mode):
     return (mode & 0o170000) == 0o100000
 
 
+def _git_dir(top):
+    """The folder that holds a work tree's info/exclude: its ``.git`` folder, or for a linked work tree or a
+    submodule (a ``.git`` file saying ``gitdir: ...``) the repository's common folder. None if unreadable."""
+    dotgit = os.path.join(top, ".git")
+    if os.path.isdir(dotgit):
+        return dotgit
+    lines = read_gitignore(dotgit)  # a small text file, not followed if a symlink
+    if not lines or not lines[0].startswith("gitdir:"):
+        return None
+    gitdir = os.path.join(top, lines[0][len("gitdir:") :].strip())
+    common = read_gitignore(os.path.join(gitdir, "commondir"))
+    return os.path.normpath(os.path.join(gitdir, common[0].strip())) if common and common[0].strip() else gitdir
+
+
+def repository_excludes(root, global_excludes=None):
+    """The git ignore files that apply to ``root`` from outside it, most precise first, as
+    [(lead, path, follow)]: ``lead`` is root's path from that file's folder ("" or ending in "/"). They are
+    the .gitignore files of the folders above root up to its repository's top (deepest first), then the
+    repository's info/exclude, then the user's global excludes file (core.excludesFile), as git reads them.
+    [] when root is in no git repository."""
+    root = os.path.abspath(root)
+    top = root
+    while not os.path.lexists(os.path.join(top, ".git")):
+        parent = os.path.dirname(top)
+        if parent == top:
+            return []
+        top = parent
+    found = []
+    folder = os.path.dirname(root) if top != root else None
+    while folder is not None and (folder == top or folder.startswith(top.rstrip(os.sep) + os.sep)):
+        found.append((os.path.relpath(root, folder).replace(os.sep, "/") + "/", os.path.join(folder, ".gitignore"), False))
+        folder = None if folder == top else os.path.dirname(folder)
+    lead = "" if top == root else os.path.relpath(root, top).replace(os.sep, "/") + "/"
+    git_dir = _git_dir(top)
+    if git_dir is not None:
+        found.append((lead, os.path.join(git_dir, "info", "exclude"), True))
+    if global_excludes:
+        found.append((lead, global_excludes, True))
+    return found
+
+
 class MirrorRules:
     """Everything that decides whether a path is mirrored. See the module docstring.
 
@@ -364,7 +407,10 @@ class MirrorRules:
     .gitignore levels it has already read.
     """
 
-    def __init__(self, root, extra=(), include=(), defaults=DEFAULT_EXCLUDES, secrets=SECRET_PATTERNS, gitignore=True):
+    def __init__(
+        self, root, extra=(), include=(), defaults=DEFAULT_EXCLUDES, secrets=SECRET_PATTERNS, gitignore=True, repository=False,
+        global_excludes=None,
+    ):
         self.root = root
         self._never = frozenset(NEVER)
         self._include = PathRules(include)
@@ -373,6 +419,13 @@ class MirrorRules:
         self._defaults = PathRules(defaults)
         self._read_gitignore = gitignore
         self._gitignores = {}  # {folder: (PathRules or None, the lines they were made from)}
+        # ``repository``: also git's ignore files from outside root (``repository_excludes``), read again with the
+        # .gitignore files: [(lead, PathRules)], and the lines they were made from (part of ``last_scan``'s key).
+        # ``global_excludes``: the path, or a function that gives it (called once, at the first read).
+        self._repository = repository and gitignore
+        self._global_excludes = global_excludes
+        self._outer = []  # type: list
+        self.outer_lines = None  # type: tuple | None
         # What the last ``scan`` decided: {path: reason} (a folder's path ends with "/"), and the lines of
         # the .gitignore in each folder it looked into (None: no .gitignore), which those verdicts rest on.
         self.last_scan = ({}, {})  # type: tuple[dict, dict]
@@ -396,6 +449,21 @@ class MirrorRules:
     def forget_gitignores(self):
         """Read the .gitignore files again on the next check (they may have changed)."""
         self._gitignores = {}
+        self._read_outer()
+
+    def _read_outer(self):
+        if not self._repository:
+            return
+        if callable(self._global_excludes):
+            self._global_excludes = self._global_excludes()
+        outer, lines = [], []
+        for lead, path, follow in repository_excludes(self.root, self._global_excludes):
+            text = read_gitignore(path, follow)
+            lines.append((path, tuple(text)))
+            rules = PathRules(text)
+            if rules:
+                outer.append((lead, rules))
+        self._outer, self.outer_lines = outer, tuple(lines)
 
     def classify(self, rel, is_dir, levels=()):
         """Why ``rel`` is not mirrored (NEVER_REASON, SECRET_REASON, IGNORED_REASON), or None.
@@ -417,6 +485,11 @@ class MirrorRules:
                 if verdict is not None:
                     break
         if verdict is None:
+            for lead, rules in self._outer:  # git's ignore files from outside root (``repository``)
+                verdict = rules.verdict(lead + rel, is_dir)
+                if verdict is not None:
+                    break
+        if verdict is None:
             verdict = self._defaults.verdict(rel, is_dir)
         return IGNORED_REASON if verdict else None
 
@@ -433,6 +506,8 @@ class MirrorRules:
 
     def check(self, rel, is_dir):
         """Like ``classify``, for a path and every folder above it: the first reason found, or None."""
+        if self._repository and self.outer_lines is None:
+            self._read_outer()
         parts = rel.split("/")
         for depth in range(1, len(parts) + 1):
             sub = "/".join(parts[:depth])
@@ -446,9 +521,10 @@ class MirrorRules:
         return self.check(rel.replace(os.sep, "/"), is_dir) is not None
 
 
-def load_rules(root, extra=(), include=(), secrets=SECRET_PATTERNS):
-    """The mirror's rules for a folder: NEVER, secrets (minus ``include``), .gitignore files, ``extra``, defaults."""
-    return MirrorRules(root, extra, include, secrets=secrets)
+def load_rules(root, extra=(), include=(), secrets=SECRET_PATTERNS, repository=False, global_excludes=None):
+    """The mirror's rules for a folder: NEVER, secrets (minus ``include``), .gitignore files, ``extra``, defaults;
+    with ``repository``, git's ignore files from outside the folder too (``repository_excludes``)."""
+    return MirrorRules(root, extra, include, secrets=secrets, repository=repository, global_excludes=global_excludes)
 
 
 def gone(root, rel):
@@ -489,7 +565,9 @@ def scan(root, rules, max_files=50000, skipped=None, budget_s=None):
     files = {}  # type: dict
     rules.forget_gitignores()
     known, ignores = rules.last_scan
-    verdicts, seen = {}, {}  # type: dict, dict
+    verdicts, seen = {}, {None: rules.outer_lines}  # type: dict, dict
+    if known and ignores.get(None) != rules.outer_lines:
+        known = {}  # git's ignore files from outside root changed: every verdict rests on them
     classify = rules.classify
     stack = [("", [])]  # type: list
     deadline = None if budget_s is None else time.monotonic() + budget_s
