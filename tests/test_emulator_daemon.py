@@ -409,8 +409,11 @@ async def test_local_worker_system_exit_and_error_format(local) -> None:  # type
         (b'{"type": "stdout", "text": 5, "name": null, "value": ["x"]}', {"type": "stdout", "text": ""}),
         (b'{"type": "stdout", "text": "a", "text": "b"}', {"type": "stdout", "text": "b"}),  # the last one wins
         (b'{"type": "stdout", "text": "bad \xff utf-8"}', {"type": "stdout", "text": "bad \ufffd utf-8"}),
-        (b'{"type": "stdout", "text": "lone \\ud800"}', {"type": "stdout", "text": "lone \ud800"}),
-        (b'{"type": "stdout", "text": "x", "n": NaN, "big": 123456789012345678901234567890}', {"type": "stdout", "text": "x"}),
+        # Go's decoder reads a lone surrogate escape as U+FFFD (a pair is one character), and refuses NaN
+        (b'{"type": "stdout", "text": "lone \\ud800 \\udfff pair \\ud83d\\ude00"}', {"type": "stdout", "text": "lone \ufffd \ufffd pair \U0001f600"}),
+        (b'{"type": "stdout", "text": "x", "n": NaN}', None),
+        (b'{"type": "stdout", "text": "x", "n": -Infinity}', None),
+        (b'{"type": "stdout", "text": "x", "big": 123456789012345678901234567890}', {"type": "stdout", "text": "x"}),
         (b'{"type": "stdout"} trailing', None),
         # nested past any parser's depth: dropped (Go's limit is 10,000), never an exception that stops the reader
         (b'{"type": "stdout", "text": "x", "a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),

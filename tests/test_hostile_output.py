@@ -459,3 +459,13 @@ def test_end_to_end_a_cell_that_bypasses_the_runtimes_output_limit_is_cut_by_the
         assert len(run.text()) <= int(0.1 * MB) + NOTICE_SLACK_CHARS
         assert "more were dropped in the kernel" in run.text("stderr")
         assert k.execute("print(6 * 7)").text() == "42\n"
+
+
+def test_a_lone_surrogate_in_printed_text_shows_as_the_replacement_character(kernel_name: str, workdir: Path) -> None:
+    """Daytona's daemon reads the worker's escaped lone surrogate as U+FFFD (Go's JSON decoder); the local
+    backend does the same, so Jupyter's packer never meets a string it cannot encode (the cell ended with an
+    internal UnicodeEncodeError on the local backend; stock ipykernel loses the print)."""
+    with Kernel(kernel_name, cwd=str(workdir)) as k:
+        run = k.execute("print('a\\ud800b')")
+        assert run.reply["content"]["status"] == "ok", run.errors
+        assert run.text() == "a\ufffdb\n"

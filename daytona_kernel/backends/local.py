@@ -21,6 +21,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -43,6 +44,7 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; in fcntl from Pyth
 LINE_CAP_BYTES = 1024 * 1024  # the daemon's bufio.Scanner cap: a line this long stops its reader
 KILL_GRACE_S = 2.0  # the daemon's gracePeriod: SIGINT, then SIGKILL this much later
 STREAM_FIELDS = ("type", "text", "name", "value", "traceback")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # after decoding, a pair is one character: what is left is alone
 INLINE_READ_BYTES = 16 * 1024 * 1024  # one file this small is read in the event loop: less than a hop to a thread and back
 FICLONE = 0x40049409  # _IOW(0x94, 9, int) in linux/fs.h (fcntl.FICLONE from Python 3.12)
 
@@ -113,21 +115,30 @@ def parse_chunk(line: bytes | bytearray) -> Chunk | None:
     Like Go's json.Unmarshal into a map: ``null`` is an empty chunk, every other
     non-object is dropped, and a field that is not a string reads as "". orjson reads
     a line in half the time of the json module (a flood of output is one 384 KiB line
-    after another); what it refuses (invalid UTF-8, a lone surrogate, NaN, deep nesting)
-    the json module reads as before.
+    after another); what it refuses (invalid UTF-8, a lone surrogate, deep nesting)
+    the json module reads, a lone surrogate then U+FFFD and NaN or Infinity refused, as in Go.
     """
+    lenient = False
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError:
         try:
-            value = json.loads(line.rstrip(b"\r").decode("utf-8", "replace"))
+            value = json.loads(line.rstrip(b"\r").decode("utf-8", "replace"), parse_constant=_refuse_constant)
         except (ValueError, RecursionError):  # nested too deep: an exception here would stop the reader for good
             return None
+        lenient = True
     if value is None:
         value = {}
     if not isinstance(value, dict):
         return None
-    return {key: value[key] if isinstance(value.get(key), str) else "" for key in STREAM_FIELDS}
+    chunk = {key: value[key] if isinstance(value.get(key), str) else "" for key in STREAM_FIELDS}
+    if lenient:  # the json module keeps a lone surrogate escape; Go's decoder reads it as U+FFFD
+        chunk = {key: LONE_SURROGATE.sub("\ufffd", text) for key, text in chunk.items()}
+    return chunk
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")  # Go's decoder refuses NaN and Infinity: the line is dropped
 
 
 class _WorkerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
