@@ -1134,7 +1134,7 @@ class DaytonaEmulator:
         folder = self.host_path(sandbox, cwd)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
         env.update(sandbox.spec.get("env") or {})
-        worker = InterpreterWorker(self.python, str(folder), env)
+        worker = InterpreterWorker(self.python, str(folder), env, pipe_bytes=None)  # Go's pipe: Linux's 64 KiB
         await worker.start()
         ctx = EmuContext(cid, cwd, worker)
         sandbox.contexts[ctx.id] = ctx

@@ -131,6 +131,13 @@ async def test_stderr_is_a_stream_of_its_own(sandbox, context) -> None:  # type:
 # -- the 1 MiB line cap -------------------------------------------------------------
 
 
+async def test_the_workers_pipe_is_linuxs_default_as_the_daemons_is(sandbox, context) -> None:  # type: ignore[no-untyped-def]
+    """Daytona's daemon reads the worker's fd 1 from a pipe Go made (exec.Cmd.StdoutPipe), which Linux sizes at
+    64 KiB; the local backend enlarges its own, but the emulator imitates the daemon and must not."""
+    result = await run(sandbox, context, "import fcntl, sys\nprint(fcntl.fcntl(sys.__stdout__.fileno(), 1032))")  # F_GETPIPE_SZ
+    assert result.stdout == "65536\n"
+
+
 async def test_a_line_just_under_1_mib_arrives(sandbox, context) -> None:  # type: ignore[no-untyped-def]
     result = await run(sandbox, context, "print('a' * 1_000_000)")
     assert result.stdout == "a" * 1_000_000 + "\n"

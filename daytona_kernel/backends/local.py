@@ -157,14 +157,14 @@ class _WorkerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
         self._exited_event.set()
 
 
-def _enlarge_pipe(transport: asyncio.SubprocessTransport) -> None:
-    """Make the worker's stdout pipe hold PIPE_BYTES (64 KiB by default on Linux), where the system allows it."""
+def _enlarge_pipe(transport: asyncio.SubprocessTransport, size: int) -> None:
+    """Make the worker's stdout pipe hold ``size`` bytes (64 KiB by default on Linux), where the system allows it."""
     pipe = transport.get_pipe_transport(1)
     fileobj = pipe.get_extra_info("pipe") if pipe is not None else None
     if fileobj is None:
         return
     try:
-        fcntl.fcntl(fileobj.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+        fcntl.fcntl(fileobj.fileno(), F_SETPIPE_SZ, size)
     except OSError as exc:  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size works too
         log.debug("could not enlarge the worker's pipe: %s", exc)
 
@@ -183,8 +183,9 @@ class InterpreterWorker:
       is gone by the next request is silently replaced by a fresh one.
     """
 
-    def __init__(self, python: str, cwd: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, cwd: str, env: dict[str, str], pipe_bytes: int | None = PIPE_BYTES) -> None:
         self._python = python
+        self._pipe_bytes = pipe_bytes  # None: Linux's default, as the daemon's (the emulator imitates it)
         self._cwd = cwd
         self._env = env
         self._proc: asyncio.subprocess.Process | None = None
@@ -228,7 +229,8 @@ class InterpreterWorker:
             ) from exc
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._proc, self._transport = proc, transport
-        _enlarge_pipe(transport)
+        if self._pipe_bytes is not None:
+            _enlarge_pipe(transport, self._pipe_bytes)
         self._exited = exited
         self.reader_stopped = False
         for job in (self._read_loop(proc), self._watch_exit(proc, exited)):
