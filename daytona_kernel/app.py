@@ -33,6 +33,12 @@ class MaskedRecords(logging.Filter):
         clean = masked(message)
         if clean != message:
             record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:  # a traceback's text (the formatter uses it as it is)
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = masked(record.exc_text)
+        if record.stack_info:
+            record.stack_info = masked(record.stack_info)
         return True
 
 

@@ -99,3 +99,12 @@ def test_the_kernels_log_masks_url_credentials_and_tokens_in_every_line() -> Non
     record = logging.LogRecord("daytona_kernel.x", logging.INFO, __file__, 1, "cloning %s failed: %s", (f"https://u:{token}@host/r.git", token), None)
     assert MaskedRecords().filter(record)
     assert token not in record.getMessage() and "host/r.git" in record.getMessage()
+    try:
+        raise RuntimeError(f"clone of https://u:{token}@host/r.git failed")
+    except RuntimeError:
+        import sys
+
+        failed = logging.LogRecord("daytona_kernel.x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert MaskedRecords().filter(failed)
+    logged = logging.Formatter().format(failed)
+    assert "RuntimeError: clone of https://***@host/r.git failed" in logged and token not in logged
