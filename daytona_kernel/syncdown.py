@@ -89,7 +89,7 @@ class MirrorDown:
         if retry_failed:
             self.failed.clear()
         changed, deleted = reported_paths(changes, report)
-        self._rules.forget_gitignores()
+        await asyncio.to_thread(self._rules.forget_gitignores)  # reads files, and git's config the first time
         self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
         landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
         plan = await asyncio.to_thread(

@@ -408,3 +408,20 @@ def test_a_character_device_in_a_files_place_is_not_read_forever(tmp_path: Path)
     checker.start()
     checker.join(10)
     assert answer == [True]
+
+
+def test_a_dotfiles_repository_in_the_home_folder_does_not_hide_a_project_under_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Git's ignore files from outside the project come from its repository, but never from one whose top is the
+    home folder or above it (dotfiles repositories often ignore "*"; the project root never reaches home either)."""
+    from daytona_kernel.runtime.pathrules import load_rules
+
+    home = tmp_path / "home"
+    (home / ".git" / "info").mkdir(parents=True)
+    (home / ".git" / "info" / "exclude").write_text("*\n")
+    (home / ".gitignore").write_text("*\n")
+    project = home / "work" / "proj"
+    project.mkdir(parents=True)
+    (project / "analysis.py").write_text("x")
+    monkeypatch.setenv("HOME", str(home))
+    files, _ = scan(str(project), load_rules(str(project), repository=True))
+    assert set(files) == {"analysis.py"}

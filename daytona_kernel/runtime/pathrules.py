@@ -377,14 +377,18 @@ def repository_excludes(root, global_excludes=None):
     [(lead, path, follow)]: ``lead`` is root's path from that file's folder ("" or ending in "/"). They are
     the .gitignore files of the folders above root up to its repository's top (deepest first), then the
     repository's info/exclude, then the user's global excludes file (core.excludesFile), as git reads them.
-    [] when root is in no git repository."""
+    [] when root is in no git repository, or in one whose top is the home folder or holds it (a dotfiles
+    repository, often with ``*`` in its .gitignore, is not the project's: the project root never is either)."""
     root = os.path.abspath(root)
+    home = os.path.abspath(os.path.expanduser("~"))
     top = root
     while not os.path.lexists(os.path.join(top, ".git")):
         parent = os.path.dirname(top)
         if parent == top:
             return []
         top = parent
+    if top == home or home.startswith(top.rstrip(os.sep) + os.sep):
+        return []
     found = []
     folder = os.path.dirname(root) if top != root else None
     while folder is not None and (folder == top or folder.startswith(top.rstrip(os.sep) + os.sep)):
