@@ -17,8 +17,8 @@ chmod-ed or touched.
 - ``wake()`` after each cell: a background thread scans the working directory
   and copies the files that changed since their last copy, and removes from the
   volume the files that were deleted. The cell's reply does not wait for it.
-  ``flush()`` (at a shutdown, which waits for it) runs a pass at once; ``last_pass()`` runs one as the
-  interpreter exits (a restart deletes the context, and waits for the worker's exit).
+  ``flush()`` (at a shutdown or restart, which waits for it) runs a pass at once; ``last_pass()`` copies
+  what the interpreter's exit wrote, as far as it can finish before the daemon kills the worker.
 - The record (``.daytona-kernel-volume-copy.json`` beside the working directory,
   on the disk) holds each file's size and mtime as last copied, so nothing
   already there is copied again. It stays out of the working directory, which
@@ -69,8 +69,7 @@ class DurableCopy(object):
         self._idle = threading.Condition()
         self._passes = 0
         self._running = False
-        self._hurry = False  # a flush waits: no settle pause before its pass
-        self._hurried = threading.Event()  # ends a settle pause already begun (a restart right after a cell)
+        self._hurried = threading.Event()  # a flush waits: no settle pause before its pass, or the end of one begun
         self._exit_budget = None  # bytes the exit's pass may copy (``last_pass``); None: no limit
         self._thread = None
         self._failed = set()  # paths whose copy failed and was already reported
@@ -162,7 +161,6 @@ class DurableCopy(object):
         """Wake the copier and wait until a full pass has run. True if it finished in time."""
         with self._idle:  # a pass already running may have scanned too early: wait for the next one
             target = self._passes + (2 if self._running else 1)
-            self._hurry = True
             self._hurried.set()
         self.wake()
         deadline = time.monotonic() + timeout
@@ -186,11 +184,9 @@ class DurableCopy(object):
     def _loop(self):
         while True:
             self._wake.wait()
-            if not self._hurry:
-                self._hurried.wait(SETTLE_S)
+            self._hurried.wait(SETTLE_S)
             with self._idle:
                 self._running = True
-                self._hurry = False
                 self._hurried.clear()
                 self._wake.clear()
             try:

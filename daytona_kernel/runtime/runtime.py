@@ -65,10 +65,10 @@ current = None  # this process's Runtime, set by the bootstrap
 
 
 def _copy_at_exit():
-    """The interpreter's last act: the volume's copy of the working directory catches up (``DurableCopy.last_pass``).
+    """The interpreter's last act: the volume's copy takes what the exit wrote (``DurableCopy.last_pass``).
 
-    A restart deletes the old context, and the daemon answers the deletion only once the worker has exited, so
-    the restart finds the volume current without a runtime call of its own. Registered when this module loads,
+    A shutdown or restart has the copy finished by a runtime call first, while the interpreter lives; the daemon
+    then deletes the context and answers only once the worker has exited. Registered when this module loads,
     before the shell registers its exit work, so it runs after that (IPython clears the namespace: a file left
     open is flushed) and after the handlers the user's code registered (which may write files too)."""
     runtime = current
