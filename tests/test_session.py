@@ -248,47 +248,9 @@ def test_a_notice_queued_after_the_first_ones_were_shown_is_kept() -> None:
     assert supervisor.take_notices() == ["later\n"]
 
 
-async def test_a_restart_finishes_the_volume_copy_before_the_old_context_goes_while_the_next_is_made() -> None:
-    """The volume's copy is finished while the old interpreter lives (its exit copies only what it can finish in
-    the daemon's 2 s: a copy cut off there would truncate the volume's file), and that round trip overlaps the
-    making of the next context."""
-    events: list[str] = []
-
-    class Restarting(FakeSandbox):
-        async def leave_next_context(self, code: str, timeout: float) -> None:
-            events.append("leave begins")
-            await asyncio.sleep(0.05)
-            events.append("leave ends")
-
-    sandbox = Restarting([Run()])
-    sandbox.volume_dir = "/home/daytona/volume"
-    session = session_for(sandbox)
-    await session.execute(Cell("x", 1), Recorder())
-    live = session.supervisor.live
-    assert live is not None
-    close = live.context.close
-
-    async def query(call: Any, parse: Any) -> Any:
-        events.append(f"{type(call).__name__} begins")
-        await asyncio.sleep(0.03)
-        events.append(f"{type(call).__name__} ends")
-        return None
-
-    async def closing() -> None:
-        events.append("close begins")
-        await close()
-
-    session.supervisor.query = query  # type: ignore[method-assign]
-    live.context.close = closing  # type: ignore[method-assign]
-    await session.shutdown(restart=True)
-    assert events.index("SyncVolume ends") < events.index("close begins")
-    assert events.index("SyncVolume begins") < events.index("leave ends")
-
-
-async def test_a_restart_deletes_the_old_context_while_it_leaves_the_next_one() -> None:
-    """The daemon answers a context's deletion only once its worker has exited, and the restart waits for the
-    answer: the next context is made meanwhile, not after. The sandbox is let go of (detach) after both."""
-    events: list[str] = []
+async def restarting(events: list[str], volume_dir: str = "") -> RuntimeSession:
+    """A session after one cell whose restart logs, in ``events``, the next context's making (50 ms), the old
+    context's deletion (50 ms: the daemon waits for the worker's exit) and the sandbox's detach."""
 
     class Restarting(FakeSandbox):
         async def leave_next_context(self, code: str, timeout: float) -> None:
@@ -301,6 +263,7 @@ async def test_a_restart_deletes_the_old_context_while_it_leaves_the_next_one() 
             await super().detach()
 
     sandbox = Restarting([Run()])
+    sandbox.volume_dir = volume_dir
     session = session_for(sandbox)
     await session.execute(Cell("x", 1), Recorder())
     live = session.supervisor.live
@@ -314,6 +277,33 @@ async def test_a_restart_deletes_the_old_context_while_it_leaves_the_next_one() 
         events.append("close ends")
 
     live.context.close = closing  # type: ignore[method-assign]
+    return session
+
+
+async def test_a_restart_finishes_the_volume_copy_before_the_old_context_goes_while_the_next_is_made() -> None:
+    """The volume's copy is finished while the old interpreter lives (its exit copies only what it can finish in
+    the daemon's 2 s: a copy cut off there would truncate the volume's file), and that round trip overlaps the
+    making of the next context."""
+    events: list[str] = []
+    session = await restarting(events, volume_dir="/home/daytona/volume")
+
+    async def query(call: Any, parse: Any) -> Any:
+        events.append(f"{type(call).__name__} begins")
+        await asyncio.sleep(0.03)
+        events.append(f"{type(call).__name__} ends")
+        return None
+
+    session.supervisor.query = query  # type: ignore[method-assign]
+    await session.shutdown(restart=True)
+    assert events.index("SyncVolume ends") < events.index("close begins")
+    assert events.index("SyncVolume begins") < events.index("leave ends")
+
+
+async def test_a_restart_deletes_the_old_context_while_it_leaves_the_next_one() -> None:
+    """The daemon answers a context's deletion only once its worker has exited, and the restart waits for the
+    answer: the next context is made meanwhile, not after. The sandbox is let go of (detach) after both."""
+    events: list[str] = []
+    session = await restarting(events)
     await session.shutdown(restart=True)
     assert events.index("close begins") < events.index("leave ends")
     assert events[-1] == "detach" and "close ends" in events

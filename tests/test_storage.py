@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import sandboxes_of
@@ -302,19 +303,27 @@ def test_a_cloned_repository_comes_back_in_a_new_sandbox(kernel_name: str, tmp_p
             assert run.of_type("execute_result")[0]["data"]["text/plain"] == "7"
 
 
+def fresh_durable_copy(tmp_path: Path) -> tuple[Any, Path, Path]:
+    """A DurableCopy of an empty sandbox working directory to an empty volume folder, restored: (copy, workdir, volume)."""
+    from daytona_kernel.runtime.durable import DurableCopy
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
+    workdir.mkdir(parents=True)
+    volume.mkdir()
+    copy = DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
+    assert copy.restore() == (0, [])
+    return copy, workdir, volume
+
+
 def test_a_flush_runs_its_pass_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A flush (at a shutdown, which waits for it) runs the copier's pass at once: the settle pause, which lets
     a burst of wakes after cells pass before a scan, would only delay the kernel. (The pause is made long here:
     a flush that waited it out would time out.)"""
     from daytona_kernel.runtime import durable
-    from daytona_kernel.runtime.pathrules import load_rules, scan
 
     monkeypatch.setattr(durable, "SETTLE_S", 60.0)
-    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
-    workdir.mkdir(parents=True)
-    volume.mkdir()
-    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
-    assert copy.restore() == (0, [])
+    copy, workdir, volume = fresh_durable_copy(tmp_path)
     (workdir / "a.txt").write_text("one")
     assert copy.flush(10)
     assert (volume / "a.txt").read_text() == "one"
@@ -328,14 +337,7 @@ def test_the_last_pass_at_exit_starts_no_thread(tmp_path: Path, monkeypatch: pyt
     Python 3.12 no thread starts at exit): the pass runs in the exiting thread; a running copier does it."""
     import threading
 
-    from daytona_kernel.runtime import durable
-    from daytona_kernel.runtime.pathrules import load_rules, scan
-
-    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
-    workdir.mkdir(parents=True)
-    volume.mkdir()
-    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
-    assert copy.restore() == (0, [])
+    copy, workdir, volume = fresh_durable_copy(tmp_path)
     (workdir / "a.txt").write_text("one")
 
     def refused(self: threading.Thread) -> None:
@@ -357,14 +359,9 @@ def test_a_flush_during_a_wakes_settle_pause_does_not_wait_it_out(tmp_path: Path
     cells) when the exit's pass is asked for; that pass runs at once. (The pause is made long here: the flush
     would time out waiting it out.)"""
     from daytona_kernel.runtime import durable
-    from daytona_kernel.runtime.pathrules import load_rules, scan
 
     monkeypatch.setattr(durable, "SETTLE_S", 60.0)
-    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
-    workdir.mkdir(parents=True)
-    volume.mkdir()
-    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
-    assert copy.restore() == (0, [])
+    copy, workdir, volume = fresh_durable_copy(tmp_path)
     (workdir / "a.txt").write_text("one")
     copy.wake()  # a cell ended
     time.sleep(0.1)  # the copier is in its pause
@@ -379,13 +376,8 @@ def test_the_last_pass_at_exit_never_starts_a_copy_it_may_not_finish(tmp_path: P
     copies small files only, up to a byte budget; the rest keeps its last whole copy, and the record says it is
     still to be copied (the next pass in this sandbox copies it)."""
     from daytona_kernel.runtime import durable
-    from daytona_kernel.runtime.pathrules import load_rules, scan
 
-    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
-    workdir.mkdir(parents=True)
-    volume.mkdir()
-    copy = durable.DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
-    assert copy.restore() == (0, [])
+    copy, workdir, volume = fresh_durable_copy(tmp_path)
     big = b"A" * (durable.EXIT_COPY_BYTES + 1)
     (workdir / "big.bin").write_bytes(big)
     assert copy.copy_changes() == ["big.bin"]
