@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from jupyter_core.paths import jupyter_config_dir, jupyter_config_path, jupyter_runtime_dir
 
-from .config import MASK, SECTION, DaytonaKernelConfig, config_outside_kernel, has_credentials, masked
+from .config import ENV_PREFIX, MASK, SECTION, DaytonaKernelConfig, config_outside_kernel, has_credentials, masked
 from .config import load_config as load_config_files
 from .errors import DaytonaKernelError
 
@@ -39,10 +39,20 @@ GONE_STATES = frozenset({"destroyed", "destroying"})
 # -- configuration --------------------------------------------------------------------
 
 
-def load_config_with_sources() -> tuple[DaytonaKernelConfig, dict[str, str]]:
-    """The configuration a kernel started now would get, and where each set value came from."""
+def load_config_with_sources(kernel: str | None = None) -> tuple[DaytonaKernelConfig, dict[str, str]]:
+    """The configuration a kernel started now would get, and where each set value came from; with
+    ``kernel``, a kernel started from that kernelspec (its kernel.json's environment on top)."""
     sources: dict[str, str] = {}
-    return config_outside_kernel(load_config_files(sources=sources)), sources
+    if kernel is None:
+        return config_outside_kernel(load_config_files(sources=sources)), sources
+    from . import kernelspec
+
+    spec_env = kernelspec.all_specs()[kernel]["spec"].get("env", {})
+    config = load_config_files(sources=sources, environ={**os.environ, **spec_env})
+    for name in DaytonaKernelConfig.class_trait_names(config=True):
+        if ENV_PREFIX + name.upper() in spec_env:
+            sources[name] = f"kernelspec {kernel}"
+    return config_outside_kernel(config), sources
 
 
 def load_config() -> DaytonaKernelConfig:
@@ -50,11 +60,14 @@ def load_config() -> DaytonaKernelConfig:
     return config_outside_kernel()
 
 
-def show_config(out: Out) -> int:
-    """Print every setting with its effective value and where that value came from."""
-    config, sources = load_config_with_sources()
+def show_config(out: Out, kernel: str | None = None) -> int:
+    """Print every setting with its effective value and where that value came from (in a kernel
+    started from the kernelspec ``kernel``, when given)."""
+    config, sources = load_config_with_sources(kernel)
     problems = config.validate(check_credentials=False)
     out(f"# daytona-kernel configuration (config files: {', '.join(jupyter_config_path())})")
+    if kernel is not None:
+        out(f"# as a kernel started from the kernelspec {kernel} gets it (its kernel.json's env on top)")
     for name in sorted(DaytonaKernelConfig.class_trait_names(config=True)):
         value = getattr(config, name)
         if name == "env":  # the sandbox's environment: its values are often tokens
@@ -217,11 +230,17 @@ async def gc(
     volumes_older_than_s: float = 30 * 86400,
     delete_stopped: bool = False,
     paused_older_than_s: float | None = PAUSED_MAX_AGE_S,
+    local: bool = False,
 ) -> int:
-    """Clean up after kernels that are gone: Daytona sandboxes, or the local backend's leftovers."""
+    """Clean up after kernels that are gone: Daytona sandboxes, or the local backend's leftovers (with
+    ``local``, or when the backend is local; without Daytona credentials too, saying Daytona was skipped)."""
     config = load_config()
-    if config.backend == "local":
+    if local or config.backend == "local":
         return gc_local(older_than_s, volumes_older_than_s, dry_run, out, config)
+    if not has_credentials():
+        status = gc_local(older_than_s, volumes_older_than_s, dry_run, out, config)
+        out(f"skipped: Daytona sandboxes: {NO_KEY[0]}. To clean them up too, export it (create a key at {API_KEYS_PAGE}).")
+        return status
     return await gc_daytona(config, older_than_s, dry_run, out, delete_stopped, paused_older_than_s)
 
 
@@ -240,12 +259,6 @@ async def gc_daytona(
     from .config import DaytonaSettings, settings_from
     from .identity import owner_id
 
-    if not has_credentials():
-        out(
-            f"error: {NO_KEY[0]}. Export it to clean up Daytona sandboxes (create a key at {API_KEYS_PAGE}). "
-            "With DAYTONA_KERNEL_BACKEND=local, gc cleans up the local backend's leftovers instead."
-        )
-        return 2
     then = "then run `daytona-kernel gc` again"
     try:
         owner = owner_id()
@@ -484,7 +497,10 @@ async def doctor(out: Out, round_trip: bool = True) -> int:
             checks.fail(f"kernelspec {name} points at a missing Python {spec['spec']['argv'][0]}", "run `daytona-kernel install --user` again")
         else:
             checks.ok(f"kernelspec {name} ({spec['resource_dir']})")
-    if config.backend == "daytona":
+    if config.backend == "daytona" and not has_credentials():
+        out(f"skipped: Daytona checks: {NO_KEY[0]}. To test Daytona too: {NO_KEY[1]}; the local kernel is tested instead")
+        config.backend = "local"
+    elif config.backend == "daytona":
         await _check_daytona(config, checks)
     if round_trip and not checks.failed:
         await _round_trip(config, checks)
@@ -499,9 +515,6 @@ async def _check_daytona(config: DaytonaKernelConfig, checks: Checks) -> None:
     from .config import DaytonaSettings, settings_from
 
     then = "then run `daytona-kernel doctor` again"
-    if not has_credentials():
-        checks.fail(f"credentials: {NO_KEY[0]}", NO_KEY[1])
-        return
     checks.ok("credentials: DAYTONA_API_KEY is set")
     try:
         client = AsyncDaytona(client_config(settings_from(DaytonaSettings, config)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import shutil
 import sys
 from importlib import metadata
@@ -80,9 +81,18 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from .config import env_problems
+
     prefix = sys.prefix if args.sys_prefix else args.prefix
+    env = _parse_env(args.env)
+    problems = env_problems(env)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        print("Nothing was installed.", file=sys.stderr)
+        return 2
     try:
-        done = kernelspec.install(args.name, args.display_name, _parse_env(args.env), args.user, prefix)
+        done = kernelspec.install(args.name, args.display_name, env, args.user, prefix)
     except kernelspec.SecretInSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -156,7 +166,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from . import admin
 
     return admin.run(
-        admin.gc(args.older_than, args.dry_run, print, args.volumes_older_than, args.delete_stopped, args.paused_older_than)
+        admin.gc(
+            args.older_than, args.dry_run, print, args.volumes_older_than, args.delete_stopped, args.paused_older_than, args.local
+        )
     )
 
 
@@ -179,7 +191,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         except SystemExit as exc:
             return int(exc.code or 0)
         return 0
-    return admin.show_config(print)
+    if args.kernel is not None and args.kernel not in kernelspec.all_specs():
+        print(f"error: no such kernelspec: {args.kernel} (see `daytona-kernel list`)", file=sys.stderr)
+        return 1
+    return admin.show_config(print, args.kernel)
 
 
 def example_notebook() -> Path:
@@ -208,10 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--generate-config", action="store_true",
         help="write a commented daytona_kernel_config.py into the Jupyter config folder (same as `config --generate`)",
     )
-    parser.add_argument("-y", "--yes", action="store_true", help="answer yes to questions (overwrite the config file)")
+    yes_help = "answer yes to questions (remove kernelspecs, overwrite the config file)"
+    parser.add_argument("-y", "--yes", action="store_true", help=yes_help)
+    # The global flags work after the verb too; SUPPRESS keeps a verb's parser from resetting one given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-y", "--yes", action="store_true", default=argparse.SUPPRESS, help=yes_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_parser = functools.partial(sub.add_parser, parents=[common])
 
-    p = sub.add_parser(
+    p = add_parser(
         "install", help="install kernelspecs (default: daytona and daytona-local)",
         description="Install the kernelspecs `daytona` and `daytona-local`, or one named spec.",
         epilog=_install_epilog(), formatter_class=raw,
@@ -226,20 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment for the kernel, e.g. DAYTONA_KERNEL_SNAPSHOT=gpu (repeatable; no secrets)")
     p.set_defaults(func=cmd_install)
 
-    p = sub.add_parser("uninstall", help="remove daytona-kernel kernelspecs (asks first)",
+    p = add_parser("uninstall", help="remove daytona-kernel kernelspecs (asks first)",
                        description="Remove kernelspecs of this kernel (default: all of them). Asks before deleting.")
     p.add_argument("names", nargs="*", metavar="NAME")
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_uninstall)
 
-    p = sub.add_parser("list", help="list the installed daytona-kernel kernelspecs")
+    p = add_parser("list", help="list the installed daytona-kernel kernelspecs")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser(
+    p = add_parser(
         "gc", help="clean up after kernels that are gone",
         description="Daytona backend: stop (or delete, if ephemeral) this installation's sandboxes whose kernel is "
         "gone or that sat idle, and paused ones idle past --paused-older-than; sandboxes in a transition are left alone. Local backend "
-        "(DAYTONA_KERNEL_BACKEND=local): remove leftover sandboxes, input() inboxes and old working copies.",
+        "(--local, DAYTONA_KERNEL_BACKEND=local, or no DAYTONA_API_KEY): remove leftover sandboxes, input() inboxes and old "
+        "working copies.",
     )
     p.add_argument("--older-than", type=_duration, default=3600.0, metavar="AGE",
                    help="idle time that makes a running sandbox or a leftover an orphan (default 1h; e.g. 30m, 2d)")
@@ -254,19 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "never archives or deletes a paused sandbox, and its disk is billed and counts against the quota; "
                    "stopping keeps its files (then auto-archive applies) but loses its variables")
     p.add_argument("--dry-run", action="store_true", help="only list what would be done")
+    p.add_argument("--local", action="store_true", help="clean up only the local backend's leftovers (no Daytona key needed)")
     p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser("doctor", help="check configuration, credentials, API, volume, kernelspecs and a test cell")
+    p = add_parser("doctor", help="check configuration, credentials, API, volume, kernelspecs and a test cell")
     p.add_argument("--no-round-trip", action="store_true", help="skip running a test cell in a sandbox")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("config", help="show the effective configuration and where each value came from")
+    p = add_parser("config", help="show the effective configuration and where each value came from")
     p.add_argument("--generate", action="store_true", help="write a commented daytona_kernel_config.py instead")
     p.add_argument("--help-all", action="store_true", help="list every setting of the kernel with its help")
-    p.add_argument("-y", "--yes", action="store_true", help="overwrite an existing config file without asking")
+    p.add_argument("--kernel", metavar="NAME", help="show the settings a kernel started from this kernelspec gets (e.g. daytona-local)")
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("example", help="copy the example notebook (quickstart.ipynb) to a folder")
+    p = add_parser("example", help="copy the example notebook (quickstart.ipynb) to a folder")
     p.add_argument("dest", nargs="?", default=".", help="folder or file name (default: the current folder)")
     p.set_defaults(func=cmd_example)
     return parser

@@ -370,12 +370,15 @@ def has_credentials(environ: Mapping[str, str] | None = None) -> bool:
     return bool(environ.get("DAYTONA_API_KEY") or environ.get("DAYTONA_JWT_TOKEN"))
 
 
-def load_config(log: logging.Logger | None = None, sources: dict[str, str] | None = None) -> Config:
+def load_config(
+    log: logging.Logger | None = None, sources: dict[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
     """Config from the files on the Jupyter config path (``jupyter_config.*``, then
     ``daytona_kernel_config.*``), then ``DAYTONA_KERNEL_*`` variables on top.
 
     The kernel application and the CLI (``doctor``, ``gc``, ``config``) all read it from
-    here. ``sources``, when given, receives where each DaytonaKernel setting came from.
+    here. ``sources``, when given, receives where each DaytonaKernel setting came from; ``environ``
+    stands for ``os.environ`` (a kernelspec's environment on top of it, for ``config --kernel``).
     """
     from jupyter_core.paths import jupyter_config_path
     from traitlets.config.application import Application
@@ -388,7 +391,7 @@ def load_config(log: logging.Logger | None = None, sources: dict[str, str] | Non
                 log.debug("loaded config file %s", filename)
             found.update(dict.fromkeys(loaded.get(SECTION, {}), filename))
             config.merge(loaded)
-    from_env = env_config()
+    from_env = env_config(environ)
     found.update({name: f"environment {ENV_PREFIX}{name.upper()}" for name in from_env.get(SECTION, {})})
     config.merge(from_env)
     return config
@@ -450,6 +453,22 @@ def env_config(environ: Mapping[str, str] | None = None) -> Config:
         else:
             section[name] = DeferredConfigString(raw)
     return Config({SECTION: section}) if section else Config()
+
+
+def env_problems(environ: Mapping[str, str]) -> list[str]:
+    """What is wrong with the ``DAYTONA_KERNEL_*`` variables of ``environ``: a name that is no setting
+    (with the closest one), or a value the setting refuses. Other variables are not looked at."""
+    import difflib
+
+    names = {ENV_PREFIX + name.upper() for name in DaytonaKernelConfig.class_trait_names(config=True)}
+    problems = []
+    for key in sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in names):
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; `daytona-kernel config --help-all` lists the settings"
+        problems.append(f"{key} is not a setting of this kernel{hint}")
+    _, refused = checked(env_config(environ))
+    problems.extend(refused[name] for name in sorted(refused))
+    return problems
 
 
 # -- narrow settings: what each component reads, frozen ------------------------------

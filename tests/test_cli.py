@@ -193,6 +193,20 @@ def test_a_url_without_credentials_is_fine(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_install_refuses_an_unknown_setting_and_names_the_closest(tmp_path: Path) -> None:
+    proc = cli("install", "--prefix", str(tmp_path), "--name", "typo", "--env", "DAYTONA_KERNEL_CEL_TIMEOUT=2")
+    assert proc.returncode == 2
+    assert "DAYTONA_KERNEL_CEL_TIMEOUT" in proc.stderr and "DAYTONA_KERNEL_CELL_TIMEOUT" in proc.stderr
+    assert not (tmp_path / "share").exists()
+
+
+def test_install_refuses_an_invalid_value(tmp_path: Path) -> None:
+    proc = cli("install", "--prefix", str(tmp_path), "--name", "bad", "--env", "DAYTONA_KERNEL_CELL_TIMEOUT=lots")
+    assert proc.returncode == 2
+    assert "cell_timeout" in proc.stderr and "lots" in proc.stderr
+    assert not (tmp_path / "share").exists()
+
+
 # -- list and uninstall -------------------------------------------------------------
 
 
@@ -215,6 +229,16 @@ def _foreign_spec(tmp_path: Path, name: str = "python3") -> Path:
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "Python 3", "language": "python"}
     (folder / "kernel.json").write_text(json.dumps(spec))
     return folder
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_global_flags_work_before_or_after_the_verb(tmp_path: Path, where: str) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", "--name", "daytona-flags", env=env).returncode == 0
+    args = ("-y", "uninstall", "daytona-flags") if where == "before" else ("uninstall", "daytona-flags", "-y")
+    proc = cli(*args, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[y/N]" not in proc.stdout and not (tmp_path / "data" / "kernels" / "daytona-flags").exists()
 
 
 def test_uninstall_refuses_a_spec_that_is_not_ours(tmp_path: Path) -> None:
@@ -253,20 +277,38 @@ def test_uninstall_asks_before_deleting(tmp_path: Path, answer: str, removed: bo
 # -- gc and doctor without a key ----------------------------------------------------------
 
 
-def test_gc_without_a_key_says_so(tmp_path: Path) -> None:
-    proc = cli("gc", env=user_env(tmp_path))
-    assert proc.returncode == 2
-    assert "DAYTONA_API_KEY is not set" in proc.stdout
+def test_gc_without_a_key_cleans_the_local_backend_and_says_daytona_was_skipped(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    leftover = tmp_path / "tmp" / "daytona-kernel-doctor-abc123"
+    leftover.mkdir()
+    old = time.time() - 7200
+    os.utime(leftover, (old, old))
+    proc = cli("gc", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"removed doctor folder {leftover}" in proc.stdout and not leftover.exists()
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("skipped: Daytona")]
+    assert skipped and "DAYTONA_API_KEY is not set" in skipped[0], proc.stdout
     assert "refused" not in proc.stdout and "restart the kernel" not in proc.stdout
 
 
-def test_doctor_without_a_key_suggests_the_local_kernel(tmp_path: Path) -> None:
-    proc = cli("doctor", env=user_env(tmp_path))
-    assert proc.returncode == 1
-    fails = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
-    assert any("DAYTONA_API_KEY is not set" in line and "daytona-local" in line for line in fails), proc.stdout
-    assert all(line.count("fix:") == 1 for line in fails), proc.stdout
-    assert "restart the kernel" not in proc.stdout
+def test_gc_local_never_asks_daytona(tmp_path: Path) -> None:
+    env = {**user_env(tmp_path), "DAYTONA_API_KEY": "dtn_unused_key", "DAYTONA_API_URL": "http://127.0.0.1:9/api"}
+    proc = cli("gc", "--local", "--dry-run", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Nothing to clean up for the local backend" in proc.stdout
+    assert "Daytona" not in proc.stdout and "dtn_unused_key" not in proc.stdout + proc.stderr
+
+
+def test_doctor_without_a_key_tests_the_local_kernel_and_says_daytona_was_skipped(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", env=env).returncode == 0
+    proc = cli("doctor", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    skipped = [line for line in lines if line.startswith("skipped: Daytona")]
+    assert skipped and "DAYTONA_API_KEY is not set" in skipped[0] and "daytona-local" in skipped[0], proc.stdout
+    assert "ok: a cell ran in local sandbox" in proc.stdout
+    assert not [line for line in lines if line.startswith("FAIL")], proc.stdout
 
 
 def _tree(root: Path) -> set[str]:
@@ -309,6 +351,19 @@ def test_config_shows_each_value_and_where_it_came_from(tmp_path: Path) -> None:
     assert "backend = 'daytona'  # default" in lines
     assert "DAYTONA_API_KEY: set" in lines
     assert "dtn_secret_value" not in proc.stdout
+
+
+def test_config_for_a_kernel_shows_what_its_kernelspec_resolves_to(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", env=env).returncode == 0
+    assert cli("install", "--user", "--name", "daytona-slow", "--env", "DAYTONA_KERNEL_CELL_TIMEOUT=600", env=env).returncode == 0
+    local = cli("config", "--kernel", "daytona-local", env=env)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert "backend = 'local'  # kernelspec daytona-local" in local.stdout.splitlines()
+    slow = cli("config", "--kernel", "daytona-slow", env=env)
+    assert "cell_timeout = 600.0  # kernelspec daytona-slow" in slow.stdout.splitlines(), slow.stdout
+    missing = cli("config", "--kernel", "nope", env=env)
+    assert missing.returncode == 1 and "no such kernelspec" in missing.stderr
 
 
 def test_config_masks_env_values_and_url_credentials(tmp_path: Path) -> None:
