@@ -455,6 +455,34 @@ def test_gc_on_the_local_backend_removes_leftovers_and_keeps_what_is_in_use(tmp_
         assert kept.exists(), kept
 
 
+# -- trying the Daytona backend without an account -----------------------------------
+
+
+def test_the_emulator_command_lets_a_user_try_the_daytona_backend(tmp_path: Path) -> None:
+    env = user_env(tmp_path)
+    assert cli("install", "--user", env=env).returncode == 0
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "serve_emulator.py")], stdout=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")},
+    )
+    try:
+        assert server.stdout is not None
+        banner = []
+        for line in server.stdout:
+            banner.append(line)
+            if line.strip().startswith("export "):
+                break
+        assert "IMITATION" in "".join(banner) and "NOT isolated" in "".join(banner)
+        exported = dict(pair.split("=", 1) for pair in line.split()[1:])
+        assert set(exported) == {"DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_TARGET"}
+        proc = cli("doctor", env={**env, **exported})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "ok: API reachable" in proc.stdout and "ok: a cell ran in" in proc.stdout
+    finally:
+        server.terminate()
+        assert server.wait(30) == 0
+
+
 # -- documentation ------------------------------------------------------------------
 
 
