@@ -17,7 +17,10 @@ from typing import Any, Protocol
 
 from .backends.base import ProgressCallback
 
-__all__ = ["Cell", "CellOutcome", "Frontend", "ProgressCallback", "Recorder", "error_content", "stderr", "stdout"]
+__all__ = ["NOTICE_METADATA", "Cell", "CellOutcome", "Frontend", "Notice", "ProgressCallback", "Recorder", "error_content", "stderr", "stdout"]
+
+# The message metadata of a kernel notice, so a client (the agent API) can tell the kernel's own words from the cell's stderr.
+NOTICE_METADATA = {"daytona_kernel_notice": True}
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,14 @@ def error_content(ename: str, message: str) -> dict[str, Any]:
     return {"ename": ename, "evalue": message, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {message}"]}
 
 
+class Notice(dict[str, Any]):
+    """The content of a stderr stream output that the kernel wrote (not the cell): the kernel
+    publishes it with ``NOTICE_METADATA``. The cell's own stderr is a plain dict."""
+
+
 def stderr(text: str) -> dict[str, Any]:
-    """The content of a stderr stream output."""
-    return {"name": "stderr", "text": text}
+    """The content of a stderr stream output with a notice of the kernel's (``Notice``)."""
+    return Notice(name="stderr", text=text)
 
 
 def stdout(text: str) -> dict[str, Any]:

@@ -91,6 +91,12 @@ def cmd_install(args: argparse.Namespace) -> int:
             print(f"error: {problem}", file=sys.stderr)
         print("Nothing was installed.", file=sys.stderr)
         return 2
+    shadow = kernelspec.shadows(args.name or "")
+    if shadow and not args.replace_kernel:
+        print(f"error: {shadow}. Nothing was installed. Pick another --name, or add --replace-kernel if you mean it.", file=sys.stderr)
+        return 2
+    if shadow:
+        print(f"warning: {shadow}.", file=sys.stderr)
     try:
         done = kernelspec.install(args.name, args.display_name, env, args.user, prefix)
     except kernelspec.SecretInSpecError as exc:
@@ -244,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--display-name", help="the name shown in Jupyter")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment for the kernel, e.g. DAYTONA_KERNEL_SNAPSHOT=gpu (repeatable; no secrets)")
+    p.add_argument("--replace-kernel", action="store_true",
+                   help="allow a --name that takes the place of ipykernel's own kernel (python3): refused without it")
     p.set_defaults(func=cmd_install)
 
     p = add_parser("uninstall", help="remove daytona-kernel kernelspecs (asks first)",

@@ -22,7 +22,7 @@ from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
 from . import __version__
-from .cell import Cell, CellOutcome, error_content
+from .cell import NOTICE_METADATA, Cell, CellOutcome, Notice, error_content
 from .comms import CommBridge
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
@@ -197,9 +197,11 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     # -- requests --------------------------------------------------------
 
     def _emit(self, msg_type: str, content: dict, parent: dict | None = None) -> None:
-        """Publish on iopub. Callers in background tasks pass the request's parent, captured up front."""
+        """Publish on iopub. Callers in background tasks pass the request's parent, captured up front.
+        A kernel notice (``cell.Notice``) carries ``NOTICE_METADATA``."""
+        metadata = NOTICE_METADATA if isinstance(content, Notice) else None
         self._messages.send(
-            self.iopub_socket, msg_type, content, parent or self.get_parent(), ident=self._topic(msg_type)
+            self.iopub_socket, msg_type, content, parent or self.get_parent(), ident=self._topic(msg_type), metadata=metadata
         )
 
     async def do_execute(

@@ -46,6 +46,22 @@ def template_dir(name: str = "daytona") -> Path:
     return root / name
 
 
+# Names other kernels own: a spec of ours under one of them silently takes their place in every client that asks
+# for it by name (JupyterLab's default kernel, papermill, MCP servers for Jupyter that hard-code python3).
+SHADOWED_NAMES = ("python3", "python", "python2")
+
+
+def shadows(name: str) -> str | None:
+    """Why installing a spec named ``name`` would be a surprise, or None."""
+    if name.lower() not in SHADOWED_NAMES:
+        return None
+    return (
+        f"a kernelspec named {name} takes the place of ipykernel's own Python kernel: every client that asks for "
+        f"{name} (JupyterLab's default kernel, papermill, MCP servers for Jupyter) would run on daytona-kernel "
+        "instead, and notebooks saved that way say python3 for outputs daytona-kernel made"
+    )
+
+
 class SecretInSpecError(ValueError):
     """Refused: a credential would have been written into kernel.json."""
 

@@ -90,7 +90,7 @@ class Request:
             self._in_order(self._handle, event)
 
     def on_stderr(self, text: str) -> None:
-        self._in_order(self._stream, stderr(text))
+        self._in_order(self._stream, {"name": "stderr", "text": text})  # the cell's own stderr, not a notice
 
     async def settle(self) -> None:
         """Wait until the large strings of every frame so far are fetched and shown."""

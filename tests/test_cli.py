@@ -130,6 +130,18 @@ def test_install_writes_both_default_specs(tmp_path: Path) -> None:
     assert f"Installed kernelspec daytona-local in {kernels / 'daytona-local'}" in proc.stdout
 
 
+def test_install_refuses_to_shadow_ipykernels_python3_without_a_flag(tmp_path: Path) -> None:
+    kernels = tmp_path / "share" / "jupyter" / "kernels"
+    refused = cli("install", "--prefix", str(tmp_path), "--name", "python3")
+    assert refused.returncode == 2
+    assert "takes the place of ipykernel's own Python kernel" in refused.stderr and "--replace-kernel" in refused.stderr
+    assert not (kernels / "python3").exists()
+    forced = cli("install", "--prefix", str(tmp_path), "--name", "python3", "--replace-kernel")
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stderr.startswith("warning: a kernelspec named python3 takes the place")
+    assert kernelspec.is_ours(json.loads((kernels / "python3" / "kernel.json").read_text()))
+
+
 def test_shipped_specs_are_what_install_writes() -> None:
     """The package-data specs (zero-step install) match get_kernel_dict, with a plain `python`."""
     for name, (display, env) in kernelspec.DEFAULT_SPECS.items():

@@ -1,0 +1,168 @@
+"""The agent API (daytona_kernel.agent) on both backends: one kernel per backend for the class.
+
+Each test sets up the state it reads, so the tests hold in any order and on any xdist worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from daytona_kernel.agent import LOCAL_WARNING, RESTARTED, AgentKernel, AsyncAgentKernel
+from daytona_kernel.agent_calls import NO_INPUT
+
+pytestmark = pytest.mark.timeout(300)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def backend_env(name: str, emulator: Any) -> dict[str, str]:
+    env = dict(os.environ)
+    if name == "daytona":
+        env.update(emulator.env())
+    return env
+
+
+@pytest.fixture(scope="class", params=["daytona-local", "daytona"])
+def agent(request: pytest.FixtureRequest, emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentKernel]:
+    root = tmp_path_factory.mktemp("agent")
+    (root / "project").mkdir()
+    with AgentKernel(request.param, root / "project", notebook=root / "transcript.ipynb", env=backend_env(request.param, emulator)) as kernel:
+        yield kernel
+
+
+def interrupt_until_done(kernel: AgentKernel, thread: threading.Thread) -> None:
+    """Interrupt until the run in ``thread`` ends (an interrupt that lands before the cell starts ends nothing)."""
+    while thread.is_alive():
+        kernel.interrupt()
+        thread.join(1.0)
+
+
+class TestAgentApi:
+    def test_state_persists_between_runs(self, agent: AgentKernel) -> None:
+        first = agent.run("x = 41")
+        second = agent.run("print('x is', x)\nx + 1")
+        assert first.ok and second.ok, (first, second)
+        assert second.text == "x is 41\n42\n"
+        assert second.execution_count == (first.execution_count or 0) + 1
+
+    def test_a_figure_comes_back_as_an_image(self, agent: AgentKernel) -> None:
+        result = agent.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+        assert result.ok, result.text
+        assert [i.mime for i in result.images] == ["image/png"]
+        assert base64.b64decode(result.images[0].data).startswith(PNG_MAGIC)
+
+    def test_an_error_comes_back_with_its_traceback(self, agent: AgentKernel) -> None:
+        result = agent.run("print('before')\ndef f():\n    return 1 / 0\nf()")
+        assert not result.ok and result.error is not None
+        assert (result.error.name, result.error.value) == ("ZeroDivisionError", "division by zero")
+        assert any("return 1 / 0" in line for line in result.error.traceback)
+        assert "\x1b[" not in result.text  # plain text, no terminal colours
+        assert result.text.index("before") < result.text.index("ZeroDivisionError")
+
+    def test_an_interrupt_from_another_thread_keeps_the_variables(self, agent: AgentKernel) -> None:
+        agent.run("kept = 'still here'")
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(agent.run("import time\ntime.sleep(60)")))
+        thread.start()
+        interrupt_until_done(agent, thread)
+        assert results[0].interrupted and results[0].error.name == "KeyboardInterrupt"
+        assert agent.run("kept").text == "'still here'\n"
+
+    def test_a_timeout_interrupts_and_says_the_variables_are_kept(self, agent: AgentKernel) -> None:
+        agent.run("y = 5")
+        result = agent.run("import time\ntime.sleep(60)", timeout=3)
+        assert result.timed_out and result.interrupted
+        assert any("timeout of 3 s and was interrupted; the variables are kept" in n for n in result.notices)
+        assert agent.run("y * 2").text == "10\n"
+
+    def test_restart_loses_the_variables_and_says_so(self, agent: AgentKernel) -> None:
+        agent.run("gone = 1")
+        assert agent.restart() == RESTARTED
+        result = agent.run("gone")
+        assert result.error is not None and result.error.name == "NameError"
+
+    def test_variables_lists_names_types_and_reprs(self, agent: AgentKernel) -> None:
+        agent.run("import os\nalpha = [1, 2, 3]\ndef helper(): pass\n_private = 1")
+        found = {v.name: v for v in agent.variables()}
+        assert (found["alpha"].type, found["alpha"].repr, found["alpha"].size) == ("list", "[1, 2, 3]", "3")
+        assert not {"os", "helper", "_private", "In", "Out"} & set(found)
+        assert agent.run("alpha").execution_count is not None  # the listing left the session as it was
+
+    def test_input_fails_at_once_with_a_clear_error(self, agent: AgentKernel) -> None:
+        result = agent.run("answer = input('name? ')", timeout=60)
+        assert result.error is not None and result.error.name == "StdinNotImplementedError"
+        assert not result.timed_out
+        assert NO_INPUT + "\n" in result.notices
+
+    def test_kernel_notices_are_kept_apart_from_the_cells_stderr(self, agent: AgentKernel) -> None:
+        (agent.kernel.folder / ".env").write_text("TOKEN=not-for-the-sandbox\n")  # the mirror keeps it here, with a notice
+        result = agent.run("import sys\nprint('mine', file=sys.stderr)")
+        assert result.text == "mine\n"
+        assert any("look like secrets: .env" in n for n in result.notices), result.notices
+
+    def test_html_comes_back_as_text_without_its_scripts(self, agent: AgentKernel) -> None:
+        result = agent.run("from IPython.display import HTML, display\ndisplay(HTML('<b>bold</b><script>alert(1)</script>'))")
+        assert result.text == "bold\n"
+        assert "script" not in str(result.outputs)  # the transcript too: even a kernel that trusts its sandbox
+
+    def test_upload_and_download_go_through_the_mirror(self, agent: AgentKernel) -> None:
+        (agent.kernel.folder / "data.txt").write_text("from the laptop")
+        assert "uploaded 1 file(s)" in agent.upload("data.txt")
+        agent.run("open('made.txt', 'w').write(open('data.txt').read().upper())")
+        (agent.kernel.folder / "made.txt").unlink(missing_ok=True)  # the mirror brought it back; take it again by hand
+        assert "downloaded 1 file(s)" in agent.download("made.txt")
+        assert (agent.kernel.folder / "made.txt").read_text() == "FROM THE LAPTOP"
+
+    def test_status_names_the_backend_and_the_uptime(self, agent: AgentKernel) -> None:
+        info = agent.status()
+        assert info["backend"] == ("local" if agent.kernel.is_local else "daytona")
+        assert info["sandbox"] and info["kernel uptime"].endswith(" s")
+        assert ("isolation" in info) == agent.kernel.is_local
+
+    def test_every_run_is_in_the_transcript(self, agent: AgentKernel) -> None:
+        codes = ["marker_a = 'transcript-a'", "print(marker_a)"]
+        for code in codes:
+            agent.run(code)
+        assert agent.kernel.transcript is not None
+        nb = nbformat.read(agent.kernel.transcript.path, as_version=4)
+        nbformat.validate(nb)
+        cells = nb.cells[-2:]
+        assert [c.source for c in cells] == codes
+        assert cells[1].outputs[0]["text"] == "transcript-a\n"
+
+
+@pytest.mark.slow
+async def test_async_api_and_a_concurrent_interrupt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The async core: a context manager, and an interrupt from another task while run() waits."""
+    async with AsyncAgentKernel("daytona-local", tmp_path) as kernel:
+        assert LOCAL_WARNING in caplog.text
+        await kernel.run("n = 3")
+        running = asyncio.ensure_future(kernel.run("import time\ntime.sleep(60)"))
+        while not running.done():
+            await kernel.interrupt()
+            await asyncio.wait([running], timeout=1.0)
+        assert running.result().interrupted
+        assert (await kernel.run("n")).text == "3\n"
+    assert not list(tmp_path.glob("kernel*.json"))  # the connection file never was in the project
+
+
+@pytest.mark.slow
+def test_a_refused_key_never_appears_in_results_or_the_transcript(emulator: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    key = "dtn_refused0123456789abcdefXYZ"
+    env = dict(backend_env("daytona", emulator), DAYTONA_API_KEY=key)
+    (tmp_path / "project").mkdir()
+    with AgentKernel("daytona", tmp_path / "project", notebook=tmp_path / "t.ipynb", env=env) as kernel:
+        result = kernel.run("1 + 1", timeout=120)
+        status = kernel.status()
+    assert not result.ok, result.text
+    seen = result.text + "".join(result.notices) + str(result.outputs) + status.text() + (tmp_path / "t.ipynb").read_text()
+    captured = capfd.readouterr()
+    assert key not in seen and key not in captured.err and key not in captured.out
