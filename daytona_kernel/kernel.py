@@ -26,6 +26,7 @@ from .cell import NOTICE_METADATA, Cell, CellOutcome, Notice, error_content
 from .comms import CommBridge
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
+from .debugger import failed
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
 from .interactive import check_complete, daytona_cell, kernel_magic_lines
@@ -60,6 +61,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         self._comms: CommBridge | None = None
         self._publisher = IopubPublisher(self)
         self.shell_handlers.update(comm_open=self._comm, comm_msg=self._comm, comm_close=self._comm)
+        self._debug_replies: set[asyncio.Future[None]] = set()
         if not self._problems:
             try:
                 self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self._publisher)
@@ -67,6 +69,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 self._problems.append(str(exc))
         if self._runtime is not None:
             self._comms = self._runtime.comms
+            self._runtime.debugger.publish = self._publish_debug_event
 
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""
@@ -100,8 +103,8 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
 
     @property
     def kernel_info(self) -> dict[str, Any]:
-        """The base class's reply without its features (no debugger, no kernel subshells). Built here:
-        the base property imports debugpy to ask whether it is there, 70 ms before the first reply."""
+        """The base class's reply with the debugger (in the sandbox: docs/debugger.md) and without kernel
+        subshells. Built here: the base property imports debugpy to ask whether it is there, 70 ms before the first reply."""
         return {
             "protocol_version": kernel_protocol_version,
             "implementation": self.implementation,
@@ -109,7 +112,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
             "language_info": self.language_info,
             "banner": self.banner,
             "help_links": self.help_links,
-            "supported_features": [],
+            "supported_features": ["debugger"] if self._runtime is not None else [],
         }
 
     # -- comms: the bridge to the sandbox's comms (comms.py) -------------------
@@ -128,6 +131,30 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         target_name = parent["content"].get("target_name")
         comms = self._comms.info(target_name) if self._comms is not None else {}
         self._messages.send(stream, "comm_info_reply", {"status": "ok", "comms": comms}, parent, ident)
+
+    # -- the debugger: Jupyter's debug protocol, to the sandbox's debugpy (debugger.py) -------
+
+    async def debug_request(self, stream: Any, ident: Any, parent: Any) -> None:
+        """ipykernel's handler, replying when the sandbox has answered: the control channel does not wait for
+        it, so an interrupt or a shutdown never queues behind a request to a debugger stopped in a cell."""
+        task = asyncio.ensure_future(self._debug_reply(stream, ident, parent))
+        self._debug_replies.add(task)
+        task.add_done_callback(self._debug_replies.discard)
+
+    async def _debug_reply(self, stream: Any, ident: Any, parent: Any) -> None:
+        content = parent.get("content")
+        if self._runtime is None:
+            reply = failed(content if isinstance(content, dict) else {}, "the kernel is not configured: " + "; ".join(self._problems))
+        else:
+            try:
+                reply = await self._on_shell_loop(self._runtime.debugger.request(content))
+            except Exception as exc:  # the last resort: the frontend still gets its reply, and the kernel log the cause
+                self.log.exception("daytona-kernel failed while relaying a debug request")
+                reply = failed(content if isinstance(content, dict) else {}, f"daytona-kernel failed: {exc!r}")
+        self._messages.send(stream, "debug_reply", reply, parent, ident)
+
+    def _publish_debug_event(self, event: dict[str, Any]) -> None:
+        self._messages.send(self.iopub_socket, "debug_event", event, self.get_parent(), ident=self._topic("debug_event"))
 
     # -- execution count: ipykernel's rules ------------------------------
 

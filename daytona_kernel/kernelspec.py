@@ -117,7 +117,7 @@ def get_kernel_dict(display_name: str, env: dict[str, str], executable: str | No
         "language": "python",
         "interrupt_mode": "message",
         "env": dict(env),
-        "metadata": {"debugger": False},
+        "metadata": {"debugger": True},  # the debugger runs in the sandbox (docs/debugger.md)
         "kernel_protocol_version": KERNEL_PROTOCOL_VERSION,
     }
 

@@ -130,8 +130,18 @@ class CommAck:
     more: bool = False
 
 
+@dataclass(frozen=True)
+class DebugMessage:
+    """A DAP message from the sandbox's debugger (docs/debugger.md): a ``response`` to the kernel's request
+    ``answers`` (the kernel's own number for it), or an ``event`` (``answers`` None). Checked here; never acted on."""
+
+    message: dict[str, Any]
+    answers: int | None = None
+
+
 Event = (
     Hello | Output | CellError | UserExpressions | Payload | InputRequest | FileChanges | Reply | CommMessage | ParentSwitch | CommAck
+    | DebugMessage
 )
 
 
@@ -492,6 +502,52 @@ def _comm_ack(p: dict[str, Any]) -> CommAck:
     return CommAck(_int(p.get("seq"), "comm_ack.seq"), _bool(p.get("more", False), "comm_ack.more"))
 
 
+MAX_DAP_CHARS = 32 * 1024 * 1024  # the strings of one DAP message from the sandbox, together
+DAP_OPTIONAL = {"message": str, "body": dict}  # optional DAP fields and their types
+
+
+def _debug(p: dict[str, Any]) -> DebugMessage:
+    """A DAP response or event (the Debug Adapter Protocol's base schema), bounded in size."""
+    message = _dict(p.get("message"), "debug.message")
+    answers = p.get("answers")
+    kind = message.get("type")
+    if kind == "response":
+        _str(message.get("command"), "debug.message.command")
+        _bool(message.get("success"), "debug.message.success")
+        if answers is None:
+            raise ProtocolError("a debug response answers no request")
+        _int(answers, "debug.answers")
+    elif kind == "event":
+        _str(message.get("event"), "debug.message.event")
+        if answers is not None:
+            raise ProtocolError("a debug event claims to answer a request")
+    else:
+        raise ProtocolError(f"debug.message.type is {str(kind)[:40]!r}, not 'response' or 'event'")
+    for name, expected in DAP_OPTIONAL.items():
+        if name in message and not isinstance(message[name], expected):
+            raise ProtocolError(f"debug.message.{name} is {_type(message[name])}, not {'a string' if expected is str else 'an object'}")
+    for name in ("seq", "request_seq"):
+        if name in message:
+            _int(message[name], f"debug.message.{name}")
+    if _chars(message) > MAX_DAP_CHARS:
+        raise ProtocolError(f"a debug message is over {MAX_DAP_CHARS // (1024 * 1024)} MB")
+    return DebugMessage(message, answers)
+
+
+def _chars(value: Any) -> int:
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
 _PARSERS: dict[str, Callable[[dict[str, Any]], Event]] = {
     Kind.HELLO: _hello,
     Kind.DISPLAY: _display(Kind.DISPLAY),
@@ -509,5 +565,6 @@ _PARSERS: dict[str, Callable[[dict[str, Any]], Event]] = {
     Kind.COMM_CLOSE: _comm(Kind.COMM_CLOSE),
     Kind.PARENT: _parent,
     Kind.COMM_ACK: _comm_ack,
+    Kind.DEBUG: _debug,
 }
 assert set(_PARSERS) == set(Kind.ALL), "every frame kind needs a parser"

@@ -26,6 +26,7 @@ from .protocol import (
     CellError,
     CommAck,
     CommMessage,
+    DebugMessage,
     FileChanges,
     Hello,
     InputRequest,
@@ -51,7 +52,7 @@ class Request:
     ``policy`` cleans what is shown (default: the safe policy); ``budget`` caps its size; ``comms``
     publishes comm messages and the output of frontend messages the sandbox handled (none: comm
     frames are dropped, and widgets show their text); ``fetch`` downloads a file from the sandbox (without
-    it, a frame whose large strings wait in one is an error)."""
+    it, a frame whose large strings wait in one is an error); ``debug`` takes the debugger's messages (debugger.py)."""
 
     def __init__(
         self,
@@ -62,8 +63,10 @@ class Request:
         budget: OutputBudget | None = None,
         comms: CommBridge | None = None,
         fetch: Fetch | None = None,
+        debug: Callable[[DebugMessage], None] | None = None,
     ) -> None:
         self._decoder = FrameDecoder(token)
+        self._debug = debug
         self._comms = comms
         self._under: dict[str, Any] | None = None  # the frontend message whose handling produces the output
         self._emit_now = emit
@@ -217,6 +220,10 @@ class Request:
             self.reply = event.value
         elif isinstance(event, Hello):
             self.hello = event
+        elif isinstance(event, DebugMessage):
+            if self._debug is None:
+                raise ProtocolError("a debugger message arrived, but this request does not take them")
+            self._debug(event)
 
 
     def _shown(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:

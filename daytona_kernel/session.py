@@ -21,6 +21,7 @@ from .backends.base import IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .comms import CommBridge, Publisher, WidgetPolicy
 from .config import SessionSettings
+from .debugger import DebugRelay
 from .delivery import CommDelivery, comm_options
 from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
@@ -79,6 +80,7 @@ class RuntimeSession:
         self.inflight = InFlight()  # what runs in the context now
         self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
         self.delivery = CommDelivery(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # widgets
+        self.debugger = DebugRelay(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # debug_request
         self.comms: CommBridge | None = None  # widgets: the comm bridge (comms.py), when a kernel publishes them
         if publisher is not None:
             self.comms = CommBridge(publisher, WidgetPolicy(self.outputs, frozenset(settings.widget_modules)), log, self.delivery)
@@ -285,7 +287,9 @@ class RuntimeSession:
 
     def _new_request(self, live: Live, frontend: Frontend, bridge: InputBridge | None, budget: OutputBudget) -> Request:
         on_input = bridge.request if bridge is not None else None
-        request = self.inflight.request = Request(live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox))
+        request = self.inflight.request = Request(
+            live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox), self.debugger.receive
+        )
         self.interrupts.new_request()
         return request
 

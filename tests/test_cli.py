@@ -121,7 +121,7 @@ def test_install_writes_both_default_specs(tmp_path: Path) -> None:
         assert spec["argv"] == [sys.executable, "-Xfrozen_modules=off", "-c", kernelspec.LAUNCH_CODE, "-f", "{connection_file}"]
         assert spec["interrupt_mode"] == "message"
         assert spec["language"] == "python"
-        assert spec["metadata"] == {"debugger": False}
+        assert spec["metadata"] == {"debugger": True}
         assert spec["kernel_protocol_version"] == "5.3"
     assert local["env"]["DAYTONA_KERNEL_BACKEND"] == "local"
     assert remote["env"]["DAYTONA_KERNEL_BACKEND"] == "daytona"

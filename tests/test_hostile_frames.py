@@ -118,6 +118,69 @@ async def test_a_frame_that_is_not_a_kind_payload_pair() -> None:
     await assert_rejected_for_its_cell_only(raw(lambda token: f"{MARK}{token} . {{\"kind\": 1}}\n"))
 
 
+# -- the debugger (docs/debugger.md) --------------------------------------------------
+
+
+def dap(message: dict[str, Any], answers: int | None = None) -> Any:
+    return frame("debug", {"message": message} if answers is None else {"message": message, "answers": answers})
+
+
+async def test_a_debug_request_from_the_sandbox_is_refused() -> None:  # DAP's reverse requests (runInTerminal ...)
+    await assert_rejected_for_its_cell_only(dap({"type": "request", "seq": 1, "command": "runInTerminal", "arguments": {"args": ["sh"]}}))
+
+
+async def test_a_debug_response_that_answers_nothing_is_refused() -> None:
+    await assert_rejected_for_its_cell_only(dap({"type": "response", "seq": 1, "command": "source", "success": True}))
+
+
+async def test_a_debug_event_that_claims_to_answer_a_request_is_refused() -> None:
+    await assert_rejected_for_its_cell_only(dap({"type": "event", "seq": 1, "event": "stopped", "body": {}}, answers=1))
+
+
+async def test_a_debug_event_whose_body_is_not_an_object_is_refused() -> None:
+    await assert_rejected_for_its_cell_only(dap({"type": "event", "seq": 1, "event": "output", "body": "rm -rf ~"}))
+
+
+async def test_an_oversized_debug_message_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from daytona_kernel import protocol
+
+    monkeypatch.setattr(protocol, "MAX_DAP_CHARS", 1000)
+    await assert_rejected_for_its_cell_only(dap({"type": "event", "seq": 1, "event": "output", "body": {"output": "x" * 2000}}))
+
+
+async def test_a_debug_reply_nobody_waits_for_is_dropped_and_events_reach_the_frontend() -> None:
+    session = RuntimeSession(FakeSandbox([Run(["before\n", dap({"type": "response", "command": "source", "success": True}, answers=7),
+                                               dap({"type": "event", "seq": 2, "event": "stopped", "body": {"threadId": 1}}), "after\n"])]),
+                             SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    events: list[dict[str, Any]] = []
+    session.debugger.publish = events.append
+    front = Recorder()
+    outcome = await session.execute(Cell("cell", 1), front)
+    assert outcome.error is None and front.text() == "before\nafter\n"
+    assert events == [{"type": "event", "seq": 2, "event": "stopped", "body": {"threadId": 1}}]
+
+
+async def test_a_rich_inspection_passes_the_output_policy_and_the_kernel_reads_no_file() -> None:
+    reply = {"type": "response", "seq": 1, "request_seq": 1, "command": "richInspectVariables", "success": True,
+             "body": {"data": {"text/html": "<b>x</b><script>steal()</script>", "text/plain": "x"}, "metadata": {}}}
+    sandbox = FakeSandbox([Run([dap(reply, answers=1)])])
+    session = RuntimeSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    got = await session.debugger.request({"type": "request", "seq": 1, "command": "richInspectVariables", "arguments": {"variableName": "x"}})
+    assert got["success"] and got["body"]["data"]["text/plain"] == "x"
+    assert "script" not in got["body"]["data"]["text/html"] and "<b>x</b>" in got["body"]["data"]["text/html"]
+    assert sandbox.download_limits == [] and sandbox.uploads == []
+
+
+async def test_a_debug_request_the_sandbox_never_answers_gets_a_failed_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    from daytona_kernel import debugger
+
+    monkeypatch.setattr(debugger, "REPLY_TIMEOUT_S", 0.5)
+    session = RuntimeSession(FakeSandbox([Run(["nothing\n"])] * 50), SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    got = await session.debugger.request({"type": "request", "seq": 5, "command": "stackTrace", "arguments": {"threadId": 1}})
+    assert got == {"type": "response", "seq": 5, "request_seq": 5, "success": False, "command": "stackTrace",
+                   "message": "the sandbox's debugger did not answer in 0.5 s"}
+
+
 # -- size and depth ----------------------------------------------------------------
 
 

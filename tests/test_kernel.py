@@ -32,7 +32,7 @@ def test_kernel_info_describes_python_and_the_backend(kernel: Kernel) -> None:
     assert lang["version"].count(".") == 2
     assert "local backend" in info["banner"]
     assert info["implementation"] == "daytona-kernel"
-    assert "debugger" not in info.get("supported_features", [])
+    assert "debugger" in info.get("supported_features", [])
     assert "kernel subshells" not in info.get("supported_features", [])
 
 

@@ -118,6 +118,15 @@ class Deliver(Call):
 
 
 @dataclasses.dataclass(frozen=True)
+class Debug(Call):
+    """The kernel's debug requests while no cell runs (``debug.Debugger.call``); each ``{"id": n, "message": dap}``.
+    An empty list fetches what the debugger holds (replies and events made after a cell ended)."""
+
+    METHOD: ClassVar[str] = "debug"
+    requests: List[Dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
 class CommTable(Call):
     METHOD: ClassVar[str] = "comm_table"
 
@@ -247,7 +256,7 @@ class RemoveJournal(JournalCall):
 
 CALLS: Dict[str, Type[Any]] = {
     cls.METHOD: cls
-    for cls in (RunCell, Deliver, CommTable, Complete, Inspect, ListFileChanges, Checkpoint, Restore, SyncVolume, Adopt, Scatter, Prelude, Dump, Gather)
+    for cls in (RunCell, Deliver, Debug, CommTable, Complete, Inspect, ListFileChanges, Checkpoint, Restore, SyncVolume, Adopt, Scatter, Prelude, Dump, Gather)
 }
 JOURNAL_CALLS: Dict[str, Type[Any]] = {cls.METHOD: cls for cls in (ScanJournals, ReadJournal, ClaimSession, RemoveJournal)}
 """The journal's process verbs: a separate table, so the runtime never takes one for a call of its own."""

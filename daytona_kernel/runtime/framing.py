@@ -71,10 +71,11 @@ class Kind(object):
     COMM_CLOSE = "comm_close"  # a comm closed in the sandbox
     PARENT = "parent"  # the output that follows belongs to this frontend message ("": to the request)
     COMM_ACK = "comm_ack"  # the frontend messages were taken up to this inbox batch
+    DEBUG = "debug"  # a DAP message from the debugger (debug.py): a response to the kernel's request, or an event
 
     ALL = (
         HELLO, DISPLAY, UPDATE, CLEAR, RESULT, ERROR, USER_EXPRESSIONS, PAYLOAD, INPUT, FILES, REPLY,
-        COMM_OPEN, COMM_MSG, COMM_CLOSE, PARENT, COMM_ACK,
+        COMM_OPEN, COMM_MSG, COMM_CLOSE, PARENT, COMM_ACK, DEBUG,
     )
 
 

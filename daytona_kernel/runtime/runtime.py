@@ -30,6 +30,7 @@ try:  # inside the sandbox the bootstrap installed these modules under these nam
     import _daytona_kernel_basic as _basic
     import _daytona_kernel_calls as _calls
     import _daytona_kernel_comms as _comms
+    import _daytona_kernel_debug as _debug
     import _daytona_kernel_display as _display
     import _daytona_kernel_files as _files
     import _daytona_kernel_framing as _framing
@@ -40,6 +41,7 @@ except ImportError:  # imported from the package (tests)
     from daytona_kernel.runtime import basic as _basic
     from daytona_kernel.runtime import calls as _calls
     from daytona_kernel.runtime import comms as _comms
+    from daytona_kernel.runtime import debug as _debug
     from daytona_kernel.runtime import display as _display
     from daytona_kernel.runtime import files as _files
     from daytona_kernel.runtime import framing as _framing
@@ -128,6 +130,7 @@ class Runtime(object):
         self.shell = self._start_shell()
         self.ipython = self.shell if not isinstance(self.shell, _basic.BasicShell) else None
         self.initial_names = frozenset(self.user_ns) | frozenset(self.shell.user_ns_hidden)
+        self.debugger = _debug.Debugger(self)  # debugpy starts when the frontend first asks for it
         sys.modules["__main__"] = self.user_module
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
         if self.ipython is not None:  # widgets need IPython: comms work, and tqdm.notebook draws a widget
@@ -365,8 +368,10 @@ class Runtime(object):
             try:
                 self.comms.begin_request(comms)
                 self.comms.start_cell()
+                self.debugger.start_cell()
                 self.shell.execute(code, count, store_history, silent)
             finally:
+                self.debugger.end_cell()
                 self.comms.end_request()
                 self.shell.send_payloads()
                 if user_expressions:
@@ -394,6 +399,11 @@ class Runtime(object):
                 self.comms.handle(messages)
             finally:
                 self.comms.end_request()
+
+    def debug(self, requests):
+        """The kernel's debug requests while no cell runs (``debug.Debugger``)."""
+        with self.request_output():
+            self.debugger.call(requests)
 
     def comm_table(self):
         """Reply with the comms open here (a kernel that attaches takes them over: ``CommBridge.adopt``)."""

@@ -1,0 +1,161 @@
+"""The debugger's kernel side: Jupyter's debug protocol across the sandbox boundary (docs/debugger.md).
+
+A ``debug_request`` (control channel) carries one DAP request. It goes into the sandbox the way
+frontend comm messages go (``delivery.py``): while a cell runs (stopped at a breakpoint, most often) as a
+file uploaded to the cell's inbox, else in a short ``Debug`` call of its own. The sandbox's debugger
+(``runtime/debug.py``, ipykernel's ``Debugger`` on debugpy) answers with ``debug`` frames, checked by
+``protocol.py`` like every frame: a response names the kernel's number for the request it answers, and
+becomes the ``debug_reply``; an event becomes a ``debug_event`` on iopub. The kernel opens no file and no
+socket for any of it: a ``source`` request is answered from the sandbox's files, and what the frontend
+renders (``richInspectVariables``' MIME bundle) passes the output policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import posixpath
+from typing import Any, Callable
+
+from .backends.base import RunError, Sandbox
+from .config import SessionSettings
+from .errors import DaytonaKernelError
+from .outputs import OutputPolicy
+from .protocol import DebugMessage
+from .request import InFlight, Request, fetcher
+from .runtime import call_source
+from .runtime.calls import Debug
+from .supervisor import ContextSupervisor, Live
+
+REPLY_TIMEOUT_S = 60.0  # a request the sandbox does not answer in this time gets a failed reply
+WAIT_S = 0.01  # how often a request waits for the end of another call into the sandbox
+FETCH_EVERY_S = 0.05  # after a cell ended, how often the kernel fetches replies the sandbox held
+MAX_COMMAND_CHARS = 100
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+def failed(request: dict[str, Any], message: str) -> dict[str, Any]:
+    """A DAP response that says ``message``, as debugpy words a failure."""
+    seq = request.get("seq", 0)
+    return {"type": "response", "seq": seq, "request_seq": seq, "success": False, "command": request.get("command", ""), "message": message}
+
+
+class DebugRelay:
+    """See the module docstring. ``publish`` sends a ``debug_event`` (the kernel sets it)."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        supervisor: ContextSupervisor,
+        settings: SessionSettings,
+        outputs: OutputPolicy,
+        inflight: InFlight,
+        log: logging.Logger,
+    ) -> None:
+        self._sandbox = sandbox
+        self._supervisor = supervisor
+        self._settings = settings
+        self._outputs = outputs
+        self._inflight = inflight
+        self._log = log
+        self._pending: dict[int, tuple[asyncio.Future[dict[str, Any]], str]] = {}  # the kernel's number -> reply, command
+        self._next_id = 0
+        self._upload_seq = 0
+        self._started_on = ""  # the runtime (its token) whose debugger answered initialize
+        self.publish: EventSink | None = None
+
+    # -- from the sandbox ------------------------------------------------------
+
+    def receive(self, event: DebugMessage) -> None:
+        """A checked DAP message from the sandbox (``Request``): a reply to one of ours, or an event."""
+        if event.answers is None:
+            if self.publish is not None:
+                self.publish(event.message)
+            return
+        pending = self._pending.get(event.answers)
+        if pending is None or pending[0].done():
+            self._log.warning("the sandbox's debugger answered request %d, which is not waiting; dropped", event.answers)
+            return
+        self._pending.pop(event.answers)
+        pending[0].set_result(self._cleaned(pending[1], event.message))
+
+    def _cleaned(self, command: str, reply: dict[str, Any]) -> dict[str, Any]:
+        """What the frontend renders as HTML passes the output policy: richInspectVariables' bundle."""
+        body = reply.get("body")
+        if command != "richInspectVariables" or not isinstance(body, dict):
+            return reply
+        shown = self._outputs.content("display_data", {"data": body.get("data", {}), "metadata": body.get("metadata", {})})
+        return dict(reply, body={"data": shown.get("data", {}), "metadata": shown.get("metadata", {})})
+
+    # -- from the frontend -----------------------------------------------------
+
+    async def request(self, message: Any) -> dict[str, Any]:
+        """One debug_request's content (a DAP request) to its debug_reply's content."""
+        if not isinstance(message, dict) or not isinstance(message.get("command"), str) or len(message["command"]) > MAX_COMMAND_CHARS:
+            return failed(message if isinstance(message, dict) else {}, "a debug request needs a DAP command")
+        try:
+            live = await self._supervisor.ready()
+        except DaytonaKernelError as exc:
+            return failed(message, f"the sandbox is not available: {exc}")
+        self._next_id += 1
+        ident = self._next_id
+        reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[ident] = (reply, message["command"])
+        try:
+            return await asyncio.wait_for(self._exchange(live, {"id": ident, "message": message}, reply), REPLY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return failed(message, f"the sandbox's debugger did not answer in {REPLY_TIMEOUT_S:g} s")
+        except DaytonaKernelError as exc:
+            return failed(message, f"the request could not reach the sandbox: {exc}")
+        finally:
+            self._pending.pop(ident, None)
+
+    async def _exchange(self, live: Live, item: dict[str, Any], reply: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+        uploaded = await self._send(live, item)
+        while not reply.done():
+            await asyncio.wait({reply}, timeout=FETCH_EVERY_S)
+            if reply.done() or not uploaded or self._inflight.in_cell or self._inflight.lock.locked():
+                continue
+            await self._call(live, [])  # the cell ended first: its reply waits in the sandbox
+        answer = reply.result()
+        if item["message"]["command"] == "initialize" and answer.get("success"):
+            self._started_on = live.token
+        elif item["message"]["command"] == "disconnect":
+            self._started_on = ""
+        return answer
+
+    async def _send(self, live: Live, item: dict[str, Any]) -> bool:
+        """Into the sandbox: True when uploaded to a running cell's inbox, False when sent in a call."""
+        inflight = self._inflight
+        while True:
+            if inflight.in_cell and inflight.cell_inbox is not None and self._started_on == live.token:
+                self._upload_seq += 1
+                path = posixpath.join(inflight.cell_inbox, f"debug-{self._upload_seq}.json")
+                await self._sandbox.upload([(json.dumps([item]).encode(), path)])
+                return True
+            if not inflight.in_cell and not inflight.lock.locked():
+                break
+            await asyncio.sleep(WAIT_S)
+        await self._call(live, [item])
+        return False
+
+    async def _call(self, live: Live, items: list[dict[str, Any]]) -> None:
+        """One ``Debug`` call while no cell runs: its frames (replies, held events) come to ``receive``."""
+        async with self._inflight.lock:
+            request = Request(live.token, self._output, None, self._outputs, None, None, fetcher(self._sandbox), self.receive)
+            self._inflight.request = request
+            try:
+                error: RunError | None = await live.context.run_code(
+                    call_source(Debug(requests=items)), request.on_stdout, request.on_stderr, self._settings.cell_timeout or None
+                )
+            finally:
+                self._inflight.request = None
+                request.finish()
+        if error is not None:
+            self._log.warning("the debug call failed in the sandbox: %s: %s", error.name, error.value)
+
+    def _output(self, msg_type: str, content: dict[str, Any]) -> None:
+        """Output of a ``Debug`` call (a protocol error, a stray print): logged, bounded."""
+        self._log.warning("output of a debug call: %s %.200r", msg_type, content)

@@ -1,0 +1,134 @@
+"""The debugger (docs/debugger.md) through jupyter_client, as JupyterLab drives it, on both backends,
+next to stock ipykernel (kernel ``python3``) doing the same: a breakpoint in a cell stops it, the stack,
+scopes and variables show the cell's values, a step and a continue go on, and ``richInspectVariables``,
+``copyToGlobals`` and ``inspectVariables`` answer as ipykernel's do."""
+
+from __future__ import annotations
+
+import time
+from queue import Empty
+from typing import Any
+
+from kernels import Kernel
+
+TIMEOUT_S = 60
+INITIALIZE = {  # what JupyterLab's debugger sends
+    "clientID": "jupyterlab",
+    "clientName": "JupyterLab",
+    "adapterID": "python",
+    "pathFormat": "path",
+    "linesStartAt1": True,
+    "columnsStartAt1": True,
+    "supportsVariableType": True,
+    "supportsVariablePaging": True,
+    "supportsRunInTerminalRequest": True,
+    "locale": "en",
+}
+CELL = "def f(a, b):\n    c = a + b\n    return c\n\nprint('before')\nf(2, 3)\nprint('after')\n"
+
+
+class Debugging:
+    """debug_request on the control channel, its debug_reply, and the debug_events on iopub."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.seq = 0
+
+    def __call__(self, command: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.seq += 1
+        kc = self.kernel.kc
+        msg = kc.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command, "arguments": arguments or {}})
+        kc.control_channel.send(msg)
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                reply = kc.control_channel.get_msg(timeout=0.1)
+            except Empty:
+                continue
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                assert reply["msg_type"] == "debug_reply"
+                return dict(reply["content"])
+        raise TimeoutError(f"no debug_reply to {command} within {TIMEOUT_S} s")
+
+    def until_running(self) -> bool:
+        """Whether debugInfo comes to list no stopped thread after a continue (ipykernel's list is updated when
+        its ``continued`` event has been handled, which may come after the cell's idle)."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while self("debugInfo")["body"]["stoppedThreads"]:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def event(self, name: str) -> dict[str, Any]:
+        msg = self.kernel.wait_for(lambda m: m["msg_type"] == "debug_event" and m["content"].get("event") == name)
+        return dict(msg["content"])
+
+
+def session(name: str) -> dict[str, Any]:
+    """One debugging session as JupyterLab has it, and what each step showed (paths and ids left out)."""
+    seen: dict[str, Any] = {}
+    with Kernel(name) as kernel:
+        kernel.execute("pass")
+        seen["features"] = "debugger" in kernel.request("kernel_info")["supported_features"]
+        debug = Debugging(kernel)
+        seen["initialize"] = debug("initialize", INITIALIZE)["success"]
+        seen["attach"] = debug("attach")["success"]
+        info = debug("debugInfo")["body"]
+        seen["debugInfo"] = {k: v for k, v in info.items() if k != "tmpFilePrefix"}
+        path = debug("dumpCell", {"code": CELL})["body"]["sourcePath"]
+        seen["cell file"] = path.startswith(info["tmpFilePrefix"]) and path.endswith(".py")
+        breakpoints = debug("setBreakpoints", {"breakpoints": [{"line": 2}], "source": {"path": path}, "sourceModified": False})
+        seen["breakpoints"] = [(b["verified"], b["line"]) for b in breakpoints["body"]["breakpoints"]]
+        seen["configurationDone"] = debug("configurationDone")["success"]
+        run = kernel.kc.execute(CELL)
+        stopped = debug.event("stopped")["body"]
+        seen["stopped"] = (stopped["reason"], stopped["allThreadsStopped"])
+        thread = stopped["threadId"]
+        seen["stoppedThreads"] = thread in debug("debugInfo")["body"]["stoppedThreads"]
+        frames = debug("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+        seen["stack"] = [(f["name"], f["line"], f["source"]["path"] == path) for f in frames]
+        scopes = debug("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
+        seen["scopes"] = [s["name"] for s in scopes]
+        local = next(s for s in scopes if s["name"] == "Locals")["variablesReference"]
+        seen["locals"] = [(v["name"], v["value"], v["type"]) for v in debug("variables", {"variablesReference": local})["body"]["variables"]]
+        seen["next"] = debug("next", {"threadId": thread})["success"]
+        seen["stepped"] = debug.event("stopped")["body"]["reason"]
+        frames = debug("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+        seen["line after step"] = frames[0]["line"]
+        scopes = debug("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
+        local = next(s for s in scopes if s["name"] == "Locals")["variablesReference"]
+        seen["locals after step"] = [(v["name"], v["value"]) for v in debug("variables", {"variablesReference": local})["body"]["variables"]]
+        rich = debug("richInspectVariables", {"variableName": "c", "frameId": frames[0]["id"]})
+        seen["rich at breakpoint"] = (rich["success"], rich["body"])
+        copied = debug("copyToGlobals", {"srcVariableName": "c", "dstVariableName": "c_copy", "srcFrameId": frames[0]["id"]})
+        seen["copyToGlobals"] = (copied["success"], copied["command"], copied["body"])
+        source = debug("source", {"source": {"path": path}})
+        seen["source"] = (source["success"], source["body"]["content"])
+        seen["continue"] = debug("continue", {"threadId": thread})["success"]
+        seen["continued"] = debug.event("continued")["body"]
+        kernel.wait_for(lambda m: m["parent_header"].get("msg_id") == run and m["content"].get("execution_state") == "idle")
+        seen["cell output"] = "".join(
+            m["content"]["text"] for m in kernel.stray if m["parent_header"].get("msg_id") == run and m["msg_type"] == "stream"
+        )
+        seen["threads go on"] = debug.until_running()
+        seen["inspectVariables"] = [v["name"] for v in debug("inspectVariables")["body"]["variables"]]
+        rich = debug("richInspectVariables", {"variableName": "c_copy"})
+        seen["rich idle"] = (rich["success"], rich["body"])
+        seen["c_copy"] = kernel.execute("c_copy").of_type("execute_result")[0]["data"]
+        seen["disconnect"] = debug("disconnect", {"restart": False, "terminateDebuggee": True})["success"]
+        seen["after disconnect"] = kernel.execute("print(c_copy * 2)").text()
+    return seen
+
+
+def test_a_breakpoint_in_a_cell_stops_it_and_the_debugger_answers_as_ipykernels(kernel_name: str) -> None:
+    ours = session(kernel_name)
+    stock = session("python3")
+    assert ours["stopped"] == ("breakpoint", True)
+    assert ours["locals"] == [("a", "2", "int"), ("b", "3", "int")]
+    assert ours["line after step"] == 3
+    assert ours["locals after step"] == [("a", "2"), ("b", "3"), ("c", "5")]
+    assert ours["rich at breakpoint"] == (True, {"data": {"text/plain": "5"}, "metadata": {}})
+    assert ours["c_copy"] == {"text/plain": "5"}
+    assert ours["cell output"] == "before\nafter\n"
+    assert ours == stock
