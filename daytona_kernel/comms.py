@@ -7,10 +7,10 @@ so its comms travel as ``comm_open``/``comm_msg``/``comm_close`` frames. Here th
 - publishes the sandbox's comm messages on iopub under the right parent: the request
   that runs, or the frontend message whose handling produced them (``parent`` frames
   name it; only ids of messages this kernel forwarded are accepted);
-- lets through, under the default output policy, only the standard widget modules
-  (``STANDARD_MODULES``) and the ``jupyter.widget`` target, with the HTML widget's
-  markup cleaned as ``outputs`` cleans HTML and the Output widget's outputs under the
-  output policy; other modules and targets need the trusted policy or ``widget_modules``;
+- lets through, under the safe output policy, only the widgets ``widgetrules.WidgetPolicy``
+  allows (ipywidgets' own combinations of model and view, names fixed once open, markup
+  cleaned, links only into plain text) and the ``jupyter.widget`` target; other modules and
+  targets need the trusted policy or ``widget_modules``;
 - forwards the frontend's comm messages into the sandbox in batches (``FrontendQueue``):
   in order, a value update superseding a queued one of the same comm, events (a button
   click) never merged. While a cell runs they are uploaded to the runtime's inbox (one
@@ -28,26 +28,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import DaytonaKernelError, ProtocolError
-from .outputs import OutputBudget, OutputPolicy, sanitize_html, size_of
+from .outputs import OutputBudget, size_of
 from .protocol import CommAck, CommMessage, OpenComms
+from .widgetrules import CONTROL_TARGET, WIDGET_TARGET, Shadow, WidgetPolicy, shadow_of
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-WIDGET_TARGET = "jupyter.widget"
-CONTROL_TARGET = "jupyter.widget.control"  # the frontend asks it for every widget's state (a page reload)
-STANDARD_MODULES = frozenset({"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"})
-MODULE_KEYS = frozenset({"_model_module", "_view_module"})
-HTML_MODELS = frozenset({"HTMLModel", "HTMLMathModel"})  # their views set innerHTML from ``value`` unsanitised
 BATCH_S = 0.05  # frontend messages go into the sandbox at most this often
 DRAIN_INTERVAL_S = 0.25  # how often a background thread's updates are fetched while no cell runs
 MAX_OPEN_COMMS = 10_000
 MAX_QUEUED = 10_000  # frontend messages waiting for the sandbox
 MAX_PARENTS = 2_000  # frontend messages whose id the sandbox may name as the parent of its output
-BLOCKED_NOTICE = (
-    "daytona-kernel: a widget from {what} was not shown: under the default output policy only the standard "
-    "widgets (ipywidgets' own modules) reach your browser, since other widget modules run their own "
-    "JavaScript. If you trust this sandbox, add the module to DaytonaKernel.widget_modules or set "
-    "DaytonaKernel.output_policy = 'trusted'. This notice is shown once per module.\n"
-)
 
 
 class Publisher(Protocol):
@@ -72,7 +62,7 @@ class Transport(Protocol):
 @dataclass
 class OpenComm:
     target_name: str
-    model_name: str = ""
+    shadow: Shadow
     from_frontend: bool = False
 
 
@@ -137,65 +127,6 @@ def wire_message(msg: dict[str, Any]) -> dict[str, Any]:
         "metadata": msg.get("metadata") or {},
         "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in msg.get("buffers") or ()],
     }
-
-
-# -- the safety rules ------------------------------------------------------------------------
-
-
-class WidgetPolicy:
-    """Which comms may reach the browser, and what of their state is cleaned (see the module docstring)."""
-
-    def __init__(self, output: OutputPolicy, extra_modules: frozenset[str] = frozenset()) -> None:
-        self.output = output
-        self.trusted = output.trusted
-        self.allowed = STANDARD_MODULES | extra_modules
-        self._noticed: set[str] = set()
-        self.notices: list[str] = []
-
-    def refusal(self, target_name: str, data: dict[str, Any]) -> str | None:
-        """Why a comm the sandbox opens may not reach the browser, or None if it may."""
-        if self.trusted:
-            return None
-        if target_name != WIDGET_TARGET:
-            return None if target_name in self.allowed else f"the comm target {target_name!r:.80}"
-        state = data["state"] if isinstance(data.get("state"), dict) else {}
-        for key in ("_model_module", "_view_module"):
-            module = state.get(key)
-            if module is not None and module not in self.allowed:
-                return f"the module {str(module)[:80]!r}"
-        return None
-
-    def frontend_target(self, target_name: str) -> bool:
-        """May the frontend open this target in the sandbox? (It answers on it.)"""
-        return self.trusted or target_name in (WIDGET_TARGET, CONTROL_TARGET) or target_name in self.allowed
-
-    def take_notices(self) -> list[str]:
-        """The widgets refused since the last call, each said once."""
-        notices, self.notices = self.notices, []
-        return notices
-
-    def refuse(self, what: str) -> None:
-        if what not in self._noticed:
-            self._noticed.add(what)
-            self.notices.append(BLOCKED_NOTICE.format(what=what))
-
-    def state(self, model_name: str, state: dict[str, Any]) -> dict[str, Any]:
-        """A widget state fit to show: modules only from the allowed ones (a later update may not swap in
-        another module's view), the HTML widgets' markup cleaned (whatever model the state claims to be),
-        the Output widget's outputs under the policy."""
-        if self.trusted:
-            return state
-        state = {k: v for k, v in state.items() if k not in MODULE_KEYS or v is None or v in self.allowed}
-        if {model_name, state.get("_model_name")} & HTML_MODELS and isinstance(state.get("value"), str):
-            state["value"] = sanitize_html(state["value"])
-        if isinstance(state.get("outputs"), list):
-            state["outputs"] = [self._output(o) for o in state["outputs"] if isinstance(o, dict)]
-        return state
-
-    def _output(self, output: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(output.get("data"), dict):
-            return dict(output, data=self.output.content("display_data", {"data": output["data"]})["data"])
-        return output
 
 
 # -- the bridge ------------------------------------------------------------------------------
@@ -270,18 +201,8 @@ class CommBridge:
     def from_sandbox(self, event: CommMessage, parent: dict[str, Any] | None, budget: OutputBudget) -> None:
         """Publish a comm message from the sandbox, if the policy lets it through."""
         comm_id = event.content["comm_id"]
-        data = event.content["data"]
-        if event.msg_type == "comm_open":
-            what = self.policy.refusal(event.content["target_name"], data)
-            if what is not None:
-                self.policy.refuse(what)
-                return
-            if comm_id not in self.comms and len(self.comms) >= MAX_OPEN_COMMS:
-                self.policy.refuse(f"more than {MAX_OPEN_COMMS} widgets")
-                return
-            state = data.get("state") if isinstance(data.get("state"), dict) else {}
-            model = state.get("_model_name")
-            self.comms[comm_id] = OpenComm(event.content["target_name"], model if isinstance(model, str) else "")
+        if event.msg_type == "comm_open" and not self._opened(comm_id, event.content):
+            return
         opened = self.comms.get(comm_id)
         if opened is None:
             self._log.debug("dropped a %s for comm %s, which is not open", event.msg_type, comm_id)
@@ -293,33 +214,62 @@ class CommBridge:
             return
         self._publisher.publish_comm(event.msg_type, content, event.metadata, buffers, parent or self.request_parent)
 
+    def _opened(self, comm_id: str, content: dict[str, Any]) -> bool:
+        """Does the policy let the sandbox open this comm? If so it is in the table."""
+        data = content["data"]
+        state = data.get("state") if isinstance(data.get("state"), dict) else {}
+        what = self.policy.refusal(content["target_name"], data) or self.policy.link_refusal(state, self._shadow)
+        if what is None and comm_id not in self.comms and len(self.comms) >= MAX_OPEN_COMMS:
+            what = f"more than {MAX_OPEN_COMMS} widgets"
+        if what is not None:
+            self.policy.refuse(what)
+            return False
+        policed = not self.policy.trusted and content["target_name"] == WIDGET_TARGET
+        self.comms[comm_id] = OpenComm(content["target_name"], shadow_of(state, policed))
+        return True
+
+    def _shadow(self, model_id: str) -> Shadow | None:
+        opened = self.comms.get(model_id)
+        return opened.shadow if opened is not None else None
+
     def _cleaned(self, opened: OpenComm, content: dict[str, Any], buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
         data = content["data"]
         if self.policy.trusted:
             return content, buffers
         if opened.target_name == CONTROL_TARGET and data.get("method") == "update_states":
             return self._states(content, buffers)
-        if isinstance(data.get("state"), dict):
-            content = dict(content, data=dict(data, state=self.policy.state(opened.model_name, data["state"])))
-        return content, buffers
+        if not isinstance(data.get("state"), dict):
+            return content, buffers
+        state = self.policy.state(opened.shadow, data["state"])
+        paths = data.get("buffer_paths") if isinstance(data.get("buffer_paths"), list) else []
+        keep = [i for i, path in enumerate(paths) if i < len(buffers) and isinstance(path, list) and path and self.policy.shown_key(opened.shadow, path[0])]
+        data = dict(data, state=state, buffer_paths=[paths[i] for i in keep])
+        return dict(content, data=data), [buffers[i] for i in keep]
 
     def _states(self, content: dict[str, Any], buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
-        """The control comm's reply with every widget's state: only open, allowed widgets, cleaned."""
+        """The control comm's reply with every widget's state: only open, allowed widgets, under the names
+        they opened with (the frontend makes the models from these), cleaned."""
         data = content["data"]
         states = data.get("states") if isinstance(data.get("states"), dict) else {}
-        kept = {}
+        kept: dict[str, dict[str, Any]] = {}
         for model_id, entry in states.items():
-            if model_id not in self.comms or not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
+            opened = self.comms.get(model_id)
+            if opened is None or not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
                 continue
-            if not self.policy.trusted and entry.get("model_module") not in self.policy.allowed:
-                continue  # the frontend would load that module to make the model
-            claimed = entry.get("model_name")
-            model = claimed if claimed in HTML_MODELS else self.comms[model_id].model_name
-            kept[model_id] = dict(entry, state=self.policy.state(model, entry["state"]))
+            names = opened.shadow.identity
+            if names is None or (entry.get("model_module"), entry.get("model_module_version"), entry.get("model_name")) != names[:3]:
+                continue  # the frontend makes the model from these names, not from the state's
+            kept[model_id] = dict(entry, state=self.policy.state(opened.shadow, entry["state"], whole=True))
         paths = data.get("buffer_paths") if isinstance(data.get("buffer_paths"), list) else []
-        keep = [i for i, path in enumerate(paths) if i < len(buffers) and isinstance(path, list) and path and path[0] in kept]
+        keep = [i for i, path in enumerate(paths) if i < len(buffers) and self._shown_buffer(path, kept)]
         data = dict(data, states=kept, buffer_paths=[paths[i] for i in keep])
         return dict(content, data=data), [buffers[i] for i in keep]
+
+    def _shown_buffer(self, path: Any, kept: dict[str, dict[str, Any]]) -> bool:
+        """A reload buffer goes to [model id, "state", key, ...] of a kept widget, and a key a buffer may set."""
+        if not (isinstance(path, list) and len(path) >= 3 and path[0] in kept and path[1] == "state"):
+            return False
+        return self.policy.shown_key(self.comms[path[0]].shadow, path[2])
 
     def output(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
         """Output produced while the sandbox handled a frontend message: under that message."""
@@ -356,12 +306,16 @@ class CommBridge:
             if not self.policy.frontend_target(target):
                 self._publisher.publish_comm("comm_close", {"comm_id": comm_id, "data": {}}, {}, [], msg)
                 return None
-            self.comms[comm_id] = OpenComm(target, from_frontend=True)
+            state = (content.get("data") or {}).get("state")
+            policed = not self.policy.trusted and target == WIDGET_TARGET
+            self.comms[comm_id] = OpenComm(target, shadow_of(state if isinstance(state, dict) else {}, policed), from_frontend=True)
         elif comm_id not in self.comms:
             self._log.debug("dropped a %s for comm %s, which is not open", msg_type, comm_id)
             return None
         elif msg_type == "comm_close":
             del self.comms[comm_id]
+        else:
+            msg = self._frontend_update(msg, self.comms[comm_id])
         msg_id = str(msg["header"]["msg_id"])
         self._remember(msg_id, msg)
         handled = self._handled[msg_id] = asyncio.get_running_loop().create_future() if self.transport else None
@@ -370,6 +324,14 @@ class CommBridge:
             self.handled([gone])
         self._wake()
         return handled
+
+    def _frontend_update(self, msg: dict[str, Any], opened: OpenComm) -> dict[str, Any]:
+        """A frontend update passes the same rules on its way in, so the sandbox's copy (and its echo) is clean."""
+        data = msg["content"].get("data")
+        if self.policy.trusted or not isinstance(data, dict) or not isinstance(data.get("state"), dict):
+            return msg
+        state = self.policy.state(opened.shadow, data["state"])
+        return dict(msg, content=dict(msg["content"], data=dict(data, state=state)))
 
     def unreachable(self, batch: list[dict[str, Any]]) -> None:
         """The sandbox has no interpreter for these messages (it is still starting): a fresh one has no
@@ -419,12 +381,14 @@ class CommBridge:
         """Take over the comms of a session this kernel attached to (``Runtime.comm_table``), as far as
         the policy lets them through; returns how many. The frontend then gets them back on its next
         widget state request (a page reload, or the new kernel connection)."""
-        for comm_id, entry in table.comms.items() if table is not None else ():
+        entries = sorted(table.comms.items() if table is not None else (), key=lambda item: "source" in item[1].state)
+        for comm_id, entry in entries:  # links last: they are judged by the widgets they write to
             if len(self.comms) >= MAX_OPEN_COMMS:
                 continue
-            if self.policy.refusal(entry.target_name, {"state": entry.state}) is None:
-                model = entry.state.get("_model_name")
-                self.comms[comm_id] = OpenComm(entry.target_name, model if isinstance(model, str) else "")
+            refusal = self.policy.refusal(entry.target_name, {"state": entry.state})
+            if (refusal or self.policy.link_refusal(entry.state, self._shadow)) is None:
+                policed = not self.policy.trusted and entry.target_name == WIDGET_TARGET
+                self.comms[comm_id] = OpenComm(entry.target_name, shadow_of(entry.state, policed))
         return len(self.comms)
 
     def runtime_is(self, token: str) -> None:

@@ -10,12 +10,16 @@ played against a ``Request`` with the kernel's real comm bridge.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from typing import Any
 
+import ipywidgets
+from traitlets import Unicode
+
 from daytona_kernel.comms import CONTROL_TARGET, CommBridge, WidgetPolicy
 from daytona_kernel.outputs import OutputBudget, OutputPolicy
-from daytona_kernel.protocol import MAX_COMM_BUFFER_BYTES
+from daytona_kernel.protocol import MAX_COMM_BUFFER_BYTES, OpenComms, SessionComm
 from daytona_kernel.request import Request
 from daytona_kernel.runtime.framing import Kind, encode_frame
 
@@ -55,9 +59,33 @@ def run(comms: CommBridge, *frames: tuple[str, Any], budget: OutputBudget | None
 
 
 def widget(comm_id: str, model: str, module: str = "@jupyter-widgets/controls", **state: Any) -> tuple[str, Any]:
-    state = {"_model_name": model, "_model_module": module, "_view_module": module, **state}
+    """A widget's comm_open as ipywidgets 8 sends it: its model, drawn by the view of the same name."""
+    version = "1.0.0" if module == "@jupyter-widgets/output" else "2.0.0"
+    names = {"_model_module": module, "_model_module_version": version, "_model_name": model}
+    names |= {"_view_module": module, "_view_module_version": version, "_view_name": model.replace("Model", "View")}
+    return opening(comm_id, {**names, **state})
+
+
+def opening(comm_id: str, state: dict[str, Any]) -> tuple[str, Any]:
     content = {"comm_id": comm_id, "target_name": "jupyter.widget", "data": {"state": state, "buffer_paths": []}}
     return Kind.COMM_OPEN, {"content": content, "metadata": {"version": "2.1.0"}, "buffers": []}
+
+
+def shown(*widgets: Any) -> list[tuple[str, Any]]:
+    """The comm_open frames real ipywidgets objects send (made here, as a cell in the sandbox would)."""
+    return [opening(w.model_id, json.loads(json.dumps(w.get_state()))) for w in widgets]
+
+
+def reload(comms: CommBridge, states: dict[str, Any], paths: list[Any] | None = None, buffers: list[str] | None = None) -> dict[str, Any]:
+    """A page reload: the frontend opens the control comm, the sandbox answers with every widget's state."""
+    control = {"comm_id": "c1", "target_name": CONTROL_TARGET, "data": {}}
+    comms.from_frontend({"header": {"msg_id": "f-reload", "msg_type": "comm_open"}, "content": control, "metadata": {}})
+    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": paths or []}, buffers))
+    return states
+
+
+def entry(model: str, state: dict[str, Any], module: str = "@jupyter-widgets/controls") -> dict[str, Any]:
+    return {"model_name": model, "model_module": module, "model_module_version": "2.0.0", "state": state}
 
 
 def message(comm_id: str, data: dict[str, Any], buffers: list[str] | None = None) -> tuple[str, Any]:
@@ -110,10 +138,7 @@ def test_html_widget_markup_is_cleaned_on_open_update_and_reload() -> None:
     comms, browser = bridge()
     bad = '<b>ok</b><img src=x onerror="fetch(`/api/terminals`,{method:`POST`})"><script>alert(1)</script>'
     run(comms, widget("h1", "HTMLModel", value=bad), message("h1", {"method": "update", "state": {"value": bad}}))
-    control = {"comm_id": "c1", "target_name": CONTROL_TARGET, "data": {}}
-    comms.from_frontend({"header": {"msg_id": "f1", "msg_type": "comm_open"}, "content": control, "metadata": {}})
-    states = {"h1": {"model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls", "state": {"value": bad}}}
-    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
+    reload(comms, {"h1": entry("HTMLModel", {"value": bad})})
     values = [browser.comms[0][1]["data"]["state"]["value"], browser.comms[1][1]["data"]["state"]["value"]]
     values.append(browser.comms[2][1]["data"]["states"]["h1"]["state"]["value"])
     for value in values:
@@ -123,14 +148,12 @@ def test_html_widget_markup_is_cleaned_on_open_update_and_reload() -> None:
 def test_the_reload_reply_holds_only_open_allowed_widgets_and_their_buffers() -> None:
     comms, browser = bridge()
     run(comms, widget("ok1", "ImageModel"), widget("bad1", "AnyModel", module="anywidget"))
-    comms.from_frontend({"header": {"msg_id": "f1", "msg_type": "comm_open"}, "content": {"comm_id": "c1", "target_name": CONTROL_TARGET}})
-    states = {m: {"model_name": "X", "model_module": "@jupyter-widgets/controls", "state": {}} for m in ("ok1", "bad1", "never-opened")}
-    paths = [["bad1", "value"], ["ok1", "value"], ["never-opened", "value"]]
-    buffers = [base64.b64encode(b).decode() for b in (b"evil", b"png", b"other")]
-    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": paths}, buffers))
+    states = {m: entry("ImageModel", {}) for m in ("ok1", "bad1", "never-opened")}
+    paths = [["bad1", "state", "value"], ["ok1", "state", "value"], ["never-opened", "state", "value"]]
+    reload(comms, states, paths, [base64.b64encode(b).decode() for b in (b"evil", b"png", b"other")])
     _, content, sent_buffers, _ = browser.comms[-1]
     assert set(content["data"]["states"]) == {"ok1"}
-    assert content["data"]["buffer_paths"] == [["ok1", "value"]] and sent_buffers == [b"png"]
+    assert content["data"]["buffer_paths"] == [["ok1", "state", "value"]] and sent_buffers == [b"png"]
 
 
 def test_output_widget_outputs_go_through_the_output_policy() -> None:
@@ -201,15 +224,134 @@ def test_an_update_may_not_swap_in_another_modules_view_or_pose_as_another_model
         message("s1", {"method": "update", "state": {"_model_name": "HTMLModel", "value": bad}}),
     )
     first, second = browser.comms[1][1]["data"]["state"], browser.comms[2][1]["data"]["state"]
-    assert "_view_module" not in first and first["value"] == 4
-    assert "onerror" not in second["value"]
-    control = {"comm_id": "c1", "target_name": CONTROL_TARGET, "data": {}}
-    comms.from_frontend({"header": {"msg_id": "f1", "msg_type": "comm_open"}, "content": control, "metadata": {}})
-    states = {
-        "s1": {"model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls", "state": {"value": bad}},
-    }
-    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
-    assert "onerror" not in browser.comms[-1][1]["data"]["states"]["s1"]["state"]["value"]
-    states["s1"]["model_module"] = "anywidget"
-    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
+    assert "_view_module" not in first and "_view_name" not in first and first["value"] == 4
+    assert "_model_name" not in second  # the frontend's model stays an IntSliderModel, which shows no markup
+    states = reload(comms, {"s1": entry("HTMLModel", {"value": bad})})
     assert browser.comms[-1][1]["data"]["states"] == {}
+    states["s1"] = entry("IntSliderModel", {"value": 3}, module="anywidget")
+    reload(comms, states)
+    assert browser.comms[-1][1]["data"]["states"] == {}
+
+
+# -- issue 31: the view draws, so the (model, view) pair is what is allowed ------------------------
+
+PAYLOAD = '<img src=x onerror="window.__dk_widget = 1"><b>kept</b>'
+
+
+class HTMLDrawnText(ipywidgets.Text):
+    _view_name = Unicode("HTMLView").tag(sync=True)
+
+
+class MathDrawnTextarea(ipywidgets.Textarea):
+    _view_name = Unicode("HTMLMathView").tag(sync=True)
+
+
+def test_a_text_widget_drawn_by_the_html_view_is_refused_and_shows_its_text() -> None:
+    comms, browser = bridge()
+    for swapped in (HTMLDrawnText(value=PAYLOAD), MathDrawnTextarea(value=PAYLOAD)):
+        view = {"model_id": swapped.model_id, "version_major": 2, "version_minor": 1}
+        result = (Kind.RESULT, {"data": {"text/plain": "T()", VIEW: view}, "metadata": {}, "execution_count": 1})
+        _, shown_outputs = run(comms, *shown(swapped), result)
+        assert [c["data"] for k, c in shown_outputs if k == "execute_result"] == [{"text/plain": "T()"}]
+    assert browser.comms == []
+    notices = comms.take_notices()
+    assert len(notices) == 2 and "'HTMLView'" in notices[0] and "'HTMLMathView'" in notices[1]
+
+
+def test_names_or_versions_ipywidgets_never_ships_together_are_refused() -> None:
+    comms, browser = bridge()
+    good = json.loads(json.dumps(ipywidgets.Text(value=PAYLOAD).get_state()))
+    for change in ({"_view_module_version": "*"}, {"_model_module_version": "1.5.0"}, {"_model_name": "HTMLModel"}):
+        run(comms, opening(f"w{len(change)}{list(change)[0]}", {**good, **change}))
+    assert browser.comms == []
+    run(comms, opening("w-good", good))
+    assert [c["comm_id"] for _, c, _, _ in browser.comms] == ["w-good"]
+
+
+def test_an_update_may_not_give_an_open_widget_another_view() -> None:
+    comms, browser = bridge()
+    text = ipywidgets.Text(value="plain")
+    run(comms, *shown(text), message(text.model_id, {"method": "update", "state": {"_view_name": "HTMLView", "value": PAYLOAD}}))
+    update = browser.comms[1][1]["data"]["state"]
+    assert "_view_name" not in update and update["value"] == PAYLOAD  # a Text view shows it as text
+    state = json.loads(json.dumps(text.get_state())) | {"_view_name": "HTMLView"}
+    reload(comms, {text.model_id: entry("TextModel", state)})
+    assert browser.comms[-1][1]["data"]["states"][text.model_id]["state"]["_view_name"] == "TextView"
+
+
+def test_links_made_in_the_browser_may_not_write_markup_or_a_widgets_names() -> None:
+    comms, browser = bridge()
+    hidden, html, math = ipywidgets.Text(value=PAYLOAD), ipywidgets.HTML(), ipywidgets.HTMLMath()
+    slider, other = ipywidgets.IntSlider(), ipywidgets.IntSlider()
+    run(comms, *shown(hidden, html, math, slider, other))
+    refused = [
+        ipywidgets.jsdlink((hidden, "value"), (html, "value")),
+        ipywidgets.jslink((hidden, "value"), (math, "value")),
+        ipywidgets.jslink((html, "value"), (hidden, "value")),  # a two-way link writes its source too
+        ipywidgets.jsdlink((hidden, "value"), (slider, "description")),
+        ipywidgets.jsdlink((hidden, "value"), (slider, "_view_name")),
+        ipywidgets.jsdlink((hidden, "value"), (slider, "_model_name")),
+    ]
+    kept = ipywidgets.jslink((slider, "value"), (other, "value"))
+    before = len(browser.comms)
+    run(comms, *shown(*refused, kept))
+    assert [c["comm_id"] for _, c, _, _ in browser.comms[before:]] == [kept.model_id]
+    notices = " ".join(comms.take_notices())
+    for written in ("HTMLModel.value", "HTMLMathModel.value", "description", "_view_name", "_model_name"):
+        assert written in notices
+    retarget = {"method": "update", "state": {"target": [f"IPY_MODEL_{html.model_id}", "value"]}}
+    run(comms, message(kept.model_id, retarget))
+    assert "target" not in browser.comms[-1][1]["data"]["state"]
+
+
+def test_a_description_shown_as_html_is_cleaned_on_open_on_update_and_on_reload() -> None:
+    comms, browser = bridge()
+    box = ipywidgets.Checkbox(description=PAYLOAD, description_allow_html=True)
+    slider = ipywidgets.IntSlider(description="a < b")
+    run(comms, *shown(box, slider))
+    assert "onerror" not in browser.comms[0][1]["data"]["state"]["description"]
+    assert browser.comms[1][1]["data"]["state"]["description"] == "a < b"  # shown as text: untouched
+    run(comms, message(slider.model_id, {"method": "update", "state": {"description": PAYLOAD}}))
+    run(comms, message(slider.model_id, {"method": "update", "state": {"description_allow_html": [0]}}))  # true in JavaScript
+    turned_on = browser.comms[-1][1]["data"]["state"]
+    assert "<b>kept</b>" in turned_on["description"] and "onerror" not in turned_on["description"]
+    state = json.loads(json.dumps(box.get_state()))
+    reload(comms, {box.model_id: entry("CheckboxModel", state)})
+    assert "onerror" not in browser.comms[-1][1]["data"]["states"][box.model_id]["state"]["description"]
+
+
+def test_markup_in_a_list_or_a_buffer_never_reaches_the_html_view() -> None:
+    comms, browser = bridge()
+    html = ipywidgets.HTML(value="fine")
+    as_list = {"method": "update", "state": {"value": [PAYLOAD]}}  # innerHTML = [..] joins it into markup
+    as_buffer = {"method": "update", "state": {}, "buffer_paths": [["value"]]}
+    run(comms, *shown(html), message(html.model_id, as_list), message(html.model_id, as_buffer, [base64.b64encode(PAYLOAD.encode()).decode()]))
+    assert browser.comms[1][1]["data"]["state"]["value"] == ""
+    assert browser.comms[2][1]["data"]["buffer_paths"] == [] and browser.comms[2][2] == []
+
+
+def test_a_frontend_update_reaches_the_sandbox_cleaned() -> None:
+    comms, browser = bridge()
+    html = ipywidgets.HTML(value="fine")
+    run(comms, *shown(html))
+    update = {"comm_id": html.model_id, "data": {"method": "update", "state": {"value": PAYLOAD, "_view_name": "X"}}}
+    comms.from_frontend({"header": {"msg_id": "f2", "msg_type": "comm_msg"}, "content": update, "metadata": {}})
+    sent = comms.queue.take()[0]["content"]["data"]["state"]
+    assert "onerror" not in sent["value"] and "<b>kept</b>" in sent["value"] and "_view_name" not in sent
+
+
+def test_the_trusted_policy_shows_every_widget_as_sent() -> None:
+    comms, browser = bridge(trusted=True)
+    swapped, hidden, html = HTMLDrawnText(value=PAYLOAD), ipywidgets.Text(value=PAYLOAD), ipywidgets.HTML()
+    link = ipywidgets.jsdlink((hidden, "value"), (html, "value"))
+    run(comms, *shown(swapped, hidden, html, link))
+    assert [c["data"]["state"].get("value") for _, c, _, _ in browser.comms] == [PAYLOAD, PAYLOAD, "", None]
+
+
+def test_a_session_attached_to_may_not_bring_back_a_swapped_view_or_a_link_into_markup() -> None:
+    comms, browser = bridge()
+    swapped, hidden, html = HTMLDrawnText(value=PAYLOAD), ipywidgets.Text(value=PAYLOAD), ipywidgets.HTML()
+    link = ipywidgets.jsdlink((hidden, "value"), (html, "value"))
+    table = {w.model_id: SessionComm("jupyter.widget", json.loads(json.dumps(w.get_state()))) for w in (link, swapped, hidden, html)}
+    assert comms.adopt(OpenComms(table)) == 2
+    assert set(comms.comms) == {hidden.model_id, html.model_id}

@@ -43,6 +43,12 @@ OUTBOX_MAX = 1000  # messages published while no request runs, before the newest
 THREAD_QUIET_S = 3.0  # a background thread that published this recently may publish more: keep draining
 SEEN_MAX = 1000  # ids of handled frontend messages, so a batch uploaded twice is handled once
 BATCH_PREFIX = "comms-"
+# What the kernel's table keeps of each widget's state for a kernel that attaches later: the names that
+# pick its model and view, a link's ends and the description's kind (widgetrules.py judges them).
+TABLE_KEYS = (
+    "_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name",
+    "source", "target", "description", "description_allow_html",
+)
 
 
 def encode_buffers(buffers):
@@ -226,8 +232,8 @@ class Bridge(object):
             data = content.get("data")
             found = data.get("state") if isinstance(data, dict) else None
             state = found if isinstance(found, dict) else {}
-            keys = ("_model_name", "_model_module", "_view_module")
-            self.opened[comm_id] = {"target_name": content.get("target_name"), "state": dict((k, state.get(k)) for k in keys if k in state)}
+            kept = dict((k, state.get(k)) for k in TABLE_KEYS if k in state)
+            self.opened[comm_id] = {"target_name": content.get("target_name"), "state": kept}
 
     def table(self):
         """The comms opened here that are still open: ``{comm_id: {target_name, state}}``."""
