@@ -1,9 +1,11 @@
 """What the session needs from a request and from whoever shows its output.
 
 ``Cell`` is one execute request as a value. ``Frontend`` is the session's view
-of the Jupyter client: it shows output (``emit``), a transient status line
-(``progress``) and asks for input (``ask``). The kernel implements it on top
-of iopub and stdin; tests and ``daytona-kernel doctor`` use ``Recorder``.
+of the Jupyter client: it shows output (``emit``), a notice that stays with the
+cell's output (``notice``), a transient status line (``progress``) and asks for
+input (``ask``). The kernel implements it on top of iopub and stdin (docs/status.md
+says how each client sees the status line); tests and ``daytona-kernel doctor``
+use ``Recorder``.
 
 Output is named by its iopub message type throughout: ``stream``, ``display_data``,
 ``update_display_data``, ``clear_output``, ``execute_result``, ``error`` (the kernel
@@ -42,8 +44,14 @@ class Frontend(Protocol):
         """Show one output: its iopub message type (stream, display_data, update_display_data,
         clear_output, execute_result or error) and content."""
 
+    def notice(self, text: str) -> None:
+        """State something the user must know (a file skipped or refused, variables reset, a conflict
+        copy): once per request, on stderr, kept in the saved notebook like ipykernel's own warnings.
+        An empty text says nothing."""
+
     def progress(self, text: str) -> None:
-        """Show a transient status line; an empty text clears it."""
+        """Show a transient status line while the cell waits; an empty text ends it. It never
+        outlives the request, and it is not shown once the cell has shown an output."""
 
     async def ask(self, prompt: str, password: bool) -> str:
         """input(): ask the user and return the answer."""
@@ -85,10 +93,16 @@ class Recorder:
         self.outputs: list[tuple[str, dict[str, Any]]] = []
         self.statuses: list[str] = []
         self.prompts: list[tuple[str, bool]] = []
+        self._noticed: set[str] = set()
         self._answers = list(answers or [])
 
     def emit(self, msg_type: str, content: dict[str, Any]) -> None:
         self.outputs.append((msg_type, content))
+
+    def notice(self, text: str) -> None:
+        if text and text not in self._noticed:
+            self._noticed.add(text)
+            self.emit("stream", stderr(text))
 
     def progress(self, text: str) -> None:
         self.statuses.append(text)

@@ -218,6 +218,7 @@ class WorkerPool:
         self._serials = 0
         self._running = False
         self._interrupted = False
+        self._starting = ""  # what the status line says while workers start
 
     # -- the pool ----------------------------------------------------------
 
@@ -229,7 +230,7 @@ class WorkerPool:
         return f"{len(self.workers)} ({listed}); `%daytona map --close` ends them"
 
     async def resize(self, n: int, size: str, frontend: Frontend) -> None:
-        """Grow or shrink the pool to ``n`` workers (each ``size``, as the line before they start says).
+        """Grow or shrink the pool to ``n`` workers (each ``size``: the status line says so while they start).
         Workers that cannot start (the organisation's quota, or any other failure) are left out, with
         one line saying so; raises if none is left."""
         if n > self._settings.fan_out_max:
@@ -244,22 +245,23 @@ class WorkerPool:
             return
         new = [self._new_worker() for _ in range(missing)]
         more = "" if not self.workers else f" more (the pool had {len(self.workers)})"
-        plural = "s" if missing > 1 else ""
-        frontend.emit(
-            "stream",
-            stderr(
-                f"daytona-kernel: starting {missing} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
-            ),
-        )
+        self._starting = f"starting {missing} worker{'s' if missing > 1 else ''}{more}, each {size}"
         self.workers.extend(new)
         self._show_states(frontend)
-        results = await asyncio.gather(*(self._start(w, frontend) for w in new), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(self._start(w, frontend) for w in new), return_exceptions=True)
+        finally:
+            self._starting = ""
         failed = [(w, r) for w, r in zip(new, results) if isinstance(r, BaseException)]
-        reports = [r for r in results if isinstance(r, SyncReport)]
-        if reports and reports[0].notices():  # every worker gets the same files: said once
-            frontend.emit("stream", stderr(reports[0].notices()))
         for worker, _ in failed:
             self.workers.remove(worker)
+        if len(failed) < missing:  # said once they run: before, the status line says it (docs/status.md)
+            started = missing - len(failed)
+            plural = "s" if started > 1 else ""
+            frontend.notice(f"daytona-kernel: started {started} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n")
+        reports = [r for r in results if isinstance(r, SyncReport)]
+        if reports and reports[0].notices():  # every worker gets the same files: said once
+            frontend.notice(reports[0].notices())
         if failed:
             await asyncio.gather(*(self._end(w) for w, _ in failed))
             for _, exc in failed:
@@ -327,7 +329,8 @@ class WorkerPool:
         return f"closed {len(workers)} worker{'s' if len(workers) != 1 else ''}\n" if workers else "no workers to close\n"
 
     def _show_states(self, frontend: Frontend) -> None:
-        frontend.progress("workers: " + "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.workers)))
+        states = "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.workers))
+        frontend.progress(f"{self._starting}: {states}" if self._starting else f"workers: {states}")
 
     # -- a map cell -----------------------------------------------------------
 
@@ -534,9 +537,7 @@ class MapCell:
         if worker.mirror is None:
             return None
         try:
-            notices = (await worker.mirror.push()).notices()
-            if notices:
-                out.notice(notices)
+            self._frontend.notice((await worker.mirror.push()).notices())  # the same files for each: said once
         except (DaytonaKernelError, OSError) as exc:
             out.notice(f"could not copy the project's files to this worker: {exc}")
         return worker.mirror.handover()

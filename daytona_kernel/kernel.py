@@ -22,7 +22,7 @@ from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
 from . import __version__
-from .cell import NOTICE_METADATA, Cell, CellOutcome, Notice, error_content
+from .cell import NOTICE_METADATA, Cell, CellOutcome, Notice, error_content, stderr
 from .comms import CommBridge
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
@@ -34,7 +34,7 @@ from .runtime.calls import Complete, Inspect
 from .session import RuntimeSession
 
 SHUTDOWN_TIMEOUT_S = 60.0
-STATUS_REPLAY_OUTPUTS = 20  # stream outputs a status line's clear_output may show again (notices)
+STATUS_ID_PREFIX = "daytona-kernel-status-"  # the display id of a status line (docs/status.md)
 STDIN_POLL_S = 0.01
 
 
@@ -246,7 +246,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         if not code.strip():
             return {"status": "ok", "execution_count": self._next_count - 1, "payload": [], "user_expressions": {}}
         parent = self.get_parent()  # session callbacks may run in other tasks (provisioning, input)
-        frontend = KernelFrontend(self, parent)
+        frontend = KernelFrontend(self, parent, live_status=allow_stdin and not silent)
         if self._comms is not None:
             self._comms.note_request(parent)
         try:
@@ -264,8 +264,9 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
                 f"{exc} (an unexpected error in daytona-kernel; the kernel log has the traceback, and the kernel "
                 "keeps running: run the cell again, or restart the kernel if it happens again)",
             )
-            self._emit("error", content)
+            frontend.emit("error", content)
             outcome = CellOutcome(error=content)
+        frontend.end_status()  # a status line never outlives its request
         if store_history:
             self._next_count += 1
             self._history.store(count, code, frontend.last_result)
@@ -364,52 +365,64 @@ class IopubPublisher:
 
 class KernelFrontend:
     """The session's Frontend for one execute request: iopub output under the request's
-    parent, a transient status line for provisioning, and input() through the stdin channel.
+    parent, a transient status line while the cell waits, and input() through the stdin channel.
 
-    A status line must leave nothing in a saved notebook: nbclient (papermill) keeps every
-    display_data, even one updated to nothing, and drops only what ``clear_output`` clears.
-    So the line goes with a ``clear_output``, and the few stream outputs the request had
-    shown (notices before the cell ran) are shown again after it. A request that already
-    showed anything else (a cell's own output) keeps a blanked line instead."""
+    Every output is published once (docs/status.md has the design and its table of clients):
 
-    def __init__(self, kernel: DaytonaKernel, parent: dict[str, Any]) -> None:
+    - The status line is a ``display_data`` with a ``transient`` display id, updated in place,
+      shown only at the top of a cell's output area: before the request's first output, and
+      only to a client that can answer input (``allow_stdin``); a headless client (nbclient,
+      papermill) asks without and gets none.
+    - It goes with a ``clear_output``: ``wait=True`` right before the first output (which takes
+      its place in one step), else at once when it ends. Nothing else is ever cleared, so nothing
+      is shown again, and a saved notebook keeps no trace of it.
+    - A notice (``notice``) is an ordinary stderr output, once per request."""
+
+    def __init__(self, kernel: DaytonaKernel, parent: dict[str, Any], live_status: bool = True) -> None:
         self._kernel = kernel
         self._parent = parent
+        self._live_status = live_status
         self._status_id = ""
-        self._shown: list[dict[str, Any]] | None = []  # the request's streams so far; None: more than streams
+        self._output_shown = False
+        self._noticed: set[str] = set()
         self.last_result: str | None = None  # the text of the last execute_result, for history
+
+    def _publish(self, msg_type: str, content: dict[str, Any]) -> None:
+        self._kernel._emit(msg_type, content, self._parent)
 
     def emit(self, msg_type: str, content: dict[str, Any]) -> None:
         if msg_type == "execute_result":
             self.last_result = content["data"].get("text/plain", "")
-        if self._shown is not None:
-            if msg_type == "stream" and len(self._shown) < STATUS_REPLAY_OUTPUTS:
-                self._shown.append(content)
-            else:
-                self._shown = None
-        self._kernel._emit(msg_type, content, self._parent)
+        if msg_type != "update_display_data":  # an update changes an output shown before; it adds none here
+            if self._status_id:
+                self._status_id = ""
+                self._publish("clear_output", {"wait": True})  # the status line, replaced by this output
+            self._output_shown = True
+        self._publish(msg_type, content)
+
+    def notice(self, text: str) -> None:
+        if text and text not in self._noticed:
+            self._noticed.add(text)
+            self.emit("stream", stderr(text))
 
     def progress(self, text: str) -> None:
-        """One output, updated in place, removed at the end (see the class docstring)."""
+        """One output, updated in place, gone when it ends (see the class docstring)."""
         if not text:
-            if self._status_id:
-                self._end_status()
+            self.end_status()
             return
+        if self._output_shown or not self._live_status:
+            return  # below an output it could not go again without clearing that output too
         shown = bool(self._status_id)
         if not shown:
-            self._status_id = f"daytona-kernel-status-{uuid.uuid4().hex}"
+            self._status_id = f"{STATUS_ID_PREFIX}{uuid.uuid4().hex}"
         content = {"data": {"text/plain": f"⏳ {text}"}, "metadata": {}, "transient": {"display_id": self._status_id}}
-        self._kernel._emit("update_display_data" if shown else "display_data", content, self._parent)
+        self._publish("update_display_data" if shown else "display_data", content)
 
-    def _end_status(self) -> None:
-        if self._shown is None:
-            content = {"data": {"text/plain": ""}, "metadata": {}, "transient": {"display_id": self._status_id}}
-            self._kernel._emit("update_display_data", content, self._parent)
-        else:
-            self._kernel._emit("clear_output", {"wait": False}, self._parent)
-            for stream in self._shown:
-                self._kernel._emit("stream", stream, self._parent)
-        self._status_id = ""
+    def end_status(self) -> None:
+        """Take the status line away, if it is shown (the request's end calls this too)."""
+        if self._status_id:
+            self._status_id = ""
+            self._publish("clear_output", {"wait": False})
 
     async def ask(self, prompt: str, password: bool) -> str:
         """input() in the sandbox: an input_request on the stdin channel, answered without blocking the loop."""

@@ -200,9 +200,9 @@ class RuntimeSession:
             if self.comms is not None:
                 self.comms.closed_all()
         for notice in self.comms.take_notices() if self.comms is not None else ():
-            frontend.emit("stream", stderr(notice))
+            frontend.notice(notice)
         if verdict.notice:
-            frontend.emit("stream", stderr(verdict.notice))
+            frontend.notice(verdict.notice)
         if verdict.error is not None:
             request.fail(verdict.error, overrides=verdict.overrides)
         if request.files is not None:

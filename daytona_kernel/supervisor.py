@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from . import ipython_bundle
 from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
-from .cell import Frontend, ProgressCallback, stderr
+from .cell import Frontend, ProgressCallback
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
@@ -125,7 +125,7 @@ class ContextSupervisor:
     def show_notices(self, frontend: Frontend) -> None:
         """The queued notices, on stderr."""
         for notice in self.take_notices():
-            frontend.emit("stream", stderr(notice))
+            frontend.notice(notice)
 
     def report(self, text: str) -> None:
         """A status line for whoever waits for the context."""

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.base import ProgressCallback, Sandbox
-from .cell import Frontend, stderr
+from .cell import Frontend
 from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import MirrorError
 from .localfs import NOFOLLOW, LocalFolder
@@ -376,6 +376,4 @@ def _read_for_upload(src: Path, target: str, include: list[str], workdir: str, r
 
 def notify(report: SyncReport, frontend: Frontend) -> None:
     """Show what a sync skipped or could not do, if anything."""
-    notices = report.notices()
-    if notices:
-        frontend.emit("stream", stderr(notices))
+    frontend.notice(report.notices())

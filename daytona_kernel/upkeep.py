@@ -62,23 +62,17 @@ class Upkeep:
         live = await self._supervisor.recover(cause, frontend.progress)
         self._supervisor.show_notices(frontend)  # what bringing it back took (a recovery from an error ...)
         if self._sandbox.generation != generation:  # gone (deleted, ephemeral auto-stop): another sandbox now
-            frontend.emit(
-                "stream",
-                stderr(
-                    f"{cause} Your cell runs in another sandbox ({self._sandbox.id}): variables were reset, "
-                    "packages installed with %pip are gone; files on the volume are intact.\n"
-                ),
+            frontend.notice(
+                f"{cause} Your cell runs in another sandbox ({self._sandbox.id}): variables were reset, "
+                "packages installed with %pip are gone; files on the volume are intact.\n"
             )
             return live
         restore = " Your variables were checkpointed before the stop: `%daytona restore` brings them back."
-        frontend.emit(
-            "stream",
-            stderr(
-                f"{cause} It was started again and your cell runs in a fresh interpreter: "
-                "variables were reset; files in the working directory are intact."
-                + (restore if self._idle_checkpoint.saved else "")
-                + "\n"
-            ),
+        frontend.notice(
+            f"{cause} It was started again and your cell runs in a fresh interpreter: "
+            "variables were reset; files in the working directory are intact."
+            + (restore if self._idle_checkpoint.saved else "")
+            + "\n"
         )
         return live
 

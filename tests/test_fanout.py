@@ -124,16 +124,18 @@ def test_each_worker_is_a_sandbox_of_its_own_with_rank_world_and_the_projects_fi
     main_pid = int(result_text(kernel.execute("os.getpid()")))
     code = "%%daytona map 3\nimport os\nfrom helpers import double\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip(), double(rank))"
     run = ok(kernel.execute(code))
-    assert "starting 3 workers; each is " in shown(run, "stderr")  # said once, before they start
+    assert "started 3 workers; each is " in shown(run, "stderr")  # said once they run
+    assert any(s.startswith("⏳ starting 3 workers, each ") for s in run.status_lines)  # and while they start
     seen = {rank: out[0].split() for rank, out in lines(run).items()}
     assert sorted(seen) == [0, 1, 2]
     assert all(words[:2] == [str(rank), "3"] and words[3:] == ["41", str(2 * rank)] for rank, words in seen.items())
     worker_pids = {int(words[2]) for words in seen.values()}
     assert len(worker_pids) == 3 and main_pid not in worker_pids
-    assert any("[0] running" in s and "[2] running" in s for s in run.status_lines)
-    kinds = [m["msg_type"] for m in run.outputs]
-    last_status = max(i for i, m in enumerate(run.outputs) if "⏳" in str(m["content"].get("data", {}).get("text/plain", "")))
-    assert "clear_output" in kinds[last_status:] or run.status_lines[-1] == ""  # the line is gone when the cell ends
+    again = ok(kernel.execute(code))  # the pool is there: the status line says what runs until the first output
+    assert any("[0] running" in s and "[2] running" in s for s in again.status_lines)
+    kinds = [m["msg_type"] for m in again.outputs]
+    first_output = min(i for i, kind in enumerate(kinds) if kind == "stream")
+    assert kinds[first_output - 1] == "clear_output" and kinds.count("clear_output") == 1  # the line goes, nothing else
 
 
 def test_workers_keep_their_state_and_the_main_namespace_is_untouched(kernel: Kernel) -> None:
@@ -151,7 +153,7 @@ def test_another_n_grows_or_shrinks_the_pool_and_close_ends_it(kernel: Kernel) -
     assert two == {0: three[0], 1: three[1]}
     assert wait_until(lambda: not alive(three[2]))
     run = ok(kernel.execute("%%daytona map 4\nprint(world)"))
-    assert "starting 2 workers more (the pool had 2)" in shown(run, "stderr")
+    assert "started 2 workers more (the pool had 2)" in shown(run, "stderr")
     assert lines(run) == {rank: ["4"] for rank in range(4)}
     four = pids(kernel, 4)
     assert "workers:" in kernel.execute("%daytona status").text() and "4 (0: " in kernel.execute("%daytona status").text()
@@ -240,14 +242,17 @@ def test_interrupt_stops_every_worker_and_keeps_their_state(kernel: Kernel) -> N
 def test_an_interrupt_while_the_workers_start_leaves_a_pool_ready_for_the_next_cell(kernel: Kernel) -> None:
     ok(kernel.execute("%daytona map --close"))
 
-    def interrupt_once_starting(msg: dict[str, Any]) -> None:
-        if msg["msg_type"] == "stream" and "starting 3 workers" in msg["content"]["text"]:
+    interrupted: list[bool] = []
+
+    def interrupt_once_starting(msg: dict[str, Any]) -> None:  # the status line says they start
+        if msg["msg_type"] == "display_data" and "starting 3 workers" in msg["content"]["data"]["text/plain"] and not interrupted:
+            interrupted.append(True)
             kernel.interrupt()
 
     run = kernel.execute("%%daytona map 3\nimport time\ntime.sleep(60)", on_message=interrupt_once_starting, timeout=60)
     assert run.status == "error" and run.errors[0]["ename"] == "KeyboardInterrupt"
     after = ok(kernel.execute("%%daytona map 3\nprint(rank)"))
-    assert "starting" not in shown(after, "stderr")  # the workers started then are the pool now
+    assert "started" not in shown(after, "stderr")  # the workers started then are the pool now
     assert lines(after) == {0: ["0"], 1: ["1"], 2: ["2"]}
 
 

@@ -37,7 +37,7 @@ def test_workers_are_labelled_ephemeral_sandboxes_without_the_volume(daytona_env
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         run = k.execute("%%daytona map 2\nprint(rank)")
         assert run.status == "ok", run.errors
-        assert "starting 2 workers; each is a Daytona sandbox of 1 CPU, 1 GiB memory, 3 GiB disk" in shown(run, "stderr")
+        assert "started 2 workers; each is a Daytona sandbox of 1 CPU, 1 GiB memory, 3 GiB disk" in shown(run, "stderr")
         workers = workers_of(daytona_env, kernel_id(k))
         assert sorted(w.labels[WORKER] for w in workers) == ["0", "1"]
         assert all(w.spec.get("autoDeleteInterval") == 0 and not w.mounts for w in workers)

@@ -231,7 +231,8 @@ async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_del
     await pool.resize(4, "a sandbox", front)
     assert [w.sandbox for w in pool.workers] == sandboxes[:2]
     lines = front.text("stderr").splitlines()
-    assert lines[0].startswith("daytona-kernel: starting 4 workers; each is a sandbox.")
+    assert front.statuses[0].startswith("starting 4 workers, each a sandbox: [0] starting")
+    assert lines[0].startswith("daytona-kernel: started 2 workers; each is a sandbox.")
     assert lines[1:] == [
         "daytona-kernel: 2 of 4 workers started; the organisation's quota is used up: Total CPU limit exceeded. "
         "Maximum allowed: 3. The cell runs on 2 (world = 2)."
