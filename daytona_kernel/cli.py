@@ -1,4 +1,4 @@
-"""``daytona-kernel install | uninstall | list | doctor | gc | config | example``: a thin argparse layer."""
+"""``daytona-kernel install | uninstall | list | doctor | gc | config | example | mcp``: a thin argparse layer."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ examples:
   daytona-kernel config --help-all      every setting with its help
   daytona-kernel install --user         make the kernels available outside this environment
   daytona-kernel gc --dry-run           list sandboxes whose kernel is gone
-  daytona-kernel example                copy the example notebook here"""
+  daytona-kernel example                copy the example notebook here
+  daytona-kernel mcp                    serve a sandboxed kernel to a coding agent (docs/agents.md)"""
 
 
 def _install_epilog() -> str:
@@ -203,6 +204,15 @@ def cmd_config(args: argparse.Namespace) -> int:
     return admin.show_config(print, args.kernel)
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    try:
+        from . import mcp_server
+    except ImportError as exc:
+        print(f"error: the MCP server needs the [mcp] extra ({exc}): pip install 'daytona-kernel[mcp]'", file=sys.stderr)
+        return 2
+    return mcp_server.main(args.kernel, args.folder, args.notebook)
+
+
 def example_notebook() -> Path:
     """The example notebook: packaged in the wheel, or in the source tree."""
     packaged = Path(__file__).with_name("examples") / "quickstart.ipynb"
@@ -298,6 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("example", help="copy the example notebook (quickstart.ipynb) to a folder")
     p.add_argument("dest", nargs="?", default=".", help="folder or file name (default: the current folder)")
     p.set_defaults(func=cmd_example)
+
+    p = add_parser(
+        "mcp", help="serve a sandboxed Python kernel to a coding agent (MCP over stdio)",
+        description="A Model Context Protocol server over stdio: the agent runs Python in a daytona-kernel started "
+        "in --folder and shut down when the agent disconnects. Needs: pip install 'daytona-kernel[mcp]'. Settings "
+        "come from the kernel's own config (daytona-kernel config). See docs/agents.md.",
+    )
+    p.add_argument("--kernel", default="daytona", metavar="NAME",
+                   help="the kernelspec: daytona (the default: a Daytona sandbox) or daytona-local (this machine: not isolation)")
+    p.add_argument("--folder", default=".", help="the project folder the kernel starts in (default: the current folder)")
+    p.add_argument("--notebook", metavar="PATH", help="append every run to this .ipynb, a transcript a person can open")
+    p.set_defaults(func=cmd_mcp)
     return parser
 
 

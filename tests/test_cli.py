@@ -48,7 +48,7 @@ def test_no_arguments_prints_help() -> None:
     proc = cli()
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: daytona-kernel")
-    for command in ("install", "uninstall", "list", "gc", "doctor", "config", "example"):
+    for command in ("install", "uninstall", "list", "gc", "doctor", "config", "example", "mcp"):
         assert command in proc.stdout
 
 

@@ -1,0 +1,142 @@
+"""``daytona-kernel mcp``: a Model Context Protocol server over stdio for coding agents.
+
+A thin layer over the agent API (``agent.AsyncAgentKernel``): it starts one daytona-kernel in the
+folder it is given when the client connects, and shuts it down when the client disconnects. Each
+tool is one API call; its result is MCP content: text in the order the cell produced it, images as
+image content, an error as an error result with its traceback, the kernel's notices in a block of
+their own. Needs the official ``mcp`` SDK: ``pip install 'daytona-kernel[mcp]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+
+from . import __version__
+from .agent import LOCAL_WARNING, AsyncAgentKernel
+from .agent_results import RunResult, redact
+
+__all__ = ["DEFAULT_TIMEOUT_S", "build_server", "main", "result_content"]
+
+log = logging.getLogger("daytona_kernel.mcp")
+
+DEFAULT_TIMEOUT_S = 600.0
+INSTRUCTIONS = """\
+Runs Python in a persistent IPython session inside a Daytona sandbox, isolated from this machine
+(unless the server says it uses the daytona-local kernel). Variables persist between run_python
+calls, like notebook cells. The project folder is mirrored into the sandbox's working directory
+before each run, and the files the code writes there come back. Use interrupt to stop a long run
+(variables are kept) and restart for a clean interpreter (variables are lost). input() is not
+available: pass values in the code."""
+
+
+class _RedactingFilter(logging.Filter):
+    """No log line carries a credential from the environment (DAYTONA_API_KEY ...)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), None
+        return True
+
+
+def result_content(result: RunResult) -> CallToolResult:
+    """A run's result as an MCP tool result: text, images, notices; ``is_error`` when the cell raised."""
+    content: list[ContentBlock] = []
+    header = f"[execution count {result.execution_count}]" if result.execution_count is not None else ""
+    text = result.text or ("" if result.images else "(no output)")
+    content.append(TextContent(type="text", text=f"{header}\n{text}" if header else text))
+    for image in result.images:
+        content.append(ImageContent(type="image", data=image.data, mime_type=image.mime))
+    if result.notices:
+        content.append(TextContent(type="text", text="daytona-kernel notices:\n" + "".join(result.notices)))
+    return CallToolResult(content=content, is_error=not result.ok)
+
+
+def build_server(kernel: AsyncAgentKernel) -> MCPServer:
+    """The MCP server whose tools drive ``kernel``; it starts the kernel when a client connects."""
+    @asynccontextmanager
+    async def lifespan(_server: Any) -> AsyncIterator[None]:
+        log.info("starting kernel %s in %s", kernel.kernel_name, kernel.folder)
+        await kernel.start()
+        try:
+            yield
+        finally:
+            log.info("the client disconnected: shutting the kernel down")
+            await kernel.shutdown()
+
+    instructions = INSTRUCTIONS + ("\n\nWARNING: " + LOCAL_WARNING if kernel.is_local else "")
+    server = MCPServer("daytona-kernel", instructions=instructions, version=__version__, lifespan=lifespan)
+
+    @server.tool()
+    async def run_python(code: str, timeout: float = DEFAULT_TIMEOUT_S) -> CallToolResult:
+        """Run Python code in the sandboxed IPython session and return what it printed and displayed.
+
+        State persists between calls (variables, imports), like notebook cells; IPython syntax works
+        (`!pip install x`, `%timeit`). Output comes back in order: stdout, stderr, the last expression's
+        value, and an exception's traceback (then the result is an error). Figures come back as images.
+        Past `timeout` seconds the code is interrupted and the variables are kept."""
+        return result_content(await kernel.run(code, timeout=timeout))
+
+    @server.tool()
+    async def interrupt() -> str:
+        """Interrupt the code that run_python is running now (a KeyboardInterrupt); variables are kept."""
+        await kernel.interrupt()
+        return "Sent an interrupt to the kernel; the running call ends with KeyboardInterrupt and the variables are kept."
+
+    @server.tool()
+    async def restart() -> str:
+        """Restart the Python interpreter: every variable and import is lost; files stay."""
+        return await kernel.restart()
+
+    @server.tool()
+    async def status() -> str:
+        """Where the code runs: backend, sandbox id and state, resources, and how long the kernel has run."""
+        return (await kernel.status()).text()
+
+    @server.tool()
+    async def list_variables() -> str:
+        """The variables defined in the session: name, type, size and a short repr."""
+        found = await kernel.variables()
+        if not found:
+            return "No variables are defined."
+        return "\n".join(f"{v.name}: {v.type}{f' (size {v.size})' if v.size else ''} = {v.repr}" for v in found)
+
+    @server.tool()
+    async def upload_file(path: str, dest: str | None = None) -> str:
+        """Copy a file or folder from the project folder into the sandbox's working directory (the
+        project is also mirrored before every run_python; use this for files the mirror leaves out)."""
+        return await kernel.upload(path, dest)
+
+    @server.tool()
+    async def download_file(path: str, dest: str | None = None) -> str:
+        """Copy a file or folder the code wrote in the sandbox into the project folder (under the
+        mirror's safety rules: nothing the sandbox wrote is made executable or written outside it)."""
+        return await kernel.download(path, dest)
+
+    return server
+
+
+def main(kernel_name: str, folder: str, notebook: str | None) -> int:
+    """``daytona-kernel mcp``: serve until the client disconnects."""
+    handler = logging.StreamHandler(sys.stderr)  # stdout is the protocol's
+    handler.addFilter(_RedactingFilter())
+    handler.setFormatter(logging.Formatter("daytona-kernel mcp: %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    if not os.path.isdir(folder):
+        print(f"error: the folder {folder} does not exist", file=sys.stderr)
+        return 2
+    from .transcript import TranscriptError
+
+    try:
+        kernel = AsyncAgentKernel(kernel_name, folder, notebook=notebook)
+    except TranscriptError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    build_server(kernel).run("stdio")
+    return 0
