@@ -18,6 +18,7 @@ import logging
 import posixpath
 from typing import Any, Callable
 
+from . import ipython_bundle
 from .backends.base import RunError, Sandbox
 from .config import SessionSettings
 from .errors import DaytonaKernelError
@@ -32,6 +33,7 @@ REPLY_TIMEOUT_S = 60.0  # a request the sandbox does not answer in this time get
 WAIT_S = 0.01  # how often a request waits for the end of another call into the sandbox
 FETCH_EVERY_S = 0.05  # after a cell ended, how often the kernel fetches replies the sandbox held
 MAX_COMMAND_CHARS = 100
+SHIP_TIMEOUT_S = 60.0  # unpacking debugpy (about 1 MB, 250 files) in the sandbox
 
 EventSink = Callable[[dict[str, Any]], None]
 
@@ -64,6 +66,7 @@ class DebugRelay:
         self._next_id = 0
         self._upload_seq = 0
         self._started_on = ""  # the runtime (its token) whose debugger answered initialize
+        self._debugpy: str | None = None  # the kernel's debugpy version, to ship to a sandbox without one ("": none)
         self.publish: EventSink | None = None
 
     # -- from the sandbox ------------------------------------------------------
@@ -99,18 +102,47 @@ class DebugRelay:
             live = await self._supervisor.ready()
         except DaytonaKernelError as exc:
             return failed(message, f"the sandbox is not available: {exc}")
+        reply = await self._relay(live, message)
+        folder = (reply.get("body") or {}).get("shipDebugpy") if message["command"] == "initialize" else None
+        if not isinstance(folder, str) or reply.get("success") is not False:
+            return reply
+        problem = await self._ship(live, folder)  # a sandbox without debugpy (Daytona's default image): then ask again
+        return await self._relay(live, message) if not problem else failed(message, f"debugpy could not be installed in the sandbox: {problem}")
+
+    async def _relay(self, live: Live, message: dict[str, Any]) -> dict[str, Any]:
         self._next_id += 1
         ident = self._next_id
         reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[ident] = (reply, message["command"])
         try:
-            return await asyncio.wait_for(self._exchange(live, {"id": ident, "message": message}, reply), REPLY_TIMEOUT_S)
+            item = {"id": ident, "message": message, "debugpy": self._shippable()}
+            return await asyncio.wait_for(self._exchange(live, item, reply), REPLY_TIMEOUT_S)
         except asyncio.TimeoutError:
             return failed(message, f"the sandbox's debugger did not answer in {REPLY_TIMEOUT_S:g} s")
         except DaytonaKernelError as exc:
             return failed(message, f"the request could not reach the sandbox: {exc}")
         finally:
             self._pending.pop(ident, None)
+
+    def _shippable(self) -> str:
+        if self._debugpy is None:
+            try:
+                self._debugpy = ipython_bundle.metadata.version("debugpy")
+            except ipython_bundle.metadata.PackageNotFoundError:
+                self._debugpy = ""
+        return self._debugpy
+
+    async def _ship(self, live: Live, folder: str) -> str:
+        """The kernel's pure-Python debugpy into the sandbox's ``folder`` (the one its debugger named): "" or why not."""
+        if not ipython_bundle.supports(live.python, ipython_bundle.DEBUGPY):
+            return f"the kernel's debugpy does not run on the sandbox's Python {live.python}"
+        async with self._inflight.lock:
+            reason, size = await ipython_bundle.ship(
+                self._sandbox, live.context, live.python, folder, SHIP_TIMEOUT_S, ipython_bundle.DEBUGPY
+            )
+        if not reason:
+            self._log.info("debugpy %s shipped to the sandbox: %.1f MB", self._shippable(), size / 1e6)
+        return reason
 
     async def _exchange(self, live: Live, item: dict[str, Any], reply: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
         uploaded = await self._send(live, item)

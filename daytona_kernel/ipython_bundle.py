@@ -1,4 +1,5 @@
-"""IPython for a sandbox that has none: the kernel's own pure-Python IPython, in one archive.
+"""IPython for a sandbox that has none: the kernel's own pure-Python IPython, in one archive
+(and, the same way, debugpy for the debugger: ``DEBUGPY``, shipped when the frontend first asks for it).
 
 The archive holds IPython, matplotlib-inline and every package they require (for the
 sandbox's Python version), taken from the kernel's environment as installed, with their
@@ -35,8 +36,10 @@ from .errors import DaytonaKernelError
 from .runtime import discard_file_code, unpack_ipython_code
 
 ROOTS = ("ipython", "matplotlib-inline")
+DEBUGPY = ("debugpy",)  # pydevd runs as pure Python without its Cython speed-ups (it says so only if asked to use them)
 NATIVE_ONLY = frozenset({"psutil"})  # IPython imports it lazily (%kitty); no pure-Python form exists
-COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".pyc")
+# compiled code, and the sources of debugpy's speed-ups and attach helpers (C, C++, Cython), which nothing imports
+COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".pyc", ".dll", ".exe", ".pdb", ".c", ".cpp", ".h", ".hpp", ".pyx", ".pxd")
 LEFT_OUT = ("jedi/third_party/typeshed/stubs/", "jedi/third_party/django-stubs/")
 FORMAT = "2"  # part of the cache key: bump it when what goes into an archive changes
 
@@ -47,11 +50,11 @@ def ipython_version() -> str:
     return metadata.version("ipython")
 
 
-def supports(python: str) -> bool:
-    """Whether the kernel's IPython runs on a sandbox's Python (``"3.11.7"``)."""
+def supports(python: str, roots: tuple[str, ...] = ROOTS) -> bool:
+    """Whether the kernel's IPython (or ``roots[0]``) runs on a sandbox's Python (``"3.11.7"``)."""
     from packaging.specifiers import SpecifierSet  # only for a sandbox without IPython: not before kernel_info (10 ms)
 
-    required = metadata.distribution("ipython").metadata["Requires-Python"] or ""
+    required = metadata.distribution(roots[0]).metadata["Requires-Python"] or ""
     return SpecifierSet(required).contains(python, prereleases=True)
 
 
@@ -59,8 +62,8 @@ def _key(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def distributions(python: str) -> list[metadata.Distribution]:
-    """IPython's distributions and their requirements, as the sandbox's Python would need them."""
+def distributions(python: str, roots: tuple[str, ...] = ROOTS) -> list[metadata.Distribution]:
+    """IPython's (or ``roots``') distributions and their requirements, as the sandbox's Python would need them."""
     from packaging.requirements import Requirement
 
     major_minor = ".".join(python.split(".")[:2])
@@ -75,7 +78,7 @@ def distributions(python: str) -> list[metadata.Distribution]:
         "extra": "",
     }
     found: dict[str, metadata.Distribution] = {}
-    pending = list(ROOTS)
+    pending = list(roots)
     while pending:
         name = pending.pop()
         if _key(name) in found or _key(name) in NATIVE_ONLY:
@@ -89,19 +92,20 @@ def distributions(python: str) -> list[metadata.Distribution]:
     return sorted(found.values(), key=lambda d: _key(d.metadata["Name"]))
 
 
-def cache_path(python: str, dists: list[metadata.Distribution]) -> Path:
-    """Where the archive for ``dists`` on a sandbox Python ``python`` is kept on this machine."""
+def cache_path(python: str, dists: list[metadata.Distribution], roots: tuple[str, ...] = ROOTS) -> Path:
+    """Where the archive for ``dists`` (of ``roots``) on a sandbox Python ``python`` is kept on this machine."""
     packages = ",".join(f"{_key(d.metadata['Name'])}=={d.version}" for d in dists)
     digest = hashlib.sha256(f"{FORMAT}|{packages}|{LEFT_OUT}".encode()).hexdigest()[:16]
     major_minor = ".".join(python.split(".")[:2])
-    return Path(jupyter_data_dir()) / "daytona-kernel" / "ipython" / f"ipython-{ipython_version()}-py{major_minor}-{digest}.tar.gz"
+    name = f"{_key(roots[0])}-{metadata.version(roots[0])}-py{major_minor}-{digest}.tar.gz"
+    return Path(jupyter_data_dir()) / "daytona-kernel" / "ipython" / name
 
 
 @functools.lru_cache(maxsize=4)
-def archive(python: str) -> bytes:
+def archive(python: str, roots: tuple[str, ...] = ROOTS) -> bytes:
     """A gzipped tar of the packages, paths relative to a site-packages folder (from the cache when it is there)."""
-    dists = distributions(python)
-    path = cache_path(python, dists)
+    dists = distributions(python, roots)
+    path = cache_path(python, dists, roots)
     try:
         return path.read_bytes()
     except OSError:
@@ -131,14 +135,16 @@ def _build(dists: list[metadata.Distribution]) -> bytes:
     return buf.getvalue()
 
 
-async def ship(sandbox: Sandbox, context: Context, python: str, folder: str, timeout_s: float) -> tuple[str, int]:
-    """Upload the archive for ``python`` into the sandbox and unpack it into ``folder`` (through
+async def ship(
+    sandbox: Sandbox, context: Context, python: str, folder: str, timeout_s: float, roots: tuple[str, ...] = ROOTS
+) -> tuple[str, int]:
+    """Upload the archive for ``python`` (of ``roots``) into the sandbox and unpack it into ``folder`` (through
     ``context``): ("", its size in bytes), or (why it could not be installed, 0)."""
     archive_path = f"{folder}.{secrets.token_hex(4)}.tar.gz"  # its own: kernels may ship at once
     output: list[str] = []
     data = b""
     try:
-        data = await asyncio.to_thread(archive, python)
+        data = await asyncio.to_thread(archive, python, roots)
         try:
             await sandbox.upload([(data, archive_path)])
         except DaytonaKernelError:

@@ -5,10 +5,16 @@ scopes and variables show the cell's values, a step and a continue go on, and ``
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
+import pytest
+from daytona_emulator import DaytonaEmulator
 from kernels import Kernel
 
 TIMEOUT_S = 60
@@ -65,10 +71,10 @@ class Debugging:
         return dict(msg["content"])
 
 
-def session(name: str) -> dict[str, Any]:
+def session(name: str, **launch: Any) -> dict[str, Any]:
     """One debugging session as JupyterLab has it, and what each step showed (paths and ids left out)."""
     seen: dict[str, Any] = {}
-    with Kernel(name) as kernel:
+    with Kernel(name, **launch) as kernel:
         kernel.execute("pass")
         seen["features"] = "debugger" in kernel.request("kernel_info")["supported_features"]
         debug = Debugging(kernel)
@@ -118,6 +124,7 @@ def session(name: str) -> dict[str, Any]:
         seen["c_copy"] = kernel.execute("c_copy").of_type("execute_result")[0]["data"]
         seen["disconnect"] = debug("disconnect", {"restart": False, "terminateDebuggee": True})["success"]
         seen["after disconnect"] = kernel.execute("print(c_copy * 2)").text()
+        seen["debugpy"] = kernel.execute("import debugpy, os\nprint(os.path.dirname(os.path.dirname(debugpy.__file__)))").text()
     return seen
 
 
@@ -132,3 +139,32 @@ def test_a_breakpoint_in_a_cell_stops_it_and_the_debugger_answers_as_ipykernels(
     assert ours["c_copy"] == {"text/plain": "5"}
     assert ours["cell output"] == "before\nafter\n"
     assert ours == stock
+
+
+@pytest.fixture
+def bare_emulator(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """An emulator whose sandboxes run a Python with only the standard library, as Daytona's default image
+    has neither IPython nor debugpy."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    missing = subprocess.run([str(python), "-c", "import debugpy"], capture_output=True)
+    assert missing.returncode != 0, "the bare venv must not see debugpy"
+    emu = DaytonaEmulator(tmp_path / "emu", python=str(python)).start()
+    yield emu
+    emu.close()
+
+
+@pytest.mark.slow
+def test_a_sandbox_without_debugpy_gets_the_kernels(bare_emulator: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    kernel_home = os.environ.get("HOME", "")
+    monkeypatch.setenv("HOME", str(home))  # the emulated sandboxes' Python sees this home; the kernel keeps its own
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    seen = session("daytona", env=dict(bare_emulator.env(), HOME=kernel_home), cwd=str(folder))
+    assert seen["initialize"] and seen["stopped"] == ("breakpoint", True)
+    assert seen["locals after step"] == [("a", "2"), ("b", "3"), ("c", "5")]
+    assert seen["c_copy"] == {"text/plain": "5"} and seen["after disconnect"] == "10\n"
+    assert seen["debugpy"].strip().startswith(str(home / ".cache" / "daytona-kernel" / "debugpy-"))

@@ -119,7 +119,8 @@ class Deliver(Call):
 
 @dataclasses.dataclass(frozen=True)
 class Debug(Call):
-    """The kernel's debug requests while no cell runs (``debug.Debugger.call``); each ``{"id": n, "message": dap}``.
+    """The kernel's debug requests while no cell runs (``debug.Debugger.call``); each ``{"id": n, "message": dap,
+    "debugpy": the version the kernel can ship if the sandbox has none}``.
     An empty list fetches what the debugger holds (replies and events made after a cell ended)."""
 
     METHOD: ClassVar[str] = "debug"

@@ -59,16 +59,31 @@ def tmp_directory():
     return tempfile.gettempdir() + os.sep + "ipykernel_" + str(os.getpid())
 
 
-def debugpy_problem():
-    """Why the debugger cannot run in this interpreter ("" when it can)."""
-    try:
-        import importlib.util
+def shipped_folder(version):
+    """Where the kernel ships its debugpy ``version`` for this Python (as ``ipython_cache`` for IPython); "" for none."""
+    if not version:
+        return ""
+    name = "debugpy-%s-py%d.%d" % ((version,) + tuple(sys.version_info[:2]))
+    return os.path.join(os.path.expanduser("~"), ".cache", "daytona-kernel", name)
 
-        if importlib.util.find_spec("debugpy") is None:
-            return "debugpy is not installed in the sandbox"
-    except (ImportError, ValueError) as exc:
-        return "debugpy cannot be found in the sandbox (%s)" % exc
-    return ""
+
+def find_debugpy(version):
+    """"" when debugpy is importable: the sandbox's own, else the one the kernel shipped (put on ``sys.path``, after
+    site-packages), else the folder the kernel should ship it to (``shipDebugpy``), or None if it cannot."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("debugpy") is not None:
+            return ""
+    except (ImportError, ValueError):
+        pass  # a broken debugpy: the shipped one may do
+    folder = shipped_folder(version)
+    if folder and os.path.isdir(folder):
+        if folder not in sys.path:
+            sys.path.append(folder)
+            importlib.invalidate_caches()
+        return ""
+    return folder or None
 
 
 def _pydevd_module(name):
@@ -148,6 +163,7 @@ class Debugger(object):
         self._worker = None
         self._internal_paths = set(getattr(m, "__file__", None) or "" for m in list(sys.modules.values())) - {""}
         self._removed_cleanup = {}
+        self.shippable = ""  # the debugpy version the kernel can ship (each request says it)
 
     # -- the kernel's side: calls, the inbox, frames out ------------------------
 
@@ -185,6 +201,8 @@ class Debugger(object):
         message = item.get("message")
         if not isinstance(message, dict):
             return
+        if isinstance(item.get("debugpy"), str):
+            self.shippable = item["debugpy"]
         try:
             reply = self.handle(message)
         except Exception as exc:  # the kernel waits for this reply: it says what failed, and the debugger stays usable
@@ -358,9 +376,9 @@ class Debugger(object):
     def handle(self, message):
         command = message.get("command")
         if command == "initialize" and not self.started:
-            problem = self._start()
+            problem = self._start(message)
             if problem:
-                return response(message, False, message=problem)
+                return problem if isinstance(problem, dict) else response(message, False, message=problem)
         handler = getattr(self, "on_" + str(command), None)  # type: Any
         if command in ("debugInfo", "inspectVariables", "richInspectVariables", "modules", "copyToGlobals"):
             reply = handler(message)
@@ -374,10 +392,14 @@ class Debugger(object):
             self._stop()
         return reply
 
-    def _start(self):
-        problem = debugpy_problem() or ("" if self.rt.ipython is not None else "the debugger needs IPython in the sandbox")
-        if problem:
-            return problem
+    def _start(self, message=None):
+        if self.rt.ipython is None:
+            return "the debugger needs IPython, which this sandbox's Python cannot run"
+        folder = find_debugpy(self.shippable)
+        if folder is None:
+            return "debugpy is not installed in the sandbox, and the kernel has none to ship (pip install debugpy there)"
+        if folder:  # the kernel ships it, then asks again
+            return response(message or {}, False, body={"shipDebugpy": folder}, message="debugpy is not installed in the sandbox")
         if self.dap is None:
             try:
                 self._connect()
