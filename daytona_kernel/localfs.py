@@ -142,34 +142,30 @@ class LocalFolder:
         except FileNotFoundError:
             return None
 
-    def kinds(self, folder: str, names: tuple[str, ...]) -> dict[str, str]:
-        """What each of ``names`` is inside the folder ``folder`` here (relative, "" for the root): "file",
-        "dir" or "" (nothing, something else, or a symlink on the way). One folder handle for all of them."""
-        found = dict.fromkeys(names, "")
+    def listing(self, folder: str) -> dict[str, str]:
+        """What is inside the folder ``folder`` here (relative, "" for the root): {name: "file" or "dir"}, without
+        other kinds; {} when it is not there, cannot be read, or a symlink is on the way (never followed)."""
+        found: dict[str, str] = {}
         try:
             if not _DIR_FD:
-                base = self._checked_path(posixpath.join(folder, "x"), create=False).parent
-                stats = {}
-                for name in names:
-                    try:
-                        stats[name] = os.lstat(base / name)
-                    except OSError:
-                        continue
+                path = self._checked_path(posixpath.join(folder, "x"), create=False).parent
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    return found
+                target: int | Path = path
             else:
-                fd = self._open_dir(folder.split("/") if folder else [], create=False)
-                try:
-                    stats = {}
-                    for name in names:
-                        try:
-                            stats[name] = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                        except OSError:
-                            continue
-                finally:
-                    os.close(fd)
+                target = self._open_dir(folder.split("/") if folder else [], create=False)
+            try:
+                with os.scandir(target) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            found[entry.name] = "dir"
+                        elif entry.is_file(follow_symlinks=False):
+                            found[entry.name] = "file"
+            finally:
+                if isinstance(target, int):
+                    os.close(target)
         except (OSError, MirrorError):
             return found
-        for name, st in stats.items():
-            found[name] = "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else ""
         return found
 
     def write(self, rel: str, content: bytes, mode: int, exclusive: bool = False) -> None:

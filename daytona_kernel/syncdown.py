@@ -15,15 +15,16 @@ import posixpath
 import stat
 from typing import Any
 
-from .backends.base import FileError, Sandbox
+from .backends.base import FileError, NotShared, Sandbox
 from .config import MirrorSettings
 from .errors import DaytonaKernelError, MirrorError
 from .localfs import LocalFolder, safe_relpath, shown
 from .manifest import SyncManifest
 from .protocol import FileChanges
-from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat
+from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, name_key, path_key
 from .syncplan import (
-    ENV_MARKERS,
+    MARKER_FOLDERS,
+    MARKERS,
     MB,
     Landing,
     Refusal,
@@ -32,9 +33,10 @@ from .syncplan import (
     code_refusal,
     conflict_name,
     folders_above,
+    landing_of,
+    over_the_cap,
     plan_down,
     reported_paths,
-    sandbox_landing,
     size_text,
     why_not_down,
 )
@@ -90,7 +92,7 @@ class MirrorDown:
             self.failed.clear()
         changed, deleted = reported_paths(changes, report)
         await asyncio.to_thread(self._rules.forget_gitignores)  # reads files, and git's config the first time
-        self._reported = sandbox_landing(_normalised([raw for raw, _ in changed]))
+        self._reported = landing_of(_normalised([raw for raw, _ in changed]))
         landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
         plan = await asyncio.to_thread(
             plan_down, changed, report, self._config, self._rules, self.failed, self._secrets_noticed, landing, self._sandbox.on_this_disk
@@ -138,7 +140,12 @@ class MirrorDown:
                 if st is not None and (rel.lower().endswith(".ipynb") or self._manifest.locally_changed(rel, file_stat(st))):
                     target = _free_conflict_name(self._folder, rel)  # an earlier conflict copy is never replaced
                 path = await asyncio.to_thread(self._folder.path_for_writing, target)
-                await self._sandbox.fetch(remote, str(path), self._links)
+                try:
+                    await self._sandbox.fetch(remote, str(path), self._links)
+                except NotShared:  # never a copy of a file over the cap: skipped, as on Daytona
+                    report.skipped.append((rel, over_the_cap(reported[0], self._config)))
+                    self._ack(raw, reported)
+                    return
                 if target != rel:
                     report.conflicts.append((rel, target))
                     self._ack(raw, reported)
@@ -317,19 +324,32 @@ def _normalised(raws: list[str]) -> list[str]:
 
 
 def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
-    """Which folders on the way of these reported paths are, here, a Python environment (a pyvenv.cfg or a
-    conda-meta/ in it) or a folder git takes for a repository (HEAD beside objects/, refs/ or commondir)."""
-    envs: set[str] = set()
-    repos: set[str] = set()
-    looked: set[str] = set()
+    """What the folders on the way of these reported paths hold here (``Landing``): the markers of a Python
+    environment or a repository, keyed as the rule keys them (``path_key``). Every folder here whose name has the
+    same key counts (``Evil/`` and ``evil/`` are one folder on a case-insensitive disk), each listed once."""
+    listings: dict[str, dict[str, str]] = {}
+
+    def listing(rel: str) -> dict[str, str]:
+        if rel not in listings:
+            listings[rel] = folder.listing(rel)
+        return listings[rel]
+
+    matches: dict[str, list[str]] = {"": [""]}  # folder key -> the folders here with that key
+    markers: dict[str, frozenset[str]] = {}
     for rel in _normalised(raws):
-        for above in folders_above(rel):
-            if above in looked:
+        for above in folders_above(path_key(rel)):
+            if above in markers:
                 continue
-            looked.add(above)
-            kinds = folder.kinds(above, (*ENV_MARKERS, "HEAD", "objects", "refs", "commondir"))
-            if kinds["pyvenv.cfg"] == "file" or kinds["conda-meta"] == "dir":
-                envs.add(above)
-            if kinds["HEAD"] == "file" and (kinds["commondir"] == "file" or "dir" in (kinds["objects"], kinds["refs"])):
-                repos.add(above)
-    return Landing(frozenset(envs), frozenset(repos))
+            if above not in matches:
+                parent, _, name = above.rpartition("/")
+                matches[above] = [
+                    posixpath.join(here, entry)
+                    for here in matches.get(parent, [])
+                    for entry, kind in listing(here).items()
+                    if kind == "dir" and name_key(entry) == name
+                ]
+            found = {(name_key(entry), kind) for here in matches[above] for entry, kind in listing(here).items()}
+            markers[above] = frozenset(
+                name for name, kind in found if name in MARKERS and (kind == "dir") == (name in MARKER_FOLDERS)
+            )
+    return Landing(markers)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import enum
 import posixpath
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .config import MirrorSettings
 from .errors import MirrorError
 from .localfs import safe_relpath, shown
 from .protocol import FileChanges
-from .runtime.pathrules import SECRET_REASON, MirrorRules
+from .runtime.pathrules import SECRET_REASON, MirrorRules, path_key
 
 Stat = tuple[int, int, int]  # size, mtime in ns, permission bits
 MB = 1024 * 1024
@@ -24,43 +26,43 @@ MAX_REPORTED_PATHS = 100_000
 # -- the valve: code never comes down (docs/security.md, "The rule: data flows both ways, code flows only up") --
 # Data flows both ways, code only up: nothing the sandbox writes may be run by this machine later without
 # the user choosing to. ``code_refusal`` decides it from the path and the ``Landing`` (what the folders on
-# its way are); no setting and no .gitignore can widen it. Names are compared case-insensitively.
-ENV_MARKERS = ("pyvenv.cfg", "conda-meta")  # a folder holding one of these is a Python environment
-# Folders whose files run when an editor, an agent or Python opens them: editor settings and tasks
-# (a devcontainer's initializeCommand, VS Code's runOn folderOpen, an interpreter path), agent settings
-# with hooks and MCP servers, bytecode caches and installed packages (imported instead of the source).
-CODE_FOLDERS = frozenset(
-    {
-        ".vscode", ".idea", ".devcontainer", ".fleet", ".zed", ".theia",
-        ".cursor", ".claude", ".gemini", ".continue", ".windsurf",
-        "__pycache__", "site-packages", "dist-packages", "conda-meta",
-        ".ipython", ".jupyter", ".mise",
-    }
-)  # fmt: skip
-# Files that run by their name alone: every Python runs .pth files and sitecustomize/usercustomize from
-# its site-packages; a pyvenv.cfg makes its folder an environment that editors and tools pick up and run;
-# direnv runs .envrc and loads .env, autoenv runs .env, zsh-autoenv .autoenv.zsh (VS Code's Python extension
-# and docker compose load .env too: an environment
-# variable such as PYTHONSTARTUP or LD_PRELOAD is code); pre-commit runs its config's hooks on every
-# commit; vim/neovim (exrc), Emacs (dir-locals), mise (hooks), npm and yarn (node-options, yarnPath)
-# read theirs from the project; VS Code opens workspaces and devcontainers; Claude Code reads .mcp.json.
+# its way hold here, in the change report and with the file itself); no setting and no .gitignore can widen
+# it. Every name is compared by its ``name_key``: as a Windows or macOS disk would open it.
+#
+# Hidden names are configuration: a dot-named file or folder is read by some tool (an editor, a shell, a coding
+# agent, a package manager, a debugger) and none is data a cell means to hand back, so they are refused as a
+# class, but for these, which no tool runs:
+HIDDEN_DATA = frozenset({".gitignore", ".gitkeep", ".keep"})
+# Folders whose files Python imports in place of the sources: bytecode caches and installed packages.
+CODE_FOLDERS = frozenset({"__pycache__", "site-packages", "dist-packages", "conda-meta"})
+# Files that run by their name alone: every Python runs sitecustomize/usercustomize from its site-packages; a
+# pyvenv.cfg makes its folder an environment that editors and tools pick up and run; opencode starts the MCP
+# servers of its opencode.json; Bun preloads bunfig.toml's scripts; Vim on Windows reads _vimrc and _exrc;
+# mise runs the hooks and tasks of mise.toml, mise.<env>.toml, mise.local.toml and mise/config.toml.
 CODE_NAMES = frozenset(
-    {
-        "sitecustomize.py", "usercustomize.py", "pyvenv.cfg",
-        ".envrc", ".env", ".devcontainer.json", ".pre-commit-config.yaml",
-        ".exrc", ".nvimrc", ".nvim.lua", ".dir-locals.el", ".dir-locals-2.el",
-        ".mise.toml", "mise.toml", ".npmrc", ".yarnrc", ".yarnrc.yml", ".mcp.json",
-        ".autoenv.zsh", ".autoenv_leave.zsh",
-    }
+    {"sitecustomize.py", "usercustomize.py", "pyvenv.cfg", "opencode.json", "opencode.jsonc", "bunfig.toml", "_vimrc", "_gvimrc", "_exrc"}
+)  # fmt: skip
+MISE_CONFIG = re.compile(r"mise(?:\.[^/]*)?\.toml|mise/config(?:\.[^/]*)?\.toml")  # on the name, or on folder/name
+# Coding agents take these as their instructions, and they run commands: a sandbox's AGENTS.md is a prompt
+# injection with the user's shell (the hidden ones, .cursorrules, .clinerules ..., are refused as a class).
+AGENT_FILES = frozenset(
+    {"agents.md", "agent.md", "claude.md", "claude.local.md", "gemini.md", "qwen.md", "crush.md", "copilot-instructions.md"}
 )  # fmt: skip
 # .pth (run at start), bytecode (imported in place of a source with the same header), compiled extension
-# modules (imported before a .py of the same name), editor workspaces.
-CODE_SUFFIXES = (".pth", ".pyc", ".pyo", ".so", ".pyd", ".code-workspace", ".sublime-project")
-CODE_PREFIXES = (".env.",)
+# modules and shared libraries (loaded by name: libx.so.1 too), editor workspaces.
+CODE_SUFFIXES = (".pth", ".pyc", ".pyo", ".so", ".pyd", ".dylib", ".dll", ".code-workspace", ".sublime-project")
+SHARED_LIBRARY = re.compile(r".*\.so(?:\.[0-9]+)+")
+# Windows opens a short (8.3) name as the long name it was made for: GIT~1 is .git, VSCODE~1 is .vscode. The
+# long form of any such name may be a hidden one (Windows drops the leading dot), so every one is refused.
+SHORT_NAME = re.compile(r"([^.~]{1,7}~[0-9]{1,7})(?:\.[^.~]{1,3})?")
+ENV_MARKERS = frozenset({"pyvenv.cfg", "conda-meta"})  # a folder holding one of these is a Python environment
+GIT_MARKERS = frozenset({"objects", "refs", "commondir"})  # beside a HEAD: a folder git takes for a repository
+MARKER_FOLDERS = frozenset({"conda-meta", "objects", "refs"})  # markers that are folders; the others are files
+MARKERS = ENV_MARKERS | GIT_MARKERS | {"head"}
 
 
 # With sync_code_down off, only data comes back: these are code (sources, scripts, notebooks, pages that
-# run scripts, build and CI files), and so is anything with an execute bit.
+# run scripts, build files), and so is anything with an execute bit.
 # fmt: off
 CODE_EXTENSIONS = frozenset([
     "py", "pyw", "pyx", "pxd", "pyi", "ipynb", "sh", "bash", "zsh", "fish", "ksh", "csh", "ps1", "psm1", "bat", "cmd",
@@ -72,36 +74,45 @@ CODE_EXTENSIONS = frozenset([
 BUILD_NAMES = frozenset([
     "makefile", "gnumakefile", "dockerfile", "containerfile", "justfile", "rakefile", "gemfile", "procfile",
     "vagrantfile", "jenkinsfile", "snakefile", "build", "build.bazel", "workspace", "pyproject.toml", "setup.cfg",
-    "tox.ini", "package.json", "cargo.toml", ".gitattributes", ".gitmodules", ".gitlab-ci.yml", ".travis.yml",
-    "azure-pipelines.yml",
+    "tox.ini", "package.json", "cargo.toml", "azure-pipelines.yml",
 ])
 # fmt: on
-CI_FOLDERS = frozenset({".github", ".circleci", ".gitlab"})
 
 
 def data_only_refusal(rel: str, mode: int) -> str | None:
-    """Why ``rel`` (with the reported permission bits ``mode``, -1 unknown) is code rather than data."""
-    parts = rel.lower().split("/")
-    name = parts[-1]
+    """Why ``rel`` (with the reported permission bits ``mode``, -1 unknown) is code rather than data (hidden
+    names, CI settings under .github/ among them, are refused before this is asked)."""
+    name = path_key(rel).rsplit("/", 1)[-1]
     if mode > 0 and mode & 0o111:
         return "it is executable"
     if name.rpartition(".")[2] in CODE_EXTENSIONS and "." in name or name in BUILD_NAMES:
         return "it is code"
-    if any(part in CI_FOLDERS for part in parts[:-1]):
-        return "it is a CI setting"
     return None
 
 
 @dataclass(frozen=True)
 class Landing:
-    """What the folders a path comes down into are, here or (from the change report) in the sandbox:
-    relative folder paths, "" for the mirrored folder itself."""
+    """What the folders a path comes down into hold: for each folder (its ``path_key``, "" for the mirrored
+    folder), the markers in it (``MARKERS``: a pyvenv.cfg, a conda-meta/, a HEAD, objects/ ...), here, in the
+    change report and in the path itself. ``a | b`` is both together: what the folder will hold once written."""
 
-    envs: frozenset[str] = frozenset()  # Python environments: a pyvenv.cfg or a conda-meta/ in them
-    repos: frozenset[str] = frozenset()  # folders git takes for a repository: HEAD with objects/, refs/ or commondir
+    markers: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __or__(self, other: Landing) -> Landing:
-        return Landing(self.envs | other.envs, self.repos | other.repos)
+        merged = dict(self.markers)
+        for folder, found in other.markers.items():
+            merged[folder] = merged.get(folder, frozenset()) | found
+        return Landing(merged)
+
+    @property
+    def envs(self) -> frozenset[str]:
+        """Python environments: a pyvenv.cfg or a conda-meta/ in them."""
+        return frozenset(folder for folder, found in self.markers.items() if found & ENV_MARKERS)
+
+    @property
+    def repos(self) -> frozenset[str]:
+        """Folders git takes for a repository: a HEAD beside objects/, refs/ or commondir."""
+        return frozenset(folder for folder, found in self.markers.items() if "head" in found and found & GIT_MARKERS)
 
 
 def folders_above(rel: str) -> list[str]:
@@ -110,42 +121,57 @@ def folders_above(rel: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(len(parts))]
 
 
-def sandbox_landing(paths: list[str]) -> Landing:
-    """The environments and repositories the sandbox's own files make, from the paths it reports: a folder
-    that gets a pyvenv.cfg or a conda-meta/, or a HEAD beside objects/, refs/ or commondir."""
-    envs: set[str] = set()
-    heads: set[str] = set()
-    git_parts: dict[str, set[str]] = {}
+def landing_of(paths: Iterable[str]) -> Landing:
+    """The markers these files make (the change report's, or a path's own): a file named pyvenv.cfg, HEAD or
+    commondir, a folder named conda-meta, objects or refs on the way; keyed by ``path_key``."""
+    markers: dict[str, set[str]] = {}
     for path in paths:
-        parts = path.split("/")
-        for i, part in enumerate(parts):
-            folder, name, last = "/".join(parts[:i]), part.lower(), i == len(parts) - 1
-            if (last and name == "pyvenv.cfg") or (not last and name == "conda-meta"):
-                envs.add(folder)
-            if last and name == "head":
-                heads.add(folder)
-            if (not last and name in ("objects", "refs")) or (last and name == "commondir"):
-                git_parts.setdefault(folder, set()).add(name)
-    return Landing(frozenset(envs), frozenset(f for f in heads if git_parts.get(f)))
+        parts = path_key(path).split("/")
+        for i, name in enumerate(parts):
+            if name in MARKERS and (name in MARKER_FOLDERS) == (i < len(parts) - 1):
+                markers.setdefault("/".join(parts[:i]), set()).add(name)
+    return Landing({folder: frozenset(found) for folder, found in markers.items()})
 
 
 def code_refusal(rel: str, landing: Landing) -> str | None:
     """Why the sandbox's file ``rel`` would be code this machine may run later, so it is never written
-    here (nor deleted by the sandbox), whatever any setting or .gitignore says; None if it is not."""
-    for folder in folders_above(rel):
+    here (nor deleted by the sandbox), whatever any setting or .gitignore says; None if it is not.
+    ``landing`` is what the folders will hold: here, in the report and ``rel`` itself (``landing_of``)."""
+    key = path_key(rel)
+    landing = landing | landing_of([rel])  # the file itself: a HEAD completes a repository as much as objects/ do
+    envs, repos = landing.envs, landing.repos
+    for folder in folders_above(key):
         where = f"{folder}/" if folder else "the mirrored folder"
-        if folder in landing.envs:
+        if folder in envs:
             return f"{where} is a Python environment, and every python from it would run it"
-        if folder in landing.repos:
+        if folder in repos:
             return f"{where} is a git repository, and git runs its hooks and config"
-    parts = rel.lower().split("/")
+    parts = key.split("/")
+    for part in parts:
+        if not part:
+            return "a name in it is empty without its trailing dots, spaces or invisible characters, as Windows and macOS read it"
+        short = SHORT_NAME.fullmatch(part)
+        if short and len(short.group(1)) <= 8:
+            return f"{part} has the shape of a Windows short name, which Windows opens as its long name (GIT~1 is .git)"
+    hidden = next((part for part in parts if part.startswith(".") and part not in HIDDEN_DATA), None)
+    if hidden is not None:
+        return f"{hidden} is a hidden name: hidden files and folders configure editors, agents and tools"
     code_folder = next((part for part in parts[:-1] if part in CODE_FOLDERS), None)
     if code_folder is not None:
-        return f"{code_folder}/ holds files that editors, tools or Python run when they open it"
-    name = parts[-1]
-    if name in CODE_NAMES or name.endswith(CODE_SUFFIXES) or name.startswith(CODE_PREFIXES):
+        return f"{code_folder}/ holds files that Python imports in place of the sources"
+    if parts[-1] in AGENT_FILES:
+        return "coding agents take this file as instructions, and they run commands"
+    if runs_by_name(parts):
         return "editors, tools or Python run a file with this name by themselves"
     return None
+
+
+def runs_by_name(parts: list[str]) -> bool:
+    """A file (the names of its path, keyed) that a tool runs or loads by its name alone."""
+    name = parts[-1]
+    if name in CODE_NAMES or name.endswith(CODE_SUFFIXES) or SHARED_LIBRARY.fullmatch(name):
+        return True
+    return bool(MISE_CONFIG.fullmatch(name) or MISE_CONFIG.fullmatch("/".join(parts[-2:])))
 
 
 @dataclass
@@ -219,6 +245,11 @@ class SyncReport:
         self.deleted += other.deleted
 
 
+def over_the_cap(size: int, config: MirrorSettings) -> str:
+    """Why a file is not moved: over ``sync_max_file_mb`` (and, on this disk, it could not be shared)."""
+    return f"{size_text(size)} is over sync_max_file_mb={config.sync_max_file_mb:g}"
+
+
 def size_text(n: int) -> str:
     return f"{n / MB:.1f} MB" if n >= MB else f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} B"
 
@@ -263,7 +294,8 @@ def why_not_down(
 ) -> tuple[Refusal, str] | None:
     """May the sandbox's file ``rel`` (already through ``safe_relpath``) be written here? None if it may,
     else what kind of refusal and why. The planner and the writer both ask it; ``landing`` says what the
-    folders on the way are (``sandbox_landing`` of the report, and what they are here)."""
+    folders on the way hold (``landing_of`` the report, and what they hold here), to which the file's own
+    path is added; names are compared by their ``name_key``."""
     reason = rules.check(rel, False)
     if reason == SECRET_REASON:
         return Refusal.SECRET, reason
@@ -339,7 +371,7 @@ def plan_down(
             plan.placed.append((rel, raw, reported))
             continue
         if reported[0] > max_file:
-            report.skipped.append((rel, f"{size_text(reported[0])} is over sync_max_file_mb={config.sync_max_file_mb:g}"))
+            report.skipped.append((rel, over_the_cap(reported[0], config)))
             plan.acked.append((raw, reported))
             continue
         if reported[0] > budget:  # not acknowledged: it comes with a later cell
@@ -362,7 +394,7 @@ def choose_up(plan: UpPlan, changed: list[tuple[str, int]], config: MirrorSettin
             plan.placed.append(rel)
             continue
         if size > max_file:
-            plan.skipped.append((rel, f"{size_text(size)} is over sync_max_file_mb={config.sync_max_file_mb:g}"))
+            plan.skipped.append((rel, over_the_cap(size, config)))
             continue
         if size > budget:
             plan.skipped.append((rel, f"the total of this sync would pass sync_max_total_mb={config.sync_max_total_mb:g}"))

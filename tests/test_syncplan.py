@@ -13,9 +13,9 @@ from daytona_kernel.syncplan import (
     SyncReport,
     UpPlan,
     choose_up,
+    landing_of,
     plan_down,
     reported_paths,
-    sandbox_landing,
     why_not_down,
 )
 
@@ -35,7 +35,7 @@ def test_code_never_comes_down_and_no_gitignore_or_setting_widens_that() -> None
     """The valve (issue 20): environments, files every Python runs, repositories and files tools run on open."""
     everything = MirrorRules("/nonexistent-notebook-folder", defaults=(), secrets=(), gitignore=False)  # excludes nothing
     reported = ["myenv/pyvenv.cfg", "myenv/bin/python", "conda/conda-meta/history", "r/HEAD", "r/objects/ab/cd", "r/refs/x"]
-    landing = sandbox_landing(reported) | Landing(envs=frozenset({"env"}), repos=frozenset({"vendored"}))
+    landing = landing_of(reported) | landing_of(["env/pyvenv.cfg", "vendored/HEAD", "vendored/refs/heads/main"])  # here
     assert landing.envs == {"myenv", "conda", "env"} and landing.repos == {"r", "vendored"}
     refused = [
         *reported, "env/lib/python3.12/site-packages/x.py", "vendored/config", "a/b/zz.PTH", "SiteCustomize.py",
@@ -48,9 +48,9 @@ def test_code_never_comes_down_and_no_gitignore_or_setting_widens_that() -> None
         refusal = why_not_down(rel, everything, landing)
         assert refusal is not None and refusal[0] is Refusal.REFUSED, rel
         assert f"%download {rel}" in refusal[1]
-    for rel in ("results/table.csv", "refs/paper.bib", "HEAD.txt", "objects/list.json", "helpers.py", "env.yaml", "notes/.env-ideas.md"):
+    for rel in ("results/table.csv", "refs/paper.bib", "HEAD.txt", "objects/list.json", "helpers.py", "env.yaml", "notes/env.local.md"):
         assert why_not_down(rel, everything, landing) is None, rel
-    assert sandbox_landing(["data/HEAD", "data/notes.txt"]).repos == frozenset()  # HEAD alone is not a repository
+    assert landing_of(["data/HEAD", "data/notes.txt"]).repos == frozenset()  # HEAD alone is not a repository
 
 
 def test_a_report_is_planned_from_its_typed_value_and_an_oversized_one_is_named() -> None:
@@ -108,9 +108,79 @@ def test_with_sync_code_down_off_only_data_comes_back_and_code_is_named_once() -
     report = SyncReport()
     plan = plan_down(changed, report, config, RULES, failed={}, secrets_noticed=set())
     assert [rel for rel, _, _ in plan.wanted] == ["plot.png", "results/table.csv", "model.pkl"]
-    assert sorted(report.code_kept) == [".github/workflows/ci.yml", "Makefile", "analysis.py", "out/report.ipynb", "run"]
-    assert "sync_code_down is off" in report.notices() and "%download .github/workflows/ci.yml" in report.notices()
+    assert sorted(report.code_kept) == ["Makefile", "analysis.py", "out/report.ipynb", "run"]
+    assert "sync_code_down is off" in report.notices() and "%download Makefile" in report.notices()
+    assert [path for path, _ in report.refused] == [".github/workflows/ci.yml"]  # hidden: refused whatever the setting
     again = SyncReport()
     plan_down(changed, again, config, RULES, failed={}, secrets_noticed=set(report.code_kept))
     assert again.code_kept == []  # named once
-    assert [rel for rel, _, _ in plan_down(changed, SyncReport(), MirrorSettings(), RULES, {}, set()).wanted] == [r for r, _ in changed]
+    assert [rel for rel, _, _ in plan_down(changed, SyncReport(), MirrorSettings(), RULES, {}, set()).wanted] == [r for r, _ in changed if r[0] != "."]
+
+
+# -- issue 31: the mirror judges the end state, on normalised names -------------------------------------------------
+
+
+NOTHING = Landing()
+
+
+def refused(rel: str, landing: Landing = NOTHING, rules: MirrorRules = RULES) -> bool:
+    """The rule keeps ``rel`` from being written here (refused, excluded or a secret: anything but None)."""
+    return why_not_down(rel, rules, landing) is not None
+
+
+def test_a_repository_completed_over_two_reports_is_refused_in_any_order() -> None:
+    """Item 2: cell 1's objects/, refs/ and config are already here; cell 2's HEAD would complete a repository."""
+    for where in ("", "sub/"):
+        here = landing_of([f"{where}objects/info/packs", f"{where}refs/heads/main", f"{where}config"])
+        assert not here.repos  # no HEAD: not a repository, so cell 1's files came down
+        report = landing_of([f"{where}HEAD"])
+        assert refused(f"{where}HEAD", report | here), where
+        head_here = landing_of([f"{where}HEAD"])  # the other order: HEAD first, then the rest
+        for rel in ("objects/ab/cd", "refs/heads/main", "commondir"):
+            assert refused(f"{where}{rel}", landing_of([f"{where}{rel}"]) | head_here), (where, rel)
+    assert not refused("sub/notes.txt", landing_of(["sub/notes.txt"]) | landing_of(["sub/HEAD"]))  # HEAD alone is data
+
+
+def test_folder_keys_are_case_folded_and_normalised() -> None:
+    """Item 3: Evil/HEAD beside evil/objects/ is one repository on a case-insensitive disk; so are the variants."""
+    assert refused("Evil/HEAD", landing_of(["Evil/HEAD", "evil/objects/ab/cd"]))
+    assert refused("evil/objects/ab/cd", landing_of(["Evil/HEAD", "evil/objects/ab/cd"]))
+    assert refused("EVIL./head", landing_of(["EVIL./head"]) | landing_of(["evil/Refs/heads/main"]))
+    assert refused("e\u200dvil/HEAD", landing_of(["e\u200dvil/HEAD"]) | landing_of(["evil/objects/x"]))
+    assert refused("Venv2/lib/x.py", landing_of(["venv2/PyVenv.CFG"]))
+
+
+def test_names_are_normalised_before_every_rule() -> None:
+    """Item 3: what Windows, macOS or HFS+ would open as a refused name is refused under every spelling."""
+    everything = MirrorRules("/nonexistent-notebook-folder", defaults=(), gitignore=False)
+    for rel in (
+        ".git./hooks/pre-commit", ".git /hooks/pre-commit", ".git. . /config", "GIT~1/hooks/pre-commit", "git~1/config",
+        ".vscode./tasks.json", "VSCODE~1/tasks.json", "sitecustomize.py.", "Sitecustomize.PY ", "SITECU~1.PY",
+        ".g\u200cit/config", ".\u200bvscode/tasks.json", "site\u00adcustomize.py", "cafe\u0301/sitecustomize.py",
+        ".ENV.", "x.pth.", "\u200b/data.csv", ". ./data.csv",
+    ):  # fmt: skip
+        assert refused(rel, rules=everything), repr(rel)
+    for rel in ("data~/x.csv", "backup.csv~", "caf\u00e9/table.csv", "a.b.c.csv", "v~1.0.tar.gz.csv"):
+        assert not refused(rel, rules=everything), repr(rel)
+
+
+ITEM_4 = [
+    ".pdbrc", "opencode.json", ".opencode/plugin/x.js", ".roo/mcp.json", ".kiro/settings/mcp.json", ".amazonq/mcp.json",
+    ".codex/config.toml", ".kilocode/rules.md", ".aider.conf.yml", ".pnpmfile.cjs", "bunfig.toml", ".cargo/config.toml",
+    ".vimrc", "_vimrc", "_exrc", ".helix/languages.toml", ".lazy.lua", "mise.local.toml", ".mise.local.toml",
+    "mise.dev.toml", "mise/config.toml", ".tool-versions", ".flaskenv", "libx.so.1", "lib/libx.so.1.2.3", "x.dylib",
+    "x.dll", "sub/.pdbrc",
+    # agent instruction files direct tools that run commands
+    "AGENTS.md", "sub/CLAUDE.md", "CLAUDE.local.md", "GEMINI.md", ".cursorrules", ".windsurfrules", ".clinerules",
+    ".github/copilot-instructions.md",
+]  # fmt: skip
+
+
+def test_hidden_names_tool_files_shared_libraries_and_agent_instructions_never_come_down() -> None:
+    """Item 4: dot-named files and folders are configuration, refused as a class but for a short allow-list."""
+    everything = MirrorRules("/nonexistent-notebook-folder", defaults=(), secrets=(), gitignore=False)
+    for rel in ITEM_4:
+        refusal = why_not_down(rel, everything, Landing())
+        assert refusal is not None and refusal[0] is Refusal.REFUSED, rel
+    for rel in (".gitignore", "sub/.gitkeep", ".keep", "README.md", "notes/agents.md.csv", "mise.csv", "libx.so.txt", "data/x.json"):
+        assert why_not_down(rel, everything, Landing()) is None, rel

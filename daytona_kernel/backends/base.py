@@ -61,6 +61,10 @@ class FileError:
     over_limit: bool = False  # the sandbox sent more bytes than the download's limit allowed
 
 
+class NotShared(OSError):
+    """``Sandbox.fetch`` could neither clone nor hard-link the file, and never copies one (it is over the size cap)."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """The result of a shell command: exit code and combined stdout/stderr."""
@@ -125,7 +129,9 @@ class Sandbox(abc.ABC):
         raise NotImplementedError
 
     async def fetch(self, path: str, local: str, link: bool) -> None:
-        """Make the local file ``local`` hold the sandbox path ``path`` (only when ``on_this_disk``)."""
+        """Make the local file ``local`` hold the sandbox path ``path`` (only when ``on_this_disk``): a clone,
+        or with ``link`` a hard link; ``NotShared`` when neither can be made (it never copies: the file is over
+        sync_max_file_mb, which a copy would spend)."""
         raise NotImplementedError
 
     def same_file(self, path: str, local: str) -> bool:

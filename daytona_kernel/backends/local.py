@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import fcntl
 import json
 import logging
@@ -34,7 +35,7 @@ from jupyter_core.paths import jupyter_data_dir
 
 from ..config import SECRET_ENV_VARS, LocalSettings
 from ..errors import BackendError, ContextDied, ContextTimeout
-from .base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
+from .base import Context, ExecResult, FileError, NotShared, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
 WORKER_SCRIPT = Path(__file__).with_name("local_worker.py")
 PRIVATE_DIR_MODE = 0o700
@@ -54,13 +55,14 @@ Chunk = dict[str, str]
 ChunkSink = Callable[[Chunk], None]
 
 
-def share_file(src: str | Path, dst: str | Path, link: bool) -> str:
+def share_file(src: str | Path, dst: str | Path, link: bool, copy: bool = True) -> str:
     """Make ``dst`` hold ``src``'s content without a second copy where the file system allows.
 
     In order: a reflink (a copy-on-write clone: FICLONE on Linux btrfs, XFS, bcachefs ...), whose
     blocks are shared until either side writes; else, when ``link``, a hard link (one file under two
     names: a cell writing into it in place changes the user's file at once, which the mirror would
-    bring down after the cell anyway); else a copy made by the OS (sendfile, never in memory).
+    bring down after the cell anyway); else, when ``copy``, a copy made by the OS (sendfile, never in
+    memory), and otherwise ``NotShared``. ``src`` must be a regular file (a symlink is not followed).
     ``dst`` is replaced by a rename, never truncated (it may be a hard link of something else).
     Returns how: "clone", "link" or "copy".
     """
@@ -69,7 +71,10 @@ def share_file(src: str | Path, dst: str | Path, link: bool) -> str:
     tmp = dst.with_name(f".{dst.name}.daytona-kernel-{uuid.uuid4().hex[:8]}")
     how = "copy"
     try:
-        with open(src, "rb") as fin:
+        with open(os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as fin:
+            source = os.fstat(fin.fileno())
+            if not stat.S_ISREG(source.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(src))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 fcntl.ioctl(fd, getattr(fcntl, "FICLONE", FICLONE), fin.fileno())
@@ -78,13 +83,11 @@ def share_file(src: str | Path, dst: str | Path, link: bool) -> str:
                 pass  # this file system cannot clone (ext4, tmpfs, another disk ...)
             finally:
                 os.close(fd)
-        if how != "clone" and link:
-            os.unlink(tmp)
-            try:
-                os.link(src, tmp, follow_symlinks=False)
-                how = "link"
-            except OSError:  # another disk, or a file system without hard links
-                pass
+            if how != "clone" and link:
+                os.unlink(tmp)
+                how = _hard_link(src, tmp, source)
+            if how == "copy" and not copy:
+                raise NotShared(errno.EXDEV, "the file system can neither clone nor link it here")
         if how == "copy":
             shutil.copyfile(src, tmp)
         if how != "link":
@@ -93,6 +96,19 @@ def share_file(src: str | Path, dst: str | Path, link: bool) -> str:
     finally:
         tmp.unlink(missing_ok=True)  # left only by a failure: a rename took it otherwise
     return how
+
+
+def _hard_link(src: str | Path, tmp: Path, opened: os.stat_result) -> str:
+    """Hard-link ``src`` as ``tmp`` if it is still the file that was opened: "link", else "copy"."""
+    try:
+        os.link(src, tmp, follow_symlinks=False)
+    except OSError:  # another disk, or a file system without hard links
+        return "copy"
+    now = os.lstat(tmp)
+    if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):  # replaced (by a symlink ...) since it was opened
+        tmp.unlink()
+        return "copy"
+    return "link"
 
 
 def local_root() -> Path:
@@ -593,7 +609,7 @@ class LocalSandbox(Sandbox):
         await asyncio.to_thread(share_file, local, self._local_path(dest), link)
 
     async def fetch(self, path: str, local: str, link: bool) -> None:
-        await asyncio.to_thread(share_file, self._local_path(path), local, link)
+        await asyncio.to_thread(share_file, self._local_path(path), local, link, False)
 
     def same_file(self, path: str, local: str) -> bool:
         try:

@@ -12,12 +12,16 @@ spaces dropped. Every folder's own ``.gitignore`` applies below it, a deeper
 file beats a shallower one, and nothing inside an excluded folder comes back.
 
 ``MirrorRules`` adds three lists on top of the .gitignore files:
-- ``NEVER``: version-control and kernel metadata (``.git`` ...). Never mirrored,
-  in either direction, whatever any setting says.
+- ``NEVER``: version-control and kernel metadata (``.git`` ...), and Jupyter's
+  connection files (``kernel-*.json``, which hold the kernel's HMAC key). Never
+  mirrored, in either direction, whatever any setting says.
 - ``SECRET_PATTERNS``: files that usually hold credentials, matched whatever their
   case. Skipped unless the user lists them in ``sync_include``.
-- ``DEFAULT_EXCLUDES``: caches and virtualenvs, below every .gitignore (a
-  ``!pattern`` there brings one back). ``sync_exclude`` patterns are above them.
+- ``DEFAULT_EXCLUDES``: caches, virtualenvs and tools' own state, above every
+  .gitignore (a ``!pattern`` there never brings one back: a .gitignore may come
+  from the sandbox). ``sync_exclude`` patterns are above them.
+Names are compared by their ``name_key`` (trailing dots and spaces dropped, ignorable
+code points dropped, NFC, case-folded), as a Windows or macOS disk would open them.
 Python environments (a folder holding a ``pyvenv.cfg`` or a ``conda-meta/``) are always skipped.
 
 Examples:
@@ -30,8 +34,33 @@ import errno
 import os
 import re
 import time
+import unicodedata
 
 NEVER = (".git", ".hg", ".svn", ".bzr", "_darcs", ".daytona-kernel")
+# jupyter_client's connection files, kernel-*.json (the pattern its ``find_connection_file`` looks for), hold the HMAC key
+CONNECTION_FILE = ("kernel-", ".json")
+
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt): invisible, and HFS+ drops several of them
+# (U+200C ... U+200F, U+202A ... U+202E, U+206A ... U+206F, U+FEFF), so ".g\u200cit" is ".git" there.
+IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+
+
+def name_key(name):
+    """A name as a disk that ignores case, trailing dots and spaces, or invisible characters opens it:
+    ``".Git. "`` and ``".g\u200cit"`` are ``".git"``. Windows drops trailing dots and spaces; HFS+ drops
+    ignorable code points and compares Unicode forms; macOS and Windows ignore case."""
+    if name.isascii():
+        return name.rstrip(". ").lower()  # casefold is lower() for ASCII
+    name = IGNORABLE.sub("", name)
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold()).rstrip(". ")
+
+
+def path_key(rel):
+    """``rel`` with each of its names through ``name_key``."""
+    return "/".join(name_key(part) for part in rel.split("/"))
 
 SECRET_PATTERNS = (  # matched case-insensitively: .ENV and ID_RSA too
     # environment files
@@ -110,7 +139,6 @@ SECRET_PATTERNS = (  # matched case-insensitively: .ENV and ID_RSA too
     ".config/",
     ".local/",
     ".ipython/",
-    ".jupyter/",
 )
 
 DEFAULT_EXCLUDES = (
@@ -129,6 +157,9 @@ DEFAULT_EXCLUDES = (
     # caches that live in home folders
     ".cache/",
     ".npm/",
+    # Jupyter's settings and workspaces (no secret: no notice), JupyterLab's collaboration store and its journal
+    ".jupyter/",
+    ".jupyter_ystore.db*",
 )
 
 _UNKNOWN = object()  # a path the last scan did not decide
@@ -475,14 +506,16 @@ class MirrorRules:
         ``levels`` are (folder, PathRules) of the .gitignore files above ``rel``,
         deepest first. The folders above ``rel`` are not checked here.
         """
-        name = rel.rsplit("/", 1)[-1]
-        if name.lower() in self._never:  # also .GIT: case-insensitive file systems are common
-            return NEVER_REASON
+        key = name_key(rel.rsplit("/", 1)[-1])
+        if key in self._never or (not is_dir and key.startswith(CONNECTION_FILE[0]) and key.endswith(CONNECTION_FILE[1])):
+            return NEVER_REASON  # also .GIT and .git. (name_key)
         if self._include and self._include.verdict(rel, is_dir):
             return None
-        if self._secrets.verdict(rel, is_dir):
+        if self._secret(rel, is_dir):
             return SECRET_REASON
         verdict = self._extra.verdict(rel, is_dir) if self._extra else None
+        if verdict is None and self._defaults.verdict(rel, is_dir):
+            return IGNORED_REASON  # a .gitignore narrows the defaults, never re-includes one (sync_include does)
         if verdict is None:
             for base, rules in levels:
                 verdict = rules.verdict(rel[len(base) + 1 :] if base else rel, is_dir)
@@ -493,9 +526,14 @@ class MirrorRules:
                 verdict = rules.verdict(lead + rel, is_dir)
                 if verdict is not None:
                     break
-        if verdict is None:
-            verdict = self._defaults.verdict(rel, is_dir)
         return IGNORED_REASON if verdict else None
+
+    def _secret(self, rel, is_dir):
+        """A secret's name, also as a disk would open it (``.ENV.`` is ``.env`` on Windows)."""
+        if self._secrets.verdict(rel, is_dir):
+            return True
+        plain = rel.isascii() and not rel.endswith((".", " "))  # the folders above were classified on their own
+        return not plain and bool(self._secrets.verdict(path_key(rel), is_dir))
 
     def levels_for(self, rel_dir):
         """The .gitignore levels that apply inside ``rel_dir``, deepest first."""
