@@ -10,10 +10,10 @@ their own. Needs the official ``mcp`` SDK: ``pip install 'daytona-kernel[mcp]'``
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -122,14 +122,25 @@ def build_server(kernel: AsyncAgentKernel) -> MCPServer:
     return server
 
 
+def folder_problem(folder: str) -> str | None:
+    """Why ``folder`` cannot be the agent's project (clients may start servers in / or in your home)."""
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        return f"the folder {path} does not exist; give the project with --folder PATH"
+    if path == Path(path.anchor) or path == Path.home().resolve():
+        return f"{path} is not a project folder (the kernel would mirror all of it); give the project with --folder PATH"
+    return None
+
+
 def main(kernel_name: str, folder: str, notebook: str | None) -> int:
     """``daytona-kernel mcp``: serve until the client disconnects."""
     handler = logging.StreamHandler(sys.stderr)  # stdout is the protocol's
     handler.addFilter(_RedactingFilter())
     handler.setFormatter(logging.Formatter("daytona-kernel mcp: %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-    if not os.path.isdir(folder):
-        print(f"error: the folder {folder} does not exist", file=sys.stderr)
+    problem = folder_problem(folder)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     from .transcript import TranscriptError
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -188,3 +189,10 @@ def test_the_key_never_appears_even_when_authentication_fails(emulator: Any, tmp
     seen = [text(run), text(status), (tmp_path / "agent.ipynb").read_text(), (tmp_path / "server.log").read_text()]
     assert "Daytona refused" in seen[0] or "401" in seen[0] or "auth" in seen[0].lower(), seen[0]
     assert not [s for s in seen if key in s]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", ["/", "~"])
+def test_refuses_the_root_or_home_as_the_project(folder: str) -> None:
+    proc = subprocess.run([*SERVER, "--kernel", "daytona-local", "--folder", folder], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "is not a project folder" in proc.stderr and proc.stdout == ""
