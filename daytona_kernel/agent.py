@@ -98,6 +98,13 @@ class AsyncAgentKernel:
         self._forwarder: threading.Thread | None = None
 
     @property
+    def connection_file(self) -> Path | None:
+        """The running kernel's connection file (private: it holds the kernel's key), for another client to attach."""
+        if self._attach_to is not None:
+            return self._attach_to
+        return Path(self._km.connection_file) if self._km is not None else None
+
+    @property
     def is_local(self) -> bool:
         return self.kernel_name == "daytona-local" or self.kernel_name.endswith("-local")
 

@@ -127,6 +127,15 @@ class TestAgentApi:
         assert info["sandbox"] and info["kernel uptime"].endswith(" s")
         assert ("isolation" in info) == agent.kernel.is_local
 
+    def test_a_second_client_attaches_by_connection_file(self, agent: AgentKernel) -> None:
+        agent.run("shared = 'seen by both'")
+        assert agent.kernel.connection_file is not None and agent.kernel.folder not in agent.kernel.connection_file.parents
+        with AgentKernel(agent.kernel.kernel_name, agent.kernel.folder, connection_file=agent.kernel.connection_file) as other:
+            assert other.run("shared").text == "'seen by both'\n"
+            with pytest.raises(RuntimeError, match="restart needs the kernel's manager"):
+                other.restart()
+        assert agent.run("shared").text == "'seen by both'\n"  # leaving did not shut the kernel down
+
     def test_every_run_is_in_the_transcript(self, agent: AgentKernel) -> None:
         codes = ["marker_a = 'transcript-a'", "print(marker_a)"]
         for code in codes:
