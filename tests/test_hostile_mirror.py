@@ -1311,3 +1311,15 @@ def test_a_repository_assembled_over_two_cells_never_runs_git_s_config_here(kern
     assert not (project / "HEAD").exists() and not (project / "sub" / "HEAD").exists()
     assert not git_status_runs_the_sandbox_command(project / "sub", mark)
     assert not git_status_runs_the_sandbox_command(project, mark)
+
+
+def test_a_big_symlink_in_the_local_sandbox_is_neither_followed_nor_linked_here(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A file over the cap is shared, not downloaded: sharing must not follow the sandbox's symlink (to a file
+    of this machine) nor hard-link the symlink itself into the notebook folder."""
+    config.sync_max_file_mb = 0.001  # 1 KB
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host secret " * 200)
+    (Path(sandbox.workdir) / "big.bin").symlink_to(secret)
+    result = pull(mirror_of(folder, sandbox, config), report({"big.bin": [4000, 1]}))
+    assert not (folder / "big.bin").exists() and not (folder / "big.bin").is_symlink(), result.notices()
+    assert "big.bin" in result.notices()
