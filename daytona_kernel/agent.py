@@ -125,7 +125,7 @@ class AsyncAgentKernel:
             raise
         self._kc = kc
         self._started_at = time.monotonic()
-        self._calls = Call(kc, self.interrupt, self.output_chars)
+        self._calls = Call(kc, self.interrupt, self._alive)
         return self
 
     async def _start_kernel(self) -> AsyncKernelClient:
@@ -162,6 +162,10 @@ class AsyncAgentKernel:
             await asyncio.to_thread(self.transcript.append, code, result.outputs, result.execution_count)
         return result
 
+    async def _alive(self) -> bool:
+        """Whether the kernel process runs (a kernel this client attached to is taken to)."""
+        return self._km is None or bool(await self._km.is_alive())
+
     async def interrupt(self) -> None:
         """Interrupt the run in flight (a ``run`` from another task or thread); its variables stay."""
         if self._km is not None:
@@ -178,7 +182,7 @@ class AsyncAgentKernel:
         assert self._kc is not None
         await self._kc.wait_for_ready(timeout=STARTUP_TIMEOUT_S)
         self._started_at = time.monotonic()
-        self._calls = Call(self._kc, self.interrupt, self.output_chars)
+        self._calls = Call(self._kc, self.interrupt, self._alive)
         return RESTARTED
 
     async def variables(self) -> list[Variable]:

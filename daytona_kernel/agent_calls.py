@@ -24,11 +24,13 @@ __all__ = ["Call", "Execution", "parse_status", "parse_variables", "variables_co
 
 log = logging.getLogger(__name__)
 
+ALIVE_CHECK_S = 5.0  # while a run is quiet: is the kernel process still there?
 INTERRUPT_WAIT_S = 120.0  # after a timeout's interrupt: the kernel's own interrupt_grace (60 s) ends a stuck run first
 REPLY_WAIT_S = 60.0  # the execute_reply after the request's idle
 MAX_VARIABLES = 500
 VARIABLE_MARK = "\x1edaytona-kernel-variables:"
 TRUNCATED = "\n... [output cut: {shown} of {total} characters shown; the full text is in {path}] ...\n"
+KERNEL_DIED = "The kernel process ended during the run; its variables are lost. Call restart to start it again."
 NO_INPUT = "input() cannot be answered through this API (nobody is there to type): pass the value in the code instead."
 
 
@@ -42,11 +44,14 @@ class Execution:
         self.reply: dict[str, Any] = {}
         self.timed_out = False
         self.abandoned = False  # the kernel did not end the run even after the interrupt
+        self.died = False  # the kernel process ended while the run was followed
 
     def result(self, output_chars: int, overflow: Callable[[str], str]) -> RunResult:
         out = self.outputs
         error = out.error
-        if error is None and self.reply.get("status") == "error":  # a magic's UsageError: a line on stderr, no error output
+        if self.died:
+            error = CellError("KernelDied", KERNEL_DIED, [])
+        elif error is None and self.reply.get("status") == "error":  # a magic's UsageError: a line on stderr, no error output
             error = CellError(str(self.reply.get("ename", "")), redact(str(self.reply.get("evalue", ""))), [])
         notices = list(out.notices)
         if self.timed_out:
@@ -83,9 +88,10 @@ class Execution:
 class Call:
     """See the module docstring."""
 
-    def __init__(self, kc: AsyncKernelClient, interrupt: Callable[[], Awaitable[None]], output_chars: int) -> None:
+    def __init__(self, kc: AsyncKernelClient, interrupt: Callable[[], Awaitable[None]], alive: Callable[[], Awaitable[bool]]) -> None:
         self._kc = kc
         self._interrupt = interrupt
+        self._alive = alive
         self._lock = asyncio.Lock()
         self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._late_notices: list[str] = []
@@ -113,7 +119,7 @@ class Call:
             self._late_notices.clear()
             try:
                 await self._follow(inbox, execution)
-                if not execution.abandoned:
+                if not (execution.abandoned or execution.died):
                     execution.reply = await self._reply(msg_id)
             finally:
                 del self._inboxes[msg_id]
@@ -125,9 +131,14 @@ class Call:
         deadline = None if execution.timeout is None else loop.time() + execution.timeout
         while True:
             try:
-                wait = None if deadline is None else max(0.0, deadline - loop.time())
+                wait = ALIVE_CHECK_S if deadline is None else min(ALIVE_CHECK_S, max(0.0, deadline - loop.time()))
                 msg = await asyncio.wait_for(inbox.get(), wait)
             except asyncio.TimeoutError:
+                if not await self._alive():
+                    execution.died = True
+                    return
+                if deadline is None or loop.time() < deadline:
+                    continue
                 if execution.timed_out:
                     execution.abandoned = True
                     return

@@ -175,3 +175,20 @@ def test_a_refused_key_never_appears_in_results_or_the_transcript(emulator: Any,
     seen = result.text + "".join(result.notices) + str(result.outputs) + status.text() + (tmp_path / "t.ipynb").read_text()
     captured = capfd.readouterr()
     assert key not in seen and key not in captured.err and key not in captured.out
+
+
+@pytest.mark.slow
+def test_a_kernel_that_dies_ends_the_run_and_restart_brings_it_back(tmp_path: Path) -> None:
+    with AgentKernel("daytona-local", tmp_path) as kernel:
+        kernel.run("before = 1")
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(kernel.run("import time\ntime.sleep(60)")))
+        thread.start()
+        assert kernel.kernel._km is not None
+        while not results:  # kill the kernel process itself (not the sandbox's worker) while the run waits
+            kernel.kernel._km.provisioner.process.kill()
+            thread.join(1.0)
+        assert results[0].error is not None and results[0].error.name == "KernelDied"
+        assert "restart" in results[0].error.value
+        assert kernel.restart() == RESTARTED
+        assert kernel.run("before").error.name == "NameError"
