@@ -1164,8 +1164,13 @@ def test_a_repository_started_with_its_head_gets_nothing_more(folder: Path, sand
     assert not git_status_runs_the_sandbox_command(folder / "r", mark)
 
 
-def test_a_case_split_repository_is_one_repository(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Item 3: Evil/HEAD beside evil/objects/ is one folder on a case-insensitive disk (macOS, Windows)."""
+@pytest.mark.parametrize("dir_fd", [True, False], ids=["dir_fd", "lstat"])
+def test_a_case_split_repository_is_one_repository(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch, dir_fd: bool) -> None:  # type: ignore[no-untyped-def]
+    """Item 3: Evil/HEAD beside evil/objects/ is one folder on a case-insensitive disk (macOS, Windows); the
+    folders here are listed with and without openat() (``LocalFolder.listing``)."""
+    import daytona_kernel.localfs as localfs
+
+    monkeypatch.setattr(localfs, "_DIR_FD", dir_fd and localfs._DIR_FD)
     mark = tmp_path / "fsmonitor-ran"
     mirror = mirror_of(folder, sandbox, config)
     pull(mirror, report({f"evil/{rel}": sandbox.put(f"evil/{rel}", content) for rel, content in git_parts(mark).items()}))
