@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .backends.base import RunError, Sandbox
-from .cell import Cell, CellOutcome, Frontend, error_content, stderr, stdout
+from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, QuotaExceeded, SandboxNotRunning, UsageError
+from .fanout_output import CellLines, WorkerOutput
 from .installer import RUNTIME_CALL_TIMEOUT_S
 from .ladder import RunEnd, settle
 from .outputs import OutputBudget, OutputPolicy
@@ -89,55 +90,6 @@ def parse_map(args: str) -> MapSpec:
     scatter = tuple(dict.fromkeys(n for group in ns.scatter for n in group))
     gather = tuple(dict.fromkeys(n for group in ns.gather for n in group))
     return MapSpec(ns.workers, scatter, gather)
-
-
-class WorkerOutput:
-    """One worker's outputs as the cell shows them: whole stream lines prefixed ``[stdout:R] ``,
-    rich outputs after a header line with ``worker: R`` in their metadata, results shown as
-    displays (one cell has one result), the worker's error kept for the cell's combined error."""
-
-    def __init__(self, rank: int, emit: Callable[[str, dict[str, Any]], None]) -> None:
-        self.rank = rank
-        self._emit = emit
-        self._partial: dict[str, str] = {"stdout": "", "stderr": ""}
-
-    def emit(self, msg_type: str, content: dict[str, Any]) -> None:
-        if msg_type == "stream":
-            self._stream(content["name"], content["text"])
-        elif msg_type in ("display_data", "execute_result"):
-            self.flush()
-            header = f"Out[{self.rank}:{content.get('execution_count')}]:" if msg_type == "execute_result" else f"[output:{self.rank}]"
-            self._emit("stream", stdout(header + "\n"))
-            shown = {
-                "data": content.get("data", {}),
-                "metadata": self._tagged(content),
-                "transient": content.get("transient", {}),
-            }
-            self._emit("display_data", shown)
-        elif msg_type == "update_display_data":
-            self._emit("update_display_data", dict(content, metadata=self._tagged(content)))
-        # "error" is the worker's error: the cell shows one combined error instead. "clear_output" would
-        # clear every worker's output, so a worker may not clear the cell.
-
-    def _tagged(self, content: dict[str, Any]) -> dict[str, Any]:
-        return {**content.get("metadata", {}), "worker": self.rank}
-
-    def _stream(self, name: str, text: str) -> None:
-        name = name if name in self._partial else "stdout"
-        lines = (self._partial[name] + text).split("\n")
-        self._partial[name] = lines.pop()
-        if lines:
-            self._emit("stream", {"name": name, "text": "".join(f"[{name}:{self.rank}] {line}\n" for line in lines)})
-
-    def flush(self) -> None:
-        """Show a last line that has no newline yet."""
-        for name, rest in self._partial.items():
-            if rest:
-                self._partial[name] = ""
-                self._emit("stream", {"name": name, "text": f"[{name}:{self.rank}] {rest}\n"})
-
-    def notice(self, text: str) -> None:
-        self._stream("stderr", text if text.endswith("\n") else text + "\n")
 
 
 @dataclass
@@ -414,6 +366,7 @@ class MapCell:
         self._settings = settings
         self._outputs = outputs
         self._log = log
+        self._lines = CellLines(frontend)  # every output of the cell (fanout_output.py)
         self._budget = OutputBudget(settings.output_limit_chars)  # the whole cell's, as for any cell
         self._scattered: dict[int, bytes] = {}
 
@@ -427,10 +380,11 @@ class MapCell:
             worker.state = "running"
         self._status()
         runs = await asyncio.gather(*(self._run_on(w, rank) for rank, w in enumerate(self.workers)))
+        self._lines.end_line()
         failed = [r for r in runs if r.error is not None]
         if failed:
             content = combined_error(failed, self.world, any(r.interrupted for r in runs))
-            self._frontend.emit("error", content)
+            self._lines.emit("error", content)
             return CellOutcome(error=content)
         if self.spec.gather:
             await self._gather(runs, main)
@@ -486,7 +440,7 @@ class MapCell:
     async def _run_on(self, worker: Worker, rank: int) -> WorkerRun:
         """One worker's part: its scattered chunks up, the cell, its values to gather written down. A worker
         whose sandbox stopped (or, being ephemeral, was deleted by auto-stop) is made again first."""
-        out = WorkerOutput(rank, self._frontend.emit)
+        out = WorkerOutput(rank, self._lines)
         result = WorkerRun(rank)
         worker.interrupted = worker.restarted_by_watchdog = False
         if self.spec.gather:
@@ -537,7 +491,7 @@ class MapCell:
         if worker.mirror is None:
             return None
         try:
-            self._frontend.notice((await worker.mirror.push()).notices())  # the same files for each: said once
+            self._lines.notice((await worker.mirror.push()).notices())  # the same files for each: said once
         except (DaytonaKernelError, OSError) as exc:
             out.notice(f"could not copy the project's files to this worker: {exc}")
         return worker.mirror.handover()
@@ -561,9 +515,14 @@ class MapCell:
             if worker.request is not None:
                 worker.request.finish()
 
+        def replaced() -> None:  # the first run read nothing: that the variables were reset comes before the output
+            finish()
+            for notice in worker.supervisor.take_notices():
+                out.notice(notice)
+
         try:
             try:
-                run_error = await worker.supervisor.run_installed(live, run, finish)
+                run_error = await worker.supervisor.run_installed(live, run, replaced)
             except SandboxNotRunning:  # nothing ran: the caller makes the worker again
                 finish()
                 raise

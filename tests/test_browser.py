@@ -337,3 +337,55 @@ def test_widgets_in_jupyterlab_with_daytona_on_the_emulator(browser, emulator, t
         if context is not None:
             context.close()
         lab.close()
+
+
+def test_status_lines_show_while_a_cell_waits_and_leave_nothing(browser, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 33's cells in JupyterLab (tests/test_once.py runs them through the other clients): the status
+    line is on the page while the first cell waits for the sandbox and its sync, and while a map cell's
+    workers start; once each cell is done, nothing of it is on the page or in the saved notebook."""
+    from test_once import MAP_CELL, MAP_DISPLAY, MAX_FILE_MB, SKIP_NOTICE, SYNC_CELL, add_big_file, project
+
+    root = project(tmp_path / "root")
+    add_big_file(root)
+    emulator.delay_s = 0.3  # each API request: the sandbox and the workers take seconds to come up
+    lab = Lab(root, {**emulator.env(), "DAYTONA_KERNEL_SYNC_MAX_FILE_MB": MAX_FILE_MB})
+    context = None
+    try:
+        lab.create_notebook("status.ipynb", "daytona")
+        context, page, nb = _open(browser, lab, "status.ipynb")
+        for code in (SYNC_CELL, MAP_CELL, MAP_DISPLAY):
+            cell = nb.run(code, wait=False)
+            if code != MAP_DISPLAY:  # (the pool exists then: its status line may be gone before a poll sees it)
+                cell.locator(".jp-OutputArea-output", has_text="⏳").wait_for()
+            nb.wait_for_prompt(cell)
+            shown = [cell.locator(".jp-OutputArea-output").nth(i).inner_text() for i in range(cell.locator(".jp-OutputArea-output").count())]
+            assert shown and all(text.strip() and "⏳" not in text for text in shown), shown  # no blank output either
+        emulator.delay_s = 0.0
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 30
+        while True:
+            saved = json.loads((root / "status.ipynb").read_text())
+            if sum(bool(c.get("outputs")) for c in saved["cells"]) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        outputs = [c["outputs"] for c in saved["cells"] if c["cell_type"] == "code" and c.get("outputs")]
+        assert len(outputs) == 3, saved["cells"]
+        for cell_outputs in outputs:
+            for output in cell_outputs:
+                assert "⏳" not in json.dumps(output), output
+                if output["output_type"] == "display_data":
+                    assert "".join(output["data"].get("text/plain", "")).startswith("'shown by "), output
+        texts = ["".join("".join(o.get("text", "")) for o in cell_outputs).splitlines() for cell_outputs in outputs]
+        assert sum(SKIP_NOTICE in line for line in texts[0]) == 1 and texts[0][-1] == "after the sync", texts[0]
+        assert texts[1].count("[stdout:0] hi 0 2") == 1 and texts[1].count("[stdout:1] hi 1 2") == 1, texts[1]
+        assert texts[2].count("[stdout:1] again 1") == 1, texts[2]
+    except Exception:
+        if context is not None:
+            ARTIFACTS.mkdir(exist_ok=True)
+            context.pages[0].screenshot(path=str(ARTIFACTS / "failed-status.png"), full_page=True)
+        raise
+    finally:
+        emulator.delay_s = 0.0
+        if context is not None:
+            context.close()
+        lab.close()

@@ -267,6 +267,65 @@ def test_a_worker_that_dies_is_named_and_comes_back_fresh(kernel: Kernel) -> Non
     assert lines(after) == {0: ["0 0 2"], 1: ["None 1 2"]}
 
 
+def test_a_partial_line_shows_while_the_worker_runs(kernel: Kernel) -> None:
+    """The interrupt is sent when the line without its newline arrives: it must arrive before the cell ends."""
+    seen: list[bool] = []
+
+    def interrupt_at_the_partial_line(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream" and "[stdout:1] half way" in msg["content"]["text"] and not seen:
+            seen.append(True)
+            kernel.interrupt()
+
+    code = "%%daytona map 2\nimport time\nif rank == 1:\n    print('half way', end='', flush=True)\ntime.sleep(40)\nprint('slept')"
+    run = kernel.execute(code, on_message=interrupt_at_the_partial_line, timeout=120)
+    assert seen and run.errors and run.errors[0]["ename"] == "KeyboardInterrupt", run.outputs
+    assert "slept" not in shown(run)
+    assert lines(run) == {1: ["half way"]}  # ended with a newline when the cell ended
+
+
+def test_a_carriage_return_cannot_pass_one_worker_off_as_another(kernel: Kernel) -> None:
+    run = ok(kernel.execute("%%daytona map 2\nif rank == 1:\n    print('\\r[stdout:0] forged')\nprint('real', rank)"))
+    for line in shown(run).splitlines():  # as a client shows it: the text after a carriage return overwrites the start
+        screen = ""
+        for part in line.split("\r"):
+            screen = part + screen[len(part) :]
+        assert not (screen.startswith("[stdout:0] ") and "forged" in screen), repr(line)
+
+
+def test_a_worker_replaced_in_the_middle_of_a_map_is_named_and_the_pool_goes_on(kernel: Kernel) -> None:
+    ok(kernel.execute("%%daytona map 3\nkept = rank"))
+    run = kernel.execute("%%daytona map 3\nimport os\nprint('before', rank, flush=True)\nif rank == 2:\n    os._exit(9)\nprint('after', rank)")
+    assert run.status == "error"
+    evalue = run.errors[0]["evalue"]
+    assert evalue.startswith("1 of 3 workers failed: [2] ") and "died" in evalue, evalue
+    assert lines(run) == {0: ["before 0", "after 0"], 1: ["before 1", "after 1"], 2: ["before 2"]}
+    after = ok(kernel.execute("%%daytona map 3\nprint(globals().get('kept'), rank)"))
+    assert lines(after) == {0: ["0 0"], 1: ["1 1"], 2: ["None 2"]}
+    assert not repeated_lines(run) and not repeated_lines(after)
+
+
+def test_a_worker_replaced_between_map_cells_is_said_with_its_rank_before_its_output(kernel: Kernel) -> None:
+    """The daemon (and the local worker) replaces an interpreter that died between cells: the next map cell
+    installs the runtime again in that worker, says so once with its rank, and runs there."""
+    ok(kernel.execute("%%daytona map 3\nkept = rank"))
+    victim = pids(kernel, 3)[1]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{victim}"))
+    time.sleep(0.3)  # the parent's handler of the exit runs just after the reap (as test_worker_replaced waits)
+    run = ok(kernel.execute("%%daytona map 3\nprint(globals().get('kept'), rank)"))
+    assert lines(run) == {0: ["0 0"], 1: ["None 1"], 2: ["2 2"]}
+    texts = [m["content"]["text"] for m in run.outputs if m["msg_type"] == "stream"]
+    said = [i for i, text in enumerate(texts) if "variables were reset" in text]
+    assert len(said) == 1 and texts[said[0]].startswith("[stderr:1] "), texts
+    assert said[0] < texts.index("[stdout:1] None 1\n"), texts  # before the worker's output, as for the main sandbox
+    assert not repeated_lines(run)
+
+
+def repeated_lines(run: Run) -> list[str]:
+    every = "".join(m["content"]["text"] for m in run.outputs if m["msg_type"] == "stream").splitlines()
+    return [line for line in set(every) if every.count(line) > 1]
+
+
 def test_fan_out_max_caps_n(tmp_path: Path) -> None:
     with Kernel("daytona-local", cwd=str(tmp_path), env={"DAYTONA_KERNEL_FAN_OUT_MAX": "2"}) as k:
         run = k.execute("%%daytona map 3\nprint(rank)")

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from daytona_kernel.cell import Recorder
 from daytona_kernel.errors import UsageError
-from daytona_kernel.fanout import MapSpec, WorkerOutput, WorkerRun, combined_error, parse_map
+from daytona_kernel.fanout import MapSpec, WorkerRun, combined_error, parse_map
+from daytona_kernel.fanout_output import CellLines, WorkerOutput
 from daytona_kernel.interactive import daytona_cell, kernel_magic_lines
 from daytona_kernel.runtime import MODULES, call_source
 from daytona_kernel.runtime import fanout as sandbox_side
@@ -59,23 +61,61 @@ def test_the_sandbox_side_is_shipped_with_the_runtime() -> None:
 
 
 def recorder() -> tuple[list[tuple[str, dict[str, Any]]], WorkerOutput]:
-    shown: list[tuple[str, dict[str, Any]]] = []
-    return shown, WorkerOutput(2, lambda kind, content: shown.append((kind, content)))
+    front = Recorder()
+    return front.outputs, WorkerOutput(2, CellLines(front))
 
 
-def test_each_stream_line_is_prefixed_with_its_stream_and_rank() -> None:
+def test_each_stream_line_is_prefixed_with_its_stream_and_rank_and_shown_at_once() -> None:
     shown, out = recorder()
     out.emit("stream", {"name": "stdout", "text": "one\ntwo\nthr"})
+    out.emit("stream", {"name": "stdout", "text": "ee\n\nfour"})
     out.emit("stream", {"name": "stderr", "text": "oops\n"})
-    out.emit("stream", {"name": "stdout", "text": "ee\n"})
     out.emit("stream", {"name": "stdout", "text": "no newline"})
     out.flush()
     assert shown == [
-        ("stream", {"name": "stdout", "text": "[stdout:2] one\n[stdout:2] two\n"}),
+        ("stream", {"name": "stdout", "text": "[stdout:2] one\n[stdout:2] two\n[stdout:2] thr"}),  # a partial line, live
+        ("stream", {"name": "stdout", "text": "ee\n[stdout:2] \n[stdout:2] four"}),  # which goes on as one line
+        ("stream", {"name": "stdout", "text": "\n"}),  # ended before anything else is shown
         ("stream", {"name": "stderr", "text": "[stderr:2] oops\n"}),
-        ("stream", {"name": "stdout", "text": "[stdout:2] three\n"}),
-        ("stream", {"name": "stdout", "text": "[stdout:2] no newline\n"}),
+        ("stream", {"name": "stdout", "text": "[stdout:2] no newline"}),
+        ("stream", {"name": "stdout", "text": "\n"}),  # the worker is done
     ]
+
+
+def test_another_workers_text_starts_its_own_line() -> None:
+    front = Recorder()
+    lines = CellLines(front)
+    zero, one = WorkerOutput(0, lines), WorkerOutput(1, lines)
+    zero.emit("stream", {"name": "stdout", "text": "abc"})
+    one.emit("stream", {"name": "stdout", "text": "xyz\n"})
+    zero.emit("stream", {"name": "stdout", "text": "def\n"})
+    assert front.text() == "[stdout:0] abc\n[stdout:1] xyz\n[stdout:0] def\n"
+    one.flush()  # worker 1 has no line open: nothing to end
+    assert front.text() == "[stdout:0] abc\n[stdout:1] xyz\n[stdout:0] def\n"
+
+
+def rendered(text: str) -> list[str]:
+    """What a terminal or JupyterLab shows: the text after a carriage return overwrites the line's start."""
+    shown = []
+    for line in text.split("\n"):
+        screen = ""
+        for part in line.split("\r"):
+            screen = part + screen[len(part):]
+        shown.append(screen)
+    return shown
+
+
+def test_a_worker_cannot_pass_for_another_with_a_carriage_return_or_a_backspace() -> None:
+    front = Recorder()
+    lines = CellLines(front)
+    WorkerOutput(1, lines).emit("stream", {"name": "stdout", "text": "\r[stdout:0] fake\n"})
+    WorkerOutput(1, lines).emit("stream", {"name": "stdout", "text": "\b" * 11 + "[stdout:0] fake too\n"})
+    WorkerOutput(1, lines).emit("stream", {"name": "stderr", "text": " 10%\r 20%\r"})
+    WorkerOutput(1, lines).emit("stream", {"name": "stderr", "text": " 30%\n"})
+    shown = rendered(front.text()) + rendered(front.text("stderr"))
+    assert [line for line in shown if line] == [
+        "[stdout:1] [stdout:0] fake", "[stdout:1] " + "\\x08" * 11 + "[stdout:0] fake too", "[stderr:1]  30%"
+    ]  # a progress bar still works: each step overwrites the last, after the worker's own prefix
 
 
 def test_rich_outputs_come_after_a_header_with_the_worker_in_their_metadata() -> None:
@@ -83,11 +123,11 @@ def test_rich_outputs_come_after_a_header_with_the_worker_in_their_metadata() ->
     out.emit("stream", {"name": "stdout", "text": "before"})
     out.emit("display_data", {"data": {"image/png": "iVBO"}, "metadata": {"image/png": {"width": 3}}, "transient": {}})
     out.emit("execute_result", {"data": {"text/plain": "42"}, "metadata": {}, "execution_count": 7})
-    assert shown[0] == ("stream", {"name": "stdout", "text": "[stdout:2] before\n"})  # a partial line goes first
-    assert shown[1] == ("stream", {"name": "stdout", "text": "[output:2]\n"})
-    assert shown[2][0] == "display_data" and shown[2][1]["metadata"] == {"image/png": {"width": 3}, "worker": 2}
-    assert shown[3] == ("stream", {"name": "stdout", "text": "Out[2:7]:\n"})
-    assert shown[4][0] == "display_data" and shown[4][1]["data"] == {"text/plain": "42"} and shown[4][1]["metadata"]["worker"] == 2
+    assert shown[:2] == [("stream", {"name": "stdout", "text": "[stdout:2] before"}), ("stream", {"name": "stdout", "text": "\n"})]
+    assert shown[2] == ("stream", {"name": "stdout", "text": "[output:2]\n"})  # a partial line ends first
+    assert shown[3][0] == "display_data" and shown[3][1]["metadata"] == {"image/png": {"width": 3}, "worker": 2}
+    assert shown[4] == ("stream", {"name": "stdout", "text": "Out[2:7]:\n"})
+    assert shown[5][0] == "display_data" and shown[5][1]["data"] == {"text/plain": "42"} and shown[5][1]["metadata"]["worker"] == 2
 
 
 def test_a_worker_may_not_clear_the_cell_and_its_error_is_kept_for_the_combined_one() -> None:
@@ -219,7 +259,6 @@ def pool_of(sandboxes: list[Any], **settings: Any) -> Any:
 async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_deletes_the_refused() -> None:
     from fakes import FakeSandbox
 
-    from daytona_kernel.cell import Recorder
     from daytona_kernel.errors import QuotaExceeded
 
     sandboxes = [FakeSandbox() for _ in range(4)]
@@ -243,7 +282,6 @@ async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_del
 async def test_a_pool_that_cannot_start_any_worker_fails_with_the_reason() -> None:
     from fakes import FakeSandbox
 
-    from daytona_kernel.cell import Recorder
     from daytona_kernel.errors import QuotaExceeded
 
     sandbox = FakeSandbox()
@@ -257,7 +295,6 @@ async def test_a_pool_that_cannot_start_any_worker_fails_with_the_reason() -> No
 async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest() -> None:
     from fakes import FakeSandbox
 
-    from daytona_kernel.cell import Recorder
 
     sandboxes = [FakeSandbox() for _ in range(3)]
     pool, front = pool_of(sandboxes), Recorder()
@@ -268,7 +305,6 @@ async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest(
 
 
 async def test_n_over_fan_out_max_is_a_usage_error_that_names_the_setting() -> None:
-    from daytona_kernel.cell import Recorder
 
     with pytest.raises(UsageError, match="at most fan_out_max=2 workers"):
         await pool_of([], fan_out_max=2).resize(3, "a sandbox", Recorder())
