@@ -199,34 +199,40 @@ class CommBridge:
     # -- sandbox to frontend ---------------------------------------------------------
 
     def from_sandbox(self, event: CommMessage, parent: dict[str, Any] | None, budget: OutputBudget) -> None:
-        """Publish a comm message from the sandbox, if the policy lets it through."""
+        """Publish a comm message from the sandbox, if the policy lets it through and it fits the cell's
+        output budget. A close that does not fit goes without its data: the frontend must learn of it."""
         comm_id = event.content["comm_id"]
-        if event.msg_type == "comm_open" and not self._opened(comm_id, event.content):
-            return
-        opened = self.comms.get(comm_id)
+        opened = self._opening(comm_id, event.content) if event.msg_type == "comm_open" else self.comms.get(comm_id)
         if opened is None:
-            self._log.debug("dropped a %s for comm %s, which is not open", event.msg_type, comm_id)
+            self._log.debug("dropped a %s for comm %s, which is not open or was refused", event.msg_type, comm_id)
             return
+        content, buffers = self._cleaned(opened, event.content, list(event.buffers))
+        fits = budget.fits_size(size_of(content) + sum(len(b) for b in buffers))
         if event.msg_type == "comm_close":
             del self.comms[comm_id]
-        content, buffers = self._cleaned(opened, event.content, list(event.buffers))
-        if event.msg_type == "comm_msg" and not budget.fits_size(size_of(content) + sum(len(b) for b in buffers)):
+            if not fits:
+                content, buffers = {"comm_id": comm_id, "data": {}}, []
+        elif not fits:
             return
+        elif event.msg_type == "comm_open":
+            self.comms[comm_id] = opened
         self._publisher.publish_comm(event.msg_type, content, event.metadata, buffers, parent or self.request_parent)
 
-    def _opened(self, comm_id: str, content: dict[str, Any]) -> bool:
-        """Does the policy let the sandbox open this comm? If so it is in the table."""
+    def _opening(self, comm_id: str, content: dict[str, Any]) -> OpenComm | None:
+        """The comm the sandbox opens, if the policy lets it: never one whose id is open already (the
+        sandbox's own, or one the frontend opened, such as the control comm), nor past the table's limit."""
         data = content["data"]
         state = data.get("state") if isinstance(data.get("state"), dict) else {}
         what = self.policy.refusal(content["target_name"], data) or self.policy.link_refusal(state, self._shadow)
-        if what is None and comm_id not in self.comms and len(self.comms) >= MAX_OPEN_COMMS:
+        if what is None and comm_id in self.comms:
+            what = "a comm opened again under the id of an open one"
+        if what is None and len(self.comms) >= MAX_OPEN_COMMS:
             what = f"more than {MAX_OPEN_COMMS} widgets"
         if what is not None:
             self.policy.refuse(what)
-            return False
+            return None
         policed = not self.policy.trusted and content["target_name"] == WIDGET_TARGET
-        self.comms[comm_id] = OpenComm(content["target_name"], shadow_of(state, policed))
-        return True
+        return OpenComm(content["target_name"], shadow_of(state, policed))
 
     def _shadow(self, model_id: str) -> Shadow | None:
         opened = self.comms.get(model_id)

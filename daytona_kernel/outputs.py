@@ -25,6 +25,7 @@ The functions are pure; ``OutputPolicy`` only remembers what to say once.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from html import escape, unescape
 from typing import Any
@@ -54,6 +55,7 @@ SAFE_MIME_TYPES = frozenset(
     }
 )
 PLACEHOLDER = "[output removed by daytona-kernel: {types}]"
+MAX_DISPLAY_IDS = 10_000  # display ids remembered for updates (DisplayIds)
 
 # -- the HTML allow-list (nh3 / ammonia) ---------------------------------------------
 
@@ -380,6 +382,7 @@ class OutputPolicy:
 
     def __init__(self, trusted: bool) -> None:
         self.trusted = trusted
+        self.displays = DisplayIds()
         self._removed: set[str] = set()
         self._noticed = False
 
@@ -407,9 +410,34 @@ class OutputPolicy:
         return cleaned.value
 
 
+class DisplayIds:
+    """The display ids this kernel showed (a display_data with a ``transient.display_id``), newest kept:
+    an update for any other id has nothing to update in the page, so it is dropped, however many come."""
+
+    def __init__(self, limit: int = MAX_DISPLAY_IDS) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def shown(self, msg_type: str, content: dict[str, Any]) -> bool:
+        """Note a shown display's id; whether an update names a display that was shown."""
+        transient = content.get("transient")
+        display_id = transient.get("display_id") if isinstance(transient, dict) else None
+        if msg_type == "update_display_data":
+            return isinstance(display_id, str) and display_id in self._ids
+        if isinstance(display_id, str) and msg_type in ("display_data", "execute_result"):
+            self._ids[display_id] = None
+            self._ids.move_to_end(display_id)
+            if len(self._ids) > self._limit:
+                self._ids.popitem(last=False)
+        return True
+
+
 # -- size ------------------------------------------------------------------------------
 
 NOTICE_SLACK_CHARS = 4096  # room for the runtime's own limit notice, so a well-behaved sandbox never trips ours
+# Each message costs at least this many characters, about its envelope on the wire (header, parent header,
+# metadata): a flood of tiny displays, clears or widget updates stops at the budget too.
+MESSAGE_FLOOR_CHARS = 256
 
 
 class OutputBudget:
@@ -440,15 +468,14 @@ class OutputBudget:
         return text
 
     def fits(self, content: dict[str, Any]) -> bool:
-        """Whether a display, update or result fits; counts it if so. Output without data (clear) always fits."""
-        if not self.limit or "data" not in content:
-            return True
-        return self.fits_size(size_of(content.get("data")))
+        """Whether a display, update, result or clear fits; counts it if so."""
+        return self.fits_size(size_of(content.get("data")) if "data" in content else 0)
 
     def fits_size(self, size: int) -> bool:
-        """Whether ``size`` more characters fit (a comm message and its buffers); counts them if so."""
+        """Whether a message of ``size`` characters fits (at least ``MESSAGE_FLOOR_CHARS``); counts it if so."""
         if not self.limit:
             return True
+        size = max(size, MESSAGE_FLOOR_CHARS)
         if self.used + size > self.limit:
             self.dropped += size
             return False

@@ -69,6 +69,7 @@ class Request:
         self._debug = debug
         self._comms = comms
         self._under: dict[str, Any] | None = None  # the frontend message whose handling produces the output
+        self._clearing: bool | None = None  # the last output was a clear (its wait), so a run of clears merges
         self._emit_now = emit
         self._on_input = on_input
         self._policy = policy or OutputPolicy(trusted=False)
@@ -122,6 +123,7 @@ class Request:
     def _emit(self, msg_type: str, content: dict[str, Any]) -> None:
         """Emit an output; the sandbox's error, if one is pending, goes first, in its place.
         While the sandbox handles a frontend message, its output goes under that message."""
+        self._clearing = content.get("wait") is True if msg_type == "clear_output" else None
         if self._under is not None and self._comms is not None:
             self._comms.output(msg_type, content, self._under)
             return
@@ -192,6 +194,8 @@ class Request:
 
     def _apply(self, event: Any) -> None:
         if isinstance(event, Output):
+            if self._merged(event) or not self._policy.displays.shown(event.msg_type, event.content):
+                return
             if self._budget.fits(event.content):  # before cleaning: what is dropped costs no cleaning
                 self._emit(event.msg_type, self._shown(event.msg_type, event.content))
         elif isinstance(event, CellError) and event.reply_only:
@@ -226,6 +230,13 @@ class Request:
             self._debug(event)
 
 
+    def _merged(self, event: Output) -> bool:
+        """Is this clear_output part of a run of clears that already did what it would do? After a clear
+        that cleared at once, or a waiting clear followed by another waiting one, it changes nothing."""
+        if event.msg_type != "clear_output":
+            return False
+        return self._clearing is not None and (self._clearing is False or event.content["wait"] is True)
+
     def _shown(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
         """An output cleaned by the policy. A widget view stays only for a widget the frontend has
         (the comm bridge opened it, the widget policy let it through); otherwise its text shows."""
@@ -246,6 +257,7 @@ class Request:
             if self._under is not None:  # the sandbox is done with that message
                 self._comms.handled([str(self._under.get("header", {}).get("msg_id", ""))])
             self._under = self._comms.parent_for(event.msg_id) if event.msg_id else None
+            self._clearing = None  # another output area
         elif isinstance(event, CommMessage):
             self._comms.from_sandbox(event, self._under, self._budget)
         else:

@@ -51,7 +51,7 @@ def bridge(trusted: bool = False, extra: frozenset[str] = frozenset()) -> tuple[
 
 def run(comms: CommBridge, *frames: tuple[str, Any], budget: OutputBudget | None = None) -> tuple[Request, list[tuple[str, Any]]]:
     shown: list[tuple[str, Any]] = []
-    request = Request(TOKEN, lambda kind, content: shown.append((kind, content)), None, OutputPolicy(comms.policy.trusted), budget, comms)
+    request = Request(TOKEN, lambda kind, content: shown.append((kind, content)), None, comms.policy.output, budget, comms)
     for kind, payload in frames:
         request.on_stdout("".join(encode_frame(TOKEN, kind, payload)))
     request.finish()
@@ -355,3 +355,66 @@ def test_a_session_attached_to_may_not_bring_back_a_swapped_view_or_a_link_into_
     table = {w.model_id: SessionComm("jupyter.widget", json.loads(json.dumps(w.get_state()))) for w in (link, swapped, hidden, html)}
     assert comms.adopt(OpenComms(table)) == 2
     assert set(comms.comms) == {hidden.model_id, html.model_id}
+
+
+# -- issue 31: every message the sandbox publishes costs, and ids are not reused ------------------
+
+
+def published(browser: Browser, shown_outputs: list[tuple[str, Any]], msg_type: str) -> int:
+    return sum(1 for t, *_ in browser.comms if t == msg_type) + sum(1 for k, _ in shown_outputs if k == msg_type)
+
+
+def test_comm_opens_and_closes_are_charged_to_the_cells_output_budget() -> None:
+    comms, browser = bridge()
+    big = "x" * 2000
+    frames = [widget(f"s{i}", "IntSliderModel", description=big) for i in range(300)]
+    frames += [(Kind.COMM_CLOSE, {"content": {"comm_id": f"s{i}", "data": {"pad": big}}}) for i in range(300)]
+    request, _ = run(comms, *frames, budget=OutputBudget(100_000))
+    opens = published(browser, [], "comm_open")
+    closes = [c for t, c, _, _ in browser.comms if t == "comm_close"]
+    assert 20 < opens < 80
+    assert len(closes) == opens and sum(1 for c in closes if c["data"]) < 20  # past the budget: closed, without data
+    assert request.error is None
+
+
+def test_floods_of_tiny_messages_stop_at_a_floor_per_message() -> None:
+    comms, browser = bridge()
+    displays = [(Kind.DISPLAY, {"data": {"text/plain": "x"}, "metadata": {}, "transient": {"display_id": "d1"}})] * 3000
+    updates = [message("s1", {"method": "update", "state": {}})] * 3000
+    _, shown_outputs = run(comms, widget("s1", "IntSliderModel"), *displays, *updates, budget=OutputBudget(100_000))
+    sent = published(browser, shown_outputs, "display_data") + published(browser, shown_outputs, "comm_msg")
+    assert 100 < sent < 1000
+
+
+def test_runs_of_clears_merge() -> None:
+    comms, _ = bridge()
+    clear, clear_now = (Kind.CLEAR, {"wait": True}), (Kind.CLEAR, {"wait": False})
+    display = (Kind.DISPLAY, {"data": {"text/plain": "frame"}, "metadata": {}, "transient": {}})
+    _, shown_outputs = run(comms, *[clear] * 1000, display, clear, clear_now, clear, clear_now, display)
+    kinds = [(k, c.get("wait")) for k, c in shown_outputs]
+    assert kinds == [("clear_output", True), ("display_data", None), ("clear_output", True), ("clear_output", False), ("display_data", None)]
+
+
+def test_updates_for_display_ids_never_shown_are_dropped() -> None:
+    comms, _ = bridge()
+
+    def update(display_id: str) -> tuple[str, Any]:
+        return Kind.UPDATE, {"data": {"text/plain": display_id}, "metadata": {}, "transient": {"display_id": display_id}}
+
+    shown_display = (Kind.DISPLAY, {"data": {"text/plain": "d1"}, "metadata": {}, "transient": {"display_id": "d1"}})
+    _, first = run(comms, *[update(f"never-{i}") for i in range(1000)], shown_display, update("d1"))
+    _, later = run(comms, update("d1"), update("never-0"))  # a later cell updates the display of an earlier one
+    assert [k for k, _ in first] == ["display_data", "update_display_data"]
+    assert [c["data"]["text/plain"] for k, c in later] == ["d1"]
+
+
+def test_the_sandbox_may_not_reopen_an_open_comm_or_one_the_frontend_opened() -> None:
+    comms, browser = bridge()
+    control = {"comm_id": "c1", "target_name": CONTROL_TARGET, "data": {}}
+    comms.from_frontend({"header": {"msg_id": "f1", "msg_type": "comm_open"}, "content": control, "metadata": {}})
+    run(comms, widget("s1", "IntSliderModel"), widget("s1", "IntSliderModel"), widget("c1", "IntSliderModel"))
+    assert [c["comm_id"] for t, c, _, _ in browser.comms if t == "comm_open"] == ["s1"]
+    assert comms.info(None) == {"c1": {"target_name": CONTROL_TARGET}, "s1": {"target_name": "jupyter.widget"}}
+    states = {"s1": entry("HTMLModel", {"value": PAYLOAD})}
+    run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
+    assert browser.comms[-1][1]["data"]["states"] == {}  # the control comm's reply is still filtered

@@ -58,9 +58,11 @@ async def shown(bundle: dict[str, Any], kind: str = "display", **settings: Any) 
     payload: dict[str, Any] = {"data": bundle, "metadata": {}}
     if kind == "result":
         payload["execution_count"] = 1
-    if kind == "update":
+    frames = []
+    if kind == "update":  # an update reaches the page only for a display it shows
         payload["transient"] = {"display_id": "d1"}
-    ((_, front),) = await run_cells(Run([frame(kind, payload)]), **settings)
+        frames.append(frame("display", {"data": {"text/plain": "before"}, "metadata": {}, "transient": {"display_id": "d1"}}))
+    ((_, front),) = await run_cells(Run([*frames, frame(kind, payload)]), **settings)
     (content,) = front.of_type(IOPUB_TYPES[kind])
     return content["data"], front
 
