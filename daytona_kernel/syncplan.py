@@ -56,7 +56,9 @@ SHARED_LIBRARY = re.compile(r".*\.so(?:\.[0-9]+)+")
 # long form of any such name may be a hidden one (Windows drops the leading dot), so every one is refused.
 SHORT_NAME = re.compile(r"([^.~]{1,7}~[0-9]{1,7})(?:\.[^.~]{1,3})?")
 ENV_MARKERS = frozenset({"pyvenv.cfg", "conda-meta"})  # a folder holding one of these is a Python environment
-GIT_MARKERS = frozenset({"objects", "refs", "commondir"})  # beside a HEAD: a folder git takes for a repository
+# Beside a HEAD: a folder git takes for a repository (objects/ and refs/, or a commondir), or one a config makes
+# dangerous as soon as git does (core.fsmonitor, hooksPath ...): any of them with a HEAD is refused.
+GIT_MARKERS = frozenset({"objects", "refs", "commondir", "config"})
 MARKER_FOLDERS = frozenset({"conda-meta", "objects", "refs"})  # markers that are folders; the others are files
 MARKERS = ENV_MARKERS | GIT_MARKERS | {"head"}
 
@@ -111,7 +113,7 @@ class Landing:
 
     @property
     def repos(self) -> frozenset[str]:
-        """Folders git takes for a repository: a HEAD beside objects/, refs/ or commondir."""
+        """Folders git takes, or may take, for a repository: a HEAD beside objects/, refs/, commondir or config."""
         return frozenset(folder for folder, found in self.markers.items() if "head" in found and found & GIT_MARKERS)
 
 
@@ -122,8 +124,8 @@ def folders_above(rel: str) -> list[str]:
 
 
 def landing_of(paths: Iterable[str]) -> Landing:
-    """The markers these files make (the change report's, or a path's own): a file named pyvenv.cfg, HEAD or
-    commondir, a folder named conda-meta, objects or refs on the way; keyed by ``path_key``."""
+    """The markers these files make (the change report's, or a path's own): a file named pyvenv.cfg, HEAD,
+    commondir or config, a folder named conda-meta, objects or refs on the way; keyed by ``path_key``."""
     markers: dict[str, set[str]] = {}
     for path in paths:
         parts = path_key(path).split("/")

@@ -139,6 +139,9 @@ def test_a_repository_completed_over_two_reports_is_refused_in_any_order() -> No
         for rel in ("objects/ab/cd", "refs/heads/main", "commondir"):
             assert refused(f"{where}{rel}", landing_of([f"{where}{rel}"]) | head_here), (where, rel)
     assert not refused("sub/notes.txt", landing_of(["sub/notes.txt"]) | landing_of(["sub/HEAD"]))  # HEAD alone is data
+    assert refused("HEAD", landing_of(["HEAD"]) | landing_of(["config"]))  # a config with its core.fsmonitor: enough
+    assert refused("sub/config", landing_of(["sub/config"]) | landing_of(["sub/HEAD"]))
+    assert not refused("config", landing_of(["config"]))  # a config alone is data
 
 
 def test_folder_keys_are_case_folded_and_normalised() -> None:
