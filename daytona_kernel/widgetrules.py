@@ -5,7 +5,7 @@ model's module, module version and name, and the view's module, module version a
 the model alone is not enough: a ``Text`` model drawn by the ``HTMLView`` puts its value into
 ``innerHTML``. So under the safe policy a widget is shown only when its six names are a combination
 ipywidgets 8 ships (``ALLOWED``), those names never change after it opened, and every string its view
-renders as markup is cleaned (``MARKUP_TRAITS``, and ``description`` while ``description_allow_html``
+renders as markup is cleaned (``MARKUP_VIEWS``' ``value``, and ``description`` while ``description_allow_html``
 is set). A link made in the browser (``jslink``/``jsdlink``) copies values without the kernel seeing
 them, so a link may only write to traits that are shown as text (``link_refusal``).
 
@@ -83,7 +83,7 @@ def _allowed() -> frozenset[tuple[str, str, str | None, str | None]]:
 
 
 ALLOWED = _allowed()
-MARKUP_TRAITS = {"HTMLModel": frozenset({"value"}), "HTMLMathModel": frozenset({"value"})}  # set as innerHTML
+MARKUP_VIEWS = frozenset({"HTMLView", "HTMLMathView"})  # they set the model's ``value`` as innerHTML
 LINK_MODELS = frozenset({"LinkModel", "DirectionalLinkModel"})
 # Traits a browser-side link may never write: the description (HTML when description_allow_html is set),
 # references to other models, and every _private trait (the six names, _dom_classes, _options_labels ...).
@@ -206,8 +206,12 @@ class WidgetPolicy:
             self.notices.append(BLOCKED_NOTICE.format(what=what))
 
     def markup(self, shadow: Shadow) -> frozenset[str]:
-        """The traits this widget's view sets as HTML (the description apart)."""
-        return MARKUP_TRAITS.get(shadow.model_name, frozenset())
+        """The traits this widget's view sets as HTML (the description apart): the view decides, whatever
+        the model (an allowed library's model may be drawn by ipywidgets' HTML view)."""
+        names = shadow.identity
+        if names is not None and names[3] in STANDARD_MODULES and names[5] in MARKUP_VIEWS:
+            return frozenset({"value"})
+        return frozenset()
 
     def shown_key(self, shadow: Shadow, key: Any) -> bool:
         """May a binary buffer set this key of the state? Not a name, nor anything shown as HTML."""

@@ -418,3 +418,12 @@ def test_the_sandbox_may_not_reopen_an_open_comm_or_one_the_frontend_opened() ->
     states = {"s1": entry("HTMLModel", {"value": PAYLOAD})}
     run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
     assert browser.comms[-1][1]["data"]["states"] == {}  # the control comm's reply is still filtered
+
+
+def test_an_allowed_library_model_drawn_by_the_html_view_is_cleaned() -> None:
+    comms, browser = bridge(extra=frozenset({"jupyter-matplotlib"}))
+    names = {"_model_module": "jupyter-matplotlib", "_model_module_version": "^0.11", "_model_name": "MPLCanvasModel"}
+    names |= {"_view_module": "@jupyter-widgets/controls", "_view_module_version": "2.0.0", "_view_name": "HTMLView"}
+    run(comms, opening("m1", {**names, "value": PAYLOAD}), message("m1", {"method": "update", "state": {"value": PAYLOAD}}))
+    values = [c["data"]["state"]["value"] for _, c, _, _ in browser.comms]
+    assert len(values) == 2 and all("onerror" not in v and "<b>kept</b>" in v for v in values)
