@@ -1291,12 +1291,14 @@ TWO_CELLS = (  # item 2 end to end: cell 1 writes all of a repository but HEAD, 
     "    for rel, text in PARTS.items():\n"
     "        os.makedirs(os.path.dirname(where + rel) or '.', exist_ok=True)\n"
     "        open(where + rel, 'w').write(text)\n",
-    "for where in ('', 'sub/'):\n    open(where + 'HEAD', 'w').write('ref: refs/heads/main\\n')\n",
+    "for where in ('', 'sub/'):\n    open(where + 'HEAD', 'w').write('ref: refs/heads/main\\n')\n"
+    "for rel in OTHERS:\n    os.makedirs(os.path.dirname(rel) or '.', exist_ok=True)\n    open(rel, 'w').write('x')\n",
 )
+OTHERS = [".git./hooks/pre-commit", "GIT~1/config", "Sitecustomize.PY ", ".pdbrc", ".roo/mcp.json", "bunfig.toml", "libx.so.1", "AGENTS.md"]
 
 
 def test_a_repository_assembled_over_two_cells_never_runs_git_s_config_here(kernel_name: str, tmp_path: Path) -> None:
-    """Issue 31 item 2 on both backends, and issue 35: the connection file and JupyterLab's store stay here."""
+    """Issue 31 items 2-4 on both backends, and issue 35: the connection file and JupyterLab's store stay here."""
     project = tmp_path / "project"
     project.mkdir()
     mark = tmp_path / "fsmonitor-ran"
@@ -1310,9 +1312,13 @@ def test_a_repository_assembled_over_two_cells_never_runs_git_s_config_here(kern
         assert first.status == "ok", first.errors
         assert first.of_type("execute_result")[0]["data"]["text/plain"] == "[]"  # nothing of them went up
         assert "look like secrets" not in first.text("stderr") and "could not read" not in first.text("stderr")
-        second = k.execute(TWO_CELLS[1])
+        second = k.execute(f"OTHERS = {OTHERS!r}\n" + TWO_CELLS[1])
         assert second.status == "ok", second.errors
+        third = k.execute("open('data.csv', 'w').write('1,2')")  # HEAD stayed there: the folder is no repository
     assert "Refused a path the sandbox reported: HEAD: it could run code here" in second.text("stderr")
+    assert (project / "data.csv").read_text() == "1,2", third.text("stderr")  # data still comes down
+    here = {str(p.relative_to(project)) for p in project.rglob("*")}
+    assert not [rel for rel in OTHERS if rel in here or rel.split("/")[0] in here], here
     assert not (project / "HEAD").exists() and not (project / "sub" / "HEAD").exists()
     assert not git_status_runs_the_sandbox_command(project / "sub", mark)
     assert not git_status_runs_the_sandbox_command(project, mark)
