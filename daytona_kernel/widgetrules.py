@@ -84,10 +84,17 @@ def _allowed() -> frozenset[tuple[str, str, str | None, str | None]]:
 
 ALLOWED = _allowed()
 MARKUP_VIEWS = frozenset({"HTMLView", "HTMLMathView"})  # they set the model's ``value`` as innerHTML
+# The media views make a blob of ``value`` typed ``image/<format>`` (video/, audio/) at the page's origin:
+# an SVG one opened in a tab of its own would run its script there. Other formats become the default.
+MEDIA_FORMATS = {
+    "ImageView": ("png", frozenset({"png", "jpeg", "jpg", "gif", "webp", "bmp", "avif", "x-icon", "url"})),
+    "VideoView": ("mp4", frozenset({"mp4", "webm", "ogg", "quicktime", "url"})),
+    "AudioView": ("mp3", frozenset({"mp3", "mpeg", "wav", "ogg", "webm", "aac", "flac", "url"})),
+}
 LINK_MODELS = frozenset({"LinkModel", "DirectionalLinkModel"})
 # Traits a browser-side link may never write: the description (HTML when description_allow_html is set),
-# references to other models, and every _private trait (the six names, _dom_classes, _options_labels ...).
-UNLINKABLE = frozenset({"description", "description_allow_html", "layout", "style", "children", "source", "target"})
+# references to other models, a media format (see MEDIA_FORMATS), and every _private trait (the six names, _dom_classes ...).
+UNLINKABLE = frozenset({"description", "description_allow_html", "layout", "style", "children", "source", "target", "format"})
 MODEL_REF = "IPY_MODEL_"
 
 
@@ -234,6 +241,9 @@ class WidgetPolicy:
                     del state[key]
         for key in self.markup(shadow) & set(state):
             state[key] = sanitize_html(state[key]) if isinstance(state[key], str) else ""
+        media = MEDIA_FORMATS.get(str(shadow.identity[5])) if shadow.identity is not None else None
+        if media is not None and "format" in state and state["format"] not in media[1]:
+            state["format"] = media[0]
         self._description(shadow, state, whole)
         if isinstance(state.get("outputs"), list):
             state["outputs"] = [self._output(o) for o in state["outputs"] if isinstance(o, dict)]

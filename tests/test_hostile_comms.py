@@ -73,7 +73,12 @@ def opening(comm_id: str, state: dict[str, Any]) -> tuple[str, Any]:
 
 def shown(*widgets: Any) -> list[tuple[str, Any]]:
     """The comm_open frames real ipywidgets objects send (made here, as a cell in the sandbox would)."""
-    return [opening(w.model_id, json.loads(json.dumps(w.get_state()))) for w in widgets]
+    return [opening(w.model_id, json.loads(json.dumps(plain(w)))) for w in widgets]
+
+
+def plain(widget: Any) -> dict[str, Any]:
+    """A widget's state without its binary values (ipywidgets sends those as buffers)."""
+    return {k: v for k, v in widget.get_state().items() if not isinstance(v, (bytes, memoryview))}
 
 
 def reload(comms: CommBridge, states: dict[str, Any], paths: list[Any] | None = None, buffers: list[str] | None = None) -> dict[str, Any]:
@@ -427,3 +432,17 @@ def test_an_allowed_library_model_drawn_by_the_html_view_is_cleaned() -> None:
     run(comms, opening("m1", {**names, "value": PAYLOAD}), message("m1", {"method": "update", "state": {"value": PAYLOAD}}))
     values = [c["data"]["state"]["value"] for _, c, _, _ in browser.comms]
     assert len(values) == 2 and all("onerror" not in v and "<b>kept</b>" in v for v in values)
+
+
+def test_an_image_widget_may_not_be_an_svg_that_runs_in_a_tab_of_its_own() -> None:
+    comms, browser = bridge()
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg"><script>window.__dk_svg = 1</script></svg>'
+    image, png, hidden = ipywidgets.Image(value=svg, format="svg+xml"), ipywidgets.Image(format="png"), ipywidgets.Text(value="svg+xml")
+    run(comms, *shown(image, png, hidden), message(png.model_id, {"method": "update", "state": {"format": "svg+xml"}}))
+    assert [c["data"]["state"].get("format") for _, c, _, _ in browser.comms] == ["png", "png", None, "png"]
+    state = json.loads(json.dumps(plain(png))) | {"format": "svg+xml"}
+    reload(comms, {png.model_id: entry("ImageModel", state)})
+    assert browser.comms[-1][1]["data"]["states"][png.model_id]["state"]["format"] == "png"
+    before = len(browser.comms)
+    run(comms, *shown(ipywidgets.jsdlink((hidden, "value"), (png, "format"))))
+    assert len(browser.comms) == before
