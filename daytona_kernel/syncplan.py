@@ -231,7 +231,7 @@ class SyncReport:
                 f"Fetch one with %download {min(self.code_kept)}"
             )
         lines += [f"Not copied from the sandbox: {path}: {reason}" for path, reason in self.left_behind]
-        lines += [f"Refused a path the sandbox reported: {path}: {reason}" for path, reason in self.refused]
+        lines += refusal_lines(self.refused)
         return "".join(line + "\n" for line in lines)
 
     def merge(self, other: SyncReport) -> None:
@@ -245,6 +245,26 @@ class SyncReport:
         self.left_behind += other.left_behind
         self.refused += other.refused
         self.deleted += other.deleted
+
+
+FLOOD = 10  # more refusals than this for one reason are named in one line
+
+
+def refusal_lines(refused: list[tuple[str, str]]) -> list[str]:
+    """A line for each refused path, but one line for each reason shared by more than ``FLOOD`` of them (the
+    files of a venv or a .tox/ a cell made), in the order they were refused."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for path, reason in refused:
+        shared = reason.replace(f"Fetch it with %download {path} ", "Fetch one with %download PATH ")
+        groups.setdefault(shared, []).append((path, reason))
+    lines = []
+    for shared, members in groups.items():
+        if len(members) > FLOOD:
+            paths = [path for path, _ in members]
+            lines.append(f"Refused {len(members)} paths the sandbox reported ({listing(paths)}): {shared}")
+        else:
+            lines += [f"Refused a path the sandbox reported: {path}: {reason}" for path, reason in members]
+    return lines
 
 
 def over_the_cap(size: int, config: MirrorSettings) -> str:

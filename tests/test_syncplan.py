@@ -187,3 +187,18 @@ def test_hidden_names_tool_files_shared_libraries_and_agent_instructions_never_c
         assert refusal is not None and refusal[0] is Refusal.REFUSED, rel
     for rel in (".gitignore", "sub/.gitkeep", ".keep", "README.md", "notes/agents.md.csv", "mise.csv", "libx.so.txt", "data/x.json"):
         assert why_not_down(rel, everything, Landing()) is None, rel
+
+
+def test_a_flood_of_refusals_for_one_reason_is_one_line() -> None:
+    """A cell that makes a venv (or a .tox/) refuses thousands of files for one reason: one line names them."""
+    changed = [(f"env/lib/python3.12/site-packages/pkg/m{i}.py", (1, 1, 0o644)) for i in range(3000)]
+    changed += [("env/pyvenv.cfg", (1, 1, 0o644)), (".pdbrc", (1, 1, 0o644)), ("table.csv", (1, 1, 0o644))]
+    report = SyncReport()
+    plan = plan_down(changed, report, MirrorSettings(), RULES, {}, set(), landing_of([rel for rel, _ in changed]))
+    assert [rel for rel, _, _ in plan.wanted] == ["table.csv"] and len(report.refused) == 3002
+    lines = report.notices().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("Refused 3001 paths the sandbox reported (env/lib/python3.12/site-packages/pkg/m0.py, ")
+    assert "and 2981 more): it could run code here: env/ is a Python environment" in lines[0]
+    assert lines[0].endswith("Fetch one with %download PATH if you trust it")
+    assert lines[1].startswith("Refused a path the sandbox reported: .pdbrc: it could run code here: .pdbrc is a hidden name")
