@@ -232,9 +232,12 @@ class DaytonaKernelConfig(Configurable):
         "editor and tool settings) never comes back: see docs/security.md.",
     ).tag(config=True)
 
-    sync_deletes = Bool(False, help="Propagate deletions in both directions (off: a deleted file stays on the other side).").tag(
-        config=True
-    )
+    sync_deletes = Bool(
+        True,
+        help="Deletions travel both ways: a file deleted here is deleted in the sandbox, and one a cell deletes goes to "
+        "this machine's trash (never a notebook, code, or a file changed here since the last sync). False: a deleted "
+        "file stays on the other side.",
+    ).tag(config=True)
 
     sync_max_file_mb = FiniteFloat(100.0, min=0.0, max=MAX_FILE_MB, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
         config=True
@@ -517,7 +520,7 @@ class MirrorSettings:
     sync: str = "both"
     sync_exclude: list[str] = field(default_factory=list)
     sync_include: list[str] = field(default_factory=list)
-    sync_deletes: bool = False
+    sync_deletes: bool = True
     sync_code_down: bool = True
     sync_max_file_mb: float = 100.0
     sync_max_total_mb: float = 1024.0

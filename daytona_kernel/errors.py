@@ -112,3 +112,9 @@ class MirrorError(DaytonaKernelError):
     """The workdir mirror refused or could not move one file (a path outside the folder, a symlink in the way ...)."""
 
     ename = "MirrorError"
+
+
+class FolderNotSynced(MirrorError):
+    """Part of the project folder is not in the sandbox yet (one sync's budget was reached): the cell did not run."""
+
+    ename = "FolderNotSynced"

@@ -243,3 +243,14 @@ class LocalFolder:
             os.unlink(parts[-1], dir_fd=dfd)
         finally:
             os.close(dfd)
+
+    def trash(self, rel: str) -> None:
+        """Move the regular file ``rel`` to this machine's trash (``send2trash``: the freedesktop trash on Linux,
+        the Finder's on macOS), where the user can restore it. Never through a link: every folder on the way is
+        checked to be a folder, and only a regular file goes. Raises MirrorError or OSError."""
+        from send2trash import send2trash
+
+        path = self._checked_path(rel, create=False)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise MirrorError("it is not a regular file here")
+        send2trash(os.fspath(path))

@@ -93,6 +93,7 @@ class FileChanges:
     changed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
     truncated: bool = False
+    partial: bool = False  # sent while the cell runs (new and changed files so far); the one at its end is complete
 
 
 @dataclass(frozen=True)
@@ -449,7 +450,7 @@ def _files(p: dict[str, Any]) -> FileChanges:
     if not isinstance(deleted, list):
         raise ProtocolError(f"files.deleted is {_type(deleted)}, not a list")
     deleted = [_path(rel, "files.deleted path") for rel in deleted]
-    return FileChanges(changed, deleted, _bool(p.get("truncated", False), "files.truncated"))
+    return FileChanges(changed, deleted, _bool(p.get("truncated", False), "files.truncated"), _bool(p.get("partial", False), "files.partial"))
 
 
 def _reply(p: dict[str, Any]) -> Reply:

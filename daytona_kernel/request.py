@@ -83,6 +83,7 @@ class Request:
         self.hello: Hello | None = None
         self.reply: dict[str, Any] | None = None
         self.files: FileChanges | None = None
+        self.on_partial_files: Callable[[FileChanges], None] | None = None  # a running cell's files so far
         self.user_expressions: dict[str, Any] = {}
         self.payload: list[dict[str, Any]] = []
         self.done = asyncio.Event()
@@ -217,7 +218,10 @@ class Request:
                 raise ProtocolError("an input request arrived, but this request does not take input")
             self._on_input(event)
         elif isinstance(event, FileChanges):
-            self.files = event
+            if not event.partial:
+                self.files = event
+            elif self.on_partial_files is not None:  # a running cell's files so far: copied while it runs
+                self.on_partial_files(event)
         elif isinstance(event, UserExpressions):
             self.user_expressions = self._policy.user_expressions(event.values)
         elif isinstance(event, Reply):

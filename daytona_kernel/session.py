@@ -23,7 +23,7 @@ from .comms import CommBridge, Publisher, WidgetPolicy
 from .config import SessionSettings
 from .debugger import DebugRelay
 from .delivery import CommDelivery, comm_options
-from .errors import BackendError, DaytonaKernelError, SandboxNotRunning, SandboxPaused, UsageError
+from .errors import BackendError, DaytonaKernelError, FolderNotSynced, SandboxNotRunning, SandboxPaused, UsageError
 from .fanout import WorkerPool, failed_cell, parse_map
 from .idle import IdleCheckpoint
 from .interrupts import Interrupts
@@ -37,7 +37,7 @@ from .runtime import call_source
 from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, SyncVolume
 from .supervisor import ContextSupervisor, Live
 from .sync import WorkdirMirror
-from .upkeep import Upkeep
+from .upkeep import LivePulls, Upkeep
 
 GAVE_UP_QUEUED = (
     "This cell had not started: it waited behind a cell whose connection was cut, which still runs in the sandbox "
@@ -87,6 +87,7 @@ class RuntimeSession:
         self.attacher = Attacher(sandbox, self.supervisor, self.journal, self.comms, settings.attach)
         self.magics = KernelMagics(self.supervisor, mirror, settings, log, self.attacher.attach, pool)
         self._stop_waiting: asyncio.Event | None = None  # set by an interrupt while a cell waits for the sandbox
+        self._live_pulls: LivePulls | None = None  # the running cell's files, copied while it runs
         self._shut_down = False
 
     # -- lifecycle -------------------------------------------------------
@@ -170,16 +171,17 @@ class RuntimeSession:
             if live is not None and self.upkeep.may_have_paused():
                 await self.upkeep.resume(frontend)  # before the cell's files go up: a paused sandbox refuses them
         except DaytonaKernelError as exc:
-            content = error_content(exc.ename, str(exc))
-            frontend.emit("error", content)
-            return CellOutcome(error=content)
+            return _failed(exc, frontend)
         if live is None:
             frontend.emit("stream", stderr(STILL_STARTING))
             content = error_content("KeyboardInterrupt", "Interrupted by user")
             frontend.emit("error", content)
             return CellOutcome(error=content)
         self.supervisor.show_notices(frontend)
-        synced = await self.upkeep.push(frontend)
+        try:
+            synced = await self.upkeep.push(frontend)
+        except FolderNotSynced as exc:  # the cell would see a partial folder
+            return _failed(exc, frontend)
         comms = comm_options(self.comms, live, self.sandbox.temp_dir)
         code = call_source(RunCell(
             code=cell.code, count=cell.count, store_history=cell.store_history, silent=cell.silent, allow_stdin=cell.allow_stdin,
@@ -187,11 +189,13 @@ class RuntimeSession:
         ))
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
         budget = OutputBudget(self._settings.output_limit_chars)
+        self._live_pulls = self.upkeep.live_pulls(frontend)  # files the cell writes, copied while it runs
         async with self.inflight.lock:
             self.inflight.cell_inbox = comms.inbox if comms is not None else None
             self.interrupts.begin(cell.count)
             request, end = await self._run(live, code, frontend, bridge if cell.allow_stdin else None, budget)
         request.finish()
+        held = await self._finish_live_pulls()
         if self.comms is not None:
             self.comms.cell_ended()
         verdict = settle(end, self._timeout() or 0.0, self._settings.interrupt_grace)
@@ -206,10 +210,15 @@ class RuntimeSession:
         if verdict.error is not None:
             request.fail(verdict.error, overrides=verdict.overrides)
         if request.files is not None:
-            await self.upkeep.pull(request.files, frontend)
+            await self.upkeep.pull(request.files, frontend, held)
         if request.error is not None and not request.error_shown:
             frontend.emit("error", request.error)
         return CellOutcome(error=request.error, user_expressions=request.user_expressions, payload=request.payload)
+
+    async def _finish_live_pulls(self) -> list[str]:
+        """Wait for the copies made while the cell ran; the new files they left in the sandbox, for the last notice."""
+        live, self._live_pulls = self._live_pulls, None
+        return await live.finish() if live is not None else []
 
     async def _ready_unless_interrupted(self, frontend: Frontend) -> Live | None:
         """The live context, or None if the user interrupted the wait for it (provisioning goes on)."""
@@ -241,7 +250,7 @@ class RuntimeSession:
                 run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
             except SandboxNotRunning as exc:  # nothing ran: bring the sandbox back, then run the cell there
                 live = await self.upkeep.recover(exc, frontend)
-                await self.upkeep.push(frontend)  # a new sandbox lacks what was only in the old one
+                await self.upkeep.push(frontend, strict=False)  # a new sandbox lacks what was only in the old one
                 run_error = await self.interrupts.attempt(self._attempt(live, code, frontend, bridge, budget))
         except BackendError as exc:
             exception = exc
@@ -290,6 +299,8 @@ class RuntimeSession:
         request = self.inflight.request = Request(
             live.token, frontend.emit, on_input, self.outputs, budget, self.comms, fetcher(self.sandbox), self.debugger.receive
         )
+        if self._live_pulls is not None:
+            request.on_partial_files = self._live_pulls.add
         self.interrupts.new_request()
         return request
 
@@ -310,3 +321,10 @@ class RuntimeSession:
         if self.attacher.stop_following():  # %daytona attach follows a cell: it stops following it
             return
         await self.interrupts.interrupt()
+
+
+def _failed(exc: DaytonaKernelError, frontend: Frontend) -> CellOutcome:
+    """A cell that did not run: its one error."""
+    content = error_content(exc.ename, str(exc))
+    frontend.emit("error", content)
+    return CellOutcome(error=content)

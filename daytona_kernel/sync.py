@@ -52,19 +52,22 @@ from .localfs import NOFOLLOW, LocalFolder
 from .manifest import SyncManifest
 from .protocol import FileChanges
 from .runtime.calls import RuntimeOptions, Synced
-from .runtime.pathrules import MirrorRules, load_rules, scan
+from .runtime.pathrules import MirrorRules, file_stat, load_rules, scan
 from .syncdown import BATCH_FILES, MirrorDown
 from .syncplan import (
+    Stat,
     SyncReport,
     UpPlan,
     choose_up,
     describe_up,
+    not_yet_synced,
     size_text,
 )
 
 BATCH_BYTES = 64 * 1024 * 1024
 SHOW_PROGRESS_FILES = 50
 SCAN_BUDGET_S = 2.0  # the scan of the notebook folder before each cell
+SCAN_MAX_FILES = 50000  # ... and the files it lists at most (pathrules.scan's max_files)
 GIT_CONFIG_TIMEOUT_S = 5.0  # `git config` for the global excludes file, once per kernel
 
 
@@ -121,6 +124,7 @@ class WorkdirMirror:
         self._secrets_noticed: set[str] = set()
         self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since the runtime last heard from us
         self._generation: int | None = None  # the sandbox the manifest describes (Sandbox.generation)
+        self._scan_noticed = False  # the user was told the last scans stopped early (said again once one completes)
         self._down = MirrorDown(self._folder, sandbox, config, self._rules, self._manifest, self._secrets_noticed, self.mode == "both")
 
     @property
@@ -160,22 +164,41 @@ class WorkdirMirror:
     def plan_up(self) -> UpPlan:
         """What to upload, what is skipped and why, what was deleted here. No request is made.
 
-        A file that is merely unreadable (a folder without permission) is never
-        planned as deleted: only one that is really gone.
+        A file that is merely unreadable (a folder without permission) is never planned as deleted: only one
+        that is really gone. When the scan stops early (a huge folder), every file the manifest knows is still
+        looked at, one by one, so an edit to the user's own files always reaches the sandbox.
         """
         found_secrets: list[str] = []
-        files, complete = scan(str(self.local_root), self._rules, skipped=found_secrets, budget_s=SCAN_BUDGET_S)
+        files, complete = scan(str(self.local_root), self._rules, SCAN_MAX_FILES, found_secrets, SCAN_BUDGET_S)
+        if not complete:
+            files.update(self._known_files(files))
         changed, unreadable, known_here = self._manifest.changes(files)
         plan = UpPlan(secrets=found_secrets, skipped=unreadable)
         choose_up(plan, changed, self._config, self._sandbox.on_this_disk)
-        if complete:
-            if known_here < len(self._manifest):  # some file the manifest knows was not found
-                plan.deleted = [rel for rel in self._manifest if rel not in files and _gone_here(self.local_root, rel)]
-        else:
+        if known_here < len(self._manifest):  # some file the manifest knows was not found
+            plan.deleted = [rel for rel in self._manifest if rel not in files and _gone_here(self.local_root, rel)]
+        if not complete and not self._scan_noticed:
+            self._scan_noticed = True
             plan.skipped.append(
-                ("(folder)", f"over 50000 files or {SCAN_BUDGET_S:g} s to scan; the rest was not looked at. Add sync_exclude patterns.")
+                ("(folder)", f"over {SCAN_MAX_FILES} files or {SCAN_BUDGET_S:g} s to scan: the files already synced were all "
+                 "checked, but new files in the folders not reached were not looked at. Add sync_exclude patterns.")
             )
+        self._scan_noticed = self._scan_noticed and not complete
         return plan
+
+    def _known_files(self, found: dict[str, Stat]) -> dict[str, Stat]:
+        """The manifest's files a scan did not reach, as they are here (never through a link), unless gone or left out."""
+        known = {}
+        for rel in list(self._manifest):
+            if rel in found or self._rules.check(rel, False) is not None:
+                continue
+            try:
+                st = self._folder.lstat(rel)
+            except (OSError, MirrorError):
+                continue  # unreadable, or a link on the way: not a file to send (nor a deletion: _gone_here decides)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                known[rel] = file_stat(st)
+        return known
 
     def _follow_sandbox(self) -> None:
         """A new sandbox (recreated, or the old one gone) holds only what the volume's copy restored, which
@@ -195,6 +218,10 @@ class WorkdirMirror:
             return report
         plan = await asyncio.to_thread(self.plan_up)
         report.skipped = plan.skipped
+        if plan.waiting:
+            report.waiting = [rel for rel, _ in plan.waiting]
+            report.waiting_bytes = sum(size for _, size in plan.waiting)
+            report.waiting_note = not_yet_synced(report.waiting, report.waiting_bytes, self._config.sync_max_total_mb)
         report.secrets = [rel for rel in plan.secrets if rel not in self._secrets_noticed]
         self._secrets_noticed.update(report.secrets)
         total = plan.total

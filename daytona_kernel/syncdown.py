@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import posixpath
+import shutil
 import stat
 from typing import Any
 
@@ -43,6 +45,15 @@ from .syncplan import (
 
 BATCH_FILES = 500  # files per download request
 DEFAULT_FILE_MODE = 0o644
+NEW_FILES_PER_CELL = 500  # new files one cell brings down; the rest of a flood stays in the sandbox (%sync fetches it)
+DISK_MARGIN_BYTES = 1024 * MB  # a download stops before it leaves less free on this disk (or 5% of a small disk)
+
+log = logging.getLogger(__name__)
+
+
+def disk_margin(total: int) -> int:
+    """The free space a down-sync leaves on a disk of ``total`` bytes: 1 GiB, or 5% of a disk under 20 GiB."""
+    return min(DISK_MARGIN_BYTES, total // 20)
 
 
 class MirrorDown:
@@ -70,12 +81,16 @@ class MirrorDown:
         self._acked: dict[str, list[int]] = {}  # changes handled since the runtime last heard from us
         self._gone: list[str] = []
         self.failed: dict[str, Stat] = {}
+        self._truncated_said = False  # the sandbox's last scan was cut short, and the user was told
+        self._new_left = NEW_FILES_PER_CELL  # new files the running cell may still bring down
+        self.held: dict[str, Stat] = {}  # new files a flood left in the sandbox (NEW_FILES_PER_CELL), for %sync
         self._reported = Landing()  # the environments and repositories the last change report makes
 
     def take_handled(self) -> tuple[dict[str, list[int]], list[str]]:
         """The reported changes and deletions handled since the last call, for the runtime (``Synced``)."""
         handled = (self._acked, self._gone)
         self._acked, self._gone = {}, []
+        self._new_left = NEW_FILES_PER_CELL  # a new cell (or %sync) begins
         return handled
 
     def remote_path(self, rel: str) -> str:
@@ -88,9 +103,15 @@ class MirrorDown:
         a plain retry would repeat.
         """
         report = SyncReport()
-        if retry_failed:
+        changed, deleted = reported_paths(changes, report, say_truncated=not self._truncated_said)
+        if not changes.partial:
+            self._truncated_said = changes.truncated
+        changed = [(raw, st) for raw, st in changed if self._acked.get(raw) != _ack_form(st)]  # came down while the cell ran
+        if retry_failed:  # %sync: what failed before, and what a flood left in the sandbox
             self.failed.clear()
-        changed, deleted = reported_paths(changes, report)
+            named = {raw for raw, _ in changed}
+            changed = sorted(changed + [(raw, st) for raw, st in self.held.items() if raw not in named])
+            self.held.clear()
         await asyncio.to_thread(self._rules.forget_gitignores)  # reads files, and git's config the first time
         self._reported = landing_of(_normalised([raw for raw, _ in changed]))
         landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
@@ -100,10 +121,12 @@ class MirrorDown:
         self._secrets_noticed.update(report.secrets_down + report.code_kept)
         for raw, reported in plan.acked:
             self._ack(raw, reported)
-        wanted = plan.wanted
+        wanted = plan.wanted if retry_failed else self._hold_flood(plan.wanted, report)
         max_file = int(self._config.sync_max_file_mb * MB)
         for start in range(0, len(wanted), BATCH_FILES):
             chunk = wanted[start : start + BATCH_FILES]
+            if not await asyncio.to_thread(self._room_for, chunk, wanted[start:], report):
+                break
             limits = {self.remote_path(rel): min(reported[0], max_file) for rel, _, reported in chunk}
             try:
                 contents = await self._sandbox.download(list(limits), limits)
@@ -115,7 +138,7 @@ class MirrorDown:
             await self._fetch_placed(rel, raw, reported, report)
         if deleted:
             await asyncio.to_thread(self._apply_deletions, deleted, report)
-        if report.down or report.deleted or report.conflicts:
+        if report.down or report.trashed or report.conflicts:
             await asyncio.to_thread(self._manifest.save)
         return report
 
@@ -157,8 +180,45 @@ class MirrorDown:
             return
         self._ack(raw, reported)
 
+    def _hold_flood(self, wanted: list[tuple[str, str, Stat]], report: SyncReport) -> list[tuple[str, str, Stat]]:
+        """At most NEW_FILES_PER_CELL files this folder has never had come down with one cell; the others stay in
+        the sandbox, acknowledged (not reported again) and remembered for %sync, with one notice."""
+        taken: list[tuple[str, str, Stat]] = []
+        held: list[tuple[str, str, Stat]] = []
+        for entry in wanted:
+            if entry[0] not in self._manifest:
+                if self._new_left <= 0:
+                    held.append(entry)
+                    continue
+                self._new_left -= 1
+            taken.append(entry)
+        for _, raw, reported in held:
+            self.held[raw] = reported
+            self._ack(raw, reported)
+        report.held = [rel for rel, _, _ in held]
+        return taken
+
+    def _room_for(self, chunk: list[tuple[str, str, Stat]], rest: list[tuple[str, str, Stat]], report: SyncReport) -> bool:
+        """Would writing ``chunk`` leave this disk with at least ``disk_margin`` free? If not, nothing more comes
+        down with this sync (the files stay in the sandbox, reported again after the next cell) and a notice says so."""
+        try:
+            usage = shutil.disk_usage(self._folder.root)
+        except OSError as exc:
+            log.warning("could not tell the free space of %s (%s); the download goes on unchecked", self._folder.root, exc)
+            return True
+        need = sum(reported[0] for _, _, reported in chunk)
+        margin = disk_margin(usage.total)
+        if usage.free - need >= margin:
+            return True
+        report.disk_full = (
+            f"{len(rest)} file(s) ({size_text(sum(st[0] for _, _, st in rest))}) stay in the sandbox: copying them would "
+            f"leave less than {size_text(margin)} free on this disk ({size_text(usage.free)} free now). Free some space; they "
+            "come after the next cell, or with %sync."
+        )
+        return False
+
     def _ack(self, raw: str, reported: Stat) -> None:
-        self._acked[raw] = [reported[0], reported[1], reported[2]] if reported[2] >= 0 else [reported[0], reported[1]]
+        self._acked[raw] = _ack_form(reported)
 
     def _write_batch(self, chunk: list[tuple[str, str, Stat]], contents: dict[str, Any], report: SyncReport) -> None:
         max_file = int(self._config.sync_max_file_mb * MB)
@@ -201,7 +261,8 @@ class MirrorDown:
             report.left_behind.append((rel, f"{why}; run %sync to try again, or fetch it with %download {rel}"))
 
     def _apply_deletions(self, deleted: list[str], report: SyncReport) -> None:
-        """Deletions the sandbox reported: applied only with sync_deletes, and only to unchanged files."""
+        """Deletions the sandbox reported (with sync_deletes): each file goes to this machine's trash, unless it is a
+        notebook, code, or changed here since the last sync (kept, and sent up again with the next cell)."""
         for raw in deleted:
             self._gone.append(raw)
             if not self._config.sync_deletes:
@@ -216,17 +277,21 @@ class MirrorDown:
                     report.refused.append((rel, f"not deleted here: {why}"))
                     continue
                 st = self._folder.lstat(rel)
-                if st is None or not stat.S_ISREG(st.st_mode) or self._manifest.locally_changed(rel, file_stat(st)):
+                if st is not None and not stat.S_ISREG(st.st_mode):
                     continue
-                self._folder.unlink(rel)
+                if st is not None and self._manifest.locally_changed(rel, file_stat(st)):
+                    report.kept.append(rel)
+                    continue
+                if st is not None:
+                    self._folder.trash(rel)
+                    report.trashed.append(rel)
             except MirrorError as exc:
                 report.refused.append((shown(raw), str(exc)))
                 continue
             except OSError as exc:
-                report.left_behind.append((raw, f"not deleted here: {exc.strerror or exc}"))
+                report.left_behind.append((raw, f"not moved to the trash here, so kept: {exc.strerror or exc}"))
                 continue
             self._manifest.pop(rel, None)
-            report.deleted.append(rel)
 
 
     async def download_paths(self, remote: str, dest: str | None, start_in: str) -> SyncReport:
@@ -249,6 +314,11 @@ class MirrorDown:
             raise MirrorError(f"%download: could not fetch {remote} from the sandbox: {content.message}")
         await asyncio.to_thread(_write_down, self._folder, self._manifest, rel, content, -1, report)
         return report
+
+
+def _ack_form(reported: Stat) -> list[int]:
+    """A handled change as the runtime learns it (``Synced.acked``): [size, mtime, mode], without an unknown mode."""
+    return [reported[0], reported[1], reported[2]] if reported[2] >= 0 else [reported[0], reported[1]]
 
 
 def _write_down(folder: LocalFolder, manifest: SyncManifest, rel: str, content: bytes, mode: int, report: SyncReport) -> None:

@@ -184,12 +184,19 @@ class SyncReport:
     down: list[str] = field(default_factory=list)
     bytes_up: int = 0
     bytes_down: int = 0
-    deleted: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # deleted in the sandbox because they were deleted here
+    trashed: list[str] = field(default_factory=list)  # moved to this machine's trash because the sandbox deleted them
+    kept: list[str] = field(default_factory=list)  # deleted by the sandbox but changed here: kept, and sent up again
     conflicts: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)  # kept here because they look like secrets
     secrets_down: list[str] = field(default_factory=list)  # left in the sandbox for the same reason
     code_kept: list[str] = field(default_factory=list)  # code left in the sandbox: sync_code_down is off
+    waiting: list[str] = field(default_factory=list)  # not sent up: this sync's sync_max_total_mb was reached
+    waiting_bytes: int = 0
+    waiting_note: str = ""  # what the user is told about them (``not_yet_synced``)
+    held: list[str] = field(default_factory=list)  # new files past a cell's NEW_FILES_PER_CELL, left in the sandbox
+    disk_full: str = ""  # why a download stopped before it filled this disk
     left_behind: list[tuple[str, str]] = field(default_factory=list)  # (path, why) not written here
     refused: list[tuple[str, str]] = field(default_factory=list)  # (reported path, why) never written
 
@@ -202,8 +209,8 @@ class SyncReport:
         ]
         if self.left_behind:
             parts.append(f"{len(self.left_behind)} failed")
-        if self.deleted:
-            parts.append(f"{len(self.deleted)} deleted")
+        if self.deleted or self.trashed:
+            parts.append(f"{len(self.deleted) + len(self.trashed)} deleted")
         return "sync: " + ", ".join(parts)
 
     def notices(self) -> str:
@@ -212,7 +219,19 @@ class SyncReport:
             f"Conflict: {path} changed both here and in the sandbox; your copy is kept and the sandbox's is {copy}."
             for path, copy in self.conflicts
         ]
+        if self.trashed:
+            lines.append(
+                f"Moved to your trash because a cell deleted them in the sandbox: {listing(self.trashed)}. Restore them from "
+                "the trash if you need them; DaytonaKernel.sync_deletes=False (DAYTONA_KERNEL_SYNC_DELETES=false) keeps such files."
+            )
+        if self.kept:
+            lines.append(
+                f"Kept here though a cell deleted them in the sandbox, because they changed here since the last sync: "
+                f"{listing(self.kept)}. They go back to the sandbox before the next cell."
+            )
         lines += [f"Not synced: {path}: {reason}" for path, reason in self.skipped]
+        if self.waiting_note:
+            lines.append(f"Not in the sandbox yet: {self.waiting_note}")
         if self.secrets:
             first = min(self.secrets).rstrip("/")
             lines.append(
@@ -230,6 +249,13 @@ class SyncReport:
                 f"Not copied from the sandbox because they are code and sync_code_down is off: {listing(self.code_kept)}. "
                 f"Fetch one with %download {min(self.code_kept)}"
             )
+        if self.held:
+            lines.append(
+                f"This cell made {len(self.held)} more new files than one cell brings back; they stay in the sandbox, in "
+                f"{folders_of(self.held)}. Fetch them all with %sync, or one with %download {min(self.held)}"
+            )
+        if self.disk_full:
+            lines.append(f"Not copied from the sandbox: {self.disk_full}")
         lines += [f"Not copied from the sandbox: {path}: {reason}" for path, reason in self.left_behind]
         lines += refusal_lines(self.refused)
         return "".join(line + "\n" for line in lines)
@@ -244,7 +270,31 @@ class SyncReport:
         self.code_kept += other.code_kept
         self.left_behind += other.left_behind
         self.refused += other.refused
+        self.held += other.held
+        self.disk_full = self.disk_full or other.disk_full
         self.deleted += other.deleted
+        self.trashed += other.trashed
+        self.kept += other.kept
+
+
+def not_yet_synced(waiting: list[str], waiting_bytes: int, max_total_mb: float) -> str:
+    """What the user is told about local files one sync's budget left out (a cell does not run on such a folder)."""
+    return (
+        f"{len(waiting)} file(s) of your project folder ({size_text(waiting_bytes)}) are not in the sandbox yet, because one "
+        f"sync sends at most sync_max_total_mb={max_total_mb:g} MB: {listing(waiting)}. Run the cell again to send the "
+        f"next part, raise DaytonaKernel.sync_max_total_mb (DAYTONA_KERNEL_SYNC_MAX_TOTAL_MB), or leave them out with sync_exclude."
+    )
+
+
+def folders_of(paths: list[str], limit: int = 3) -> str:
+    """The folders that hold most of ``paths``: ``out/ (199500)``, ``logs/ (3)``; ``the project folder`` for its top."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        folder = posixpath.dirname(path)
+        counts[folder] = counts.get(folder, 0) + 1
+    top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    shown = [f"{folder + '/' if folder else 'the project folder'} ({n})" for folder, n in top[:limit]]
+    return ", ".join(shown) + (f" and {len(top) - limit} more folders" if len(top) > limit else "")
 
 
 FLOOD = 10  # more refusals than this for one reason are named in one line
@@ -299,6 +349,7 @@ class UpPlan:
     deleted: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
     total: int = 0  # bytes to upload
+    waiting: list[tuple[str, int]] = field(default_factory=list)  # (path, size) past this sync's sync_max_total_mb
     placed: list[str] = field(default_factory=list)  # over sync_max_file_mb, for a sandbox on this disk (Sandbox.place)
 
 
@@ -332,15 +383,17 @@ def why_not_down(
     return None
 
 
-def reported_paths(changes: FileChanges, report: SyncReport) -> tuple[list[tuple[str, Stat]], list[str]]:
+def reported_paths(changes: FileChanges, report: SyncReport, say_truncated: bool = True) -> tuple[list[tuple[str, Stat]], list[str]]:
     """(changed, deleted) of the runtime's change report, which ``protocol.file_changes`` has checked (paths,
-    whole numbers); a report of more than ``MAX_REPORTED_PATHS`` paths is named and nothing is planned."""
+    whole numbers); a report of more than ``MAX_REPORTED_PATHS`` paths is named and nothing is planned.
+    ``say_truncated``: name a scan the sandbox cut short (the caller says it once, not after every cell)."""
     if len(changes.changed) + len(changes.deleted) > MAX_REPORTED_PATHS:
         report.refused.append(("(change report)", f"it lists more than {MAX_REPORTED_PATHS} paths; nothing was copied"))
         return [], []
-    if changes.truncated:
+    if changes.truncated and say_truncated:
         report.skipped.append(
-            ("(sandbox folder)", "too many files to scan after each cell; the rest was not looked at. Add sync_exclude patterns.")
+            ("(sandbox folder)", "too many files to scan after each cell: the files already synced are still checked, but "
+             "new files in the folders not reached are not looked at. Add sync_exclude patterns.")
         )
     changed = [(rel, (stat[0], stat[1], stat[2] if len(stat) == 3 else -1)) for rel, stat in changes.changed.items()]
     return sorted(changed), list(changes.deleted)
@@ -418,8 +471,11 @@ def choose_up(plan: UpPlan, changed: list[tuple[str, int]], config: MirrorSettin
         if size > max_file:
             plan.skipped.append((rel, over_the_cap(size, config)))
             continue
-        if size > budget:
-            plan.skipped.append((rel, f"the total of this sync would pass sync_max_total_mb={config.sync_max_total_mb:g}"))
+        if size > int(config.sync_max_total_mb * MB):  # never fits one sync
+            plan.skipped.append((rel, f"{size_text(size)} is over sync_max_total_mb={config.sync_max_total_mb:g}"))
+            continue
+        if size > budget:  # goes with the next sync; the cell is told (``not_yet_synced``)
+            plan.waiting.append((rel, size))
             continue
         budget -= size
         plan.todo.append(rel)
@@ -437,5 +493,7 @@ def describe_up(plan: UpPlan, mode: str, local_root: str, workdir: str, sync_del
         lines.append(f"{verb}: " + ", ".join(plan.deleted[:20]))
     if plan.secrets:
         lines.append(f"would keep here (they look like secrets; see sync_include): {listing(plan.secrets)}")
+    if plan.waiting:
+        lines.append(f"would leave for the next sync (over sync_max_total_mb): {listing([rel for rel, _ in plan.waiting])}")
     lines += [f"would skip {path}: {reason}" for path, reason in plan.skipped]
     return "\n".join(lines) + "\n"

@@ -3,12 +3,13 @@ the workdir mirror's files up before the cell and down after it, each with its l
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 from .backends.base import Sandbox
 from .cell import Frontend, stderr
-from .errors import DaytonaKernelError
+from .errors import DaytonaKernelError, FolderNotSynced
 from .idle import IdleCheckpoint, resumed_notice
 from .protocol import FileChanges
 from .runtime.calls import Synced
@@ -76,9 +77,11 @@ class Upkeep:
         )
         return live
 
-    async def push(self, frontend: Frontend, resumed: bool = False) -> Synced | None:
-        """Upload local changes before a cell; returns the mirror's note for the runtime. Never fails the cell.
+    async def push(self, frontend: Frontend, resumed: bool = False, strict: bool = True) -> Synced | None:
+        """Upload local changes before a cell; returns the mirror's note for the runtime.
 
+        Raises FolderNotSynced (``strict``) when this sync's sync_max_total_mb left local files behind: the
+        cell must not run on a partial folder. Any other failure is a notice, and the cell runs.
         An upload that fails because the sandbox was paused meanwhile (from the dashboard, or by auto-pause
         while this laptop slept) resumes it and uploads again, so the cell sees the files edited meanwhile.
         """
@@ -89,12 +92,15 @@ class Upkeep:
         except (DaytonaKernelError, OSError) as exc:
             frontend.progress("")
             if not resumed and isinstance(exc, DaytonaKernelError) and await self._resume_after(exc, frontend):
-                return await self.push(frontend, resumed=True)
+                return await self.push(frontend, resumed=True, strict=strict)
             frontend.emit("stream", stderr(f"Could not sync your folder to the sandbox: {exc}\n"))
             return self._mirror.handover()
         finally:
             frontend.progress("")
+        waiting, report.waiting_note = report.waiting_note, ""
         notify(report, frontend)
+        if waiting and strict:  # the files uploaded so far are the runtime's to learn with the next cell
+            raise FolderNotSynced(f"This cell did not run: {waiting}")
         return self._mirror.handover()
 
     async def _resume_after(self, failure: DaytonaKernelError, frontend: Frontend) -> bool:
@@ -105,8 +111,9 @@ class Upkeep:
             self._log.warning("after %s, the sandbox could not be resumed: %s", failure, exc)
             return False
 
-    async def pull(self, changes: FileChanges, frontend: Frontend) -> None:
-        """Download what the cell changed, before the cell's reply."""
+    async def pull(self, changes: FileChanges, frontend: Frontend, held: list[str] | None = None) -> None:
+        """Download what the cell changed, before the cell's reply. ``held``: new files its running pulls left in
+        the sandbox, named in this one notice."""
         if self._mirror is None:
             return
         try:
@@ -114,4 +121,50 @@ class Upkeep:
         except (DaytonaKernelError, OSError) as exc:
             frontend.emit("stream", stderr(f"Could not copy the cell's files back from the sandbox: {exc}\n"))
             return
+        report.held = (held or []) + report.held
         notify(report, frontend)
+
+    def live_pulls(self, frontend: Frontend) -> LivePulls | None:
+        """For one cell: copies the files it writes while it runs (the runtime's partial reports), or None."""
+        if self._mirror is None or not self._mirror.syncs_down:
+            return None
+        return LivePulls(self._mirror, frontend)
+
+
+class LivePulls:
+    """A running cell's files, copied here as the runtime reports them (every few seconds: ``files.LiveReports``),
+    one pull at a time: reports that come during a pull wait and go together in the next. ``finish`` waits for the
+    last, before the cell's own report is pulled (which skips what came down already with the same stat)."""
+
+    def __init__(self, mirror: WorkdirMirror, frontend: Frontend) -> None:
+        self._mirror = mirror
+        self._frontend = frontend
+        self._pending: dict[str, tuple[int, ...]] = {}
+        self._task: asyncio.Future[None] | None = None
+        self.held: list[str] = []
+
+    def add(self, changes: FileChanges) -> None:
+        self._pending.update(changes.changed)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            changed, self._pending = self._pending, {}
+            try:
+                report = await self._mirror.pull(FileChanges(changed, [], False, partial=True))
+            except (DaytonaKernelError, OSError) as exc:
+                self._frontend.emit("stream", stderr(f"Could not copy the running cell's files yet: {exc}; they come when it ends.\n"))
+                self._pending.clear()
+                return
+            self.held += report.held  # named once, with the cell's own report
+            report.held = []
+            notify(report, self._frontend)
+
+    async def finish(self) -> list[str]:
+        """Wait for the pull under way, if any; what was not pulled yet comes with the cell's own report.
+        Returns the new files left in the sandbox so far (``NEW_FILES_PER_CELL``), for that report's notice."""
+        self._pending.clear()
+        if self._task is not None:
+            await asyncio.wait({self._task})
+        return self.held

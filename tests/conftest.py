@@ -31,6 +31,7 @@ os.environ["JUPYTER_DATA_DIR"] = str(_ROOT / "data")
 os.environ["JUPYTER_PATH"] = str(_ROOT / "prefix" / "share" / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", "")
 os.environ["JUPYTER_CONFIG_DIR"] = str(_ROOT / "config")
 os.environ["JUPYTER_PLATFORM_DIRS"] = "1"
+os.environ["XDG_DATA_HOME"] = str(_ROOT / "xdg")  # the trash that files a sandbox deletes go to (send2trash)
 # A real key is kept aside for the daytona_e2e tests only; everything else runs without one.
 REAL_DAYTONA_ENV = {k: os.environ.pop(k) for k in ("DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_TARGET") if k in os.environ}
 

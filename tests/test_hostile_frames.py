@@ -36,6 +36,7 @@ class MirrorSpy:
     """Stands in for the mirror: records what the session asks it to pull."""
 
     notice = ""
+    syncs_down = True
 
     def __init__(self) -> None:
         self.pulled: list[dict[str, Any]] = []
@@ -51,7 +52,7 @@ class MirrorSpy:
 
         return SyncReport()
 
-    async def pull(self, changes: dict[str, Any]) -> Any:
+    async def pull(self, changes: dict[str, Any], retry_failed: bool = False) -> Any:
         from daytona_kernel.syncplan import SyncReport
 
         self.pulled.append(changes)
@@ -96,6 +97,23 @@ async def test_a_nul_in_a_path() -> None:
     (outcome, _), = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}})]), mirror=mirror)
     assert outcome.error is not None and "not a valid path" in outcome.error["evalue"]
     assert mirror.pulled == []
+
+
+async def test_a_partial_files_report_that_is_not_a_bool_or_hides_a_bad_path() -> None:
+    await assert_rejected_for_its_cell_only(frame("files", {"changed": {"a.txt": [1, 2]}, "partial": "yes"}))
+    mirror = MirrorSpy()
+    (outcome, _), = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}, "partial": True})]), mirror=mirror)
+    assert outcome.error is not None and "not a valid path" in outcome.error["evalue"]
+    assert mirror.pulled == []
+
+
+async def test_a_partial_files_report_is_pulled_while_the_cell_runs_and_the_final_one_after() -> None:
+    mirror = MirrorSpy()
+    partial = frame("files", {"changed": {"log.txt": [1, 2]}, "partial": True})
+    final = frame("files", {"changed": {"log.txt": [5, 6]}, "deleted": []})
+    (outcome, _), = await run_cells(Run([partial, "out\n", final]), mirror=mirror)
+    assert outcome.error is None
+    assert [(dict(c.changed), c.partial) for c in mirror.pulled] == [({"log.txt": (1, 2)}, True), ({"log.txt": (5, 6)}, False)]
 
 
 async def test_error_as_a_string() -> None:

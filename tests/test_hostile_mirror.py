@@ -907,7 +907,7 @@ def test_the_sandbox_cannot_delete_code_or_a_notebook_here(folder: Path, sandbox
     result = pull(mirror, report({}, deleted=["nb.ipynb", "env/pyvenv.cfg", ".pre-commit-config.yaml", "old.csv"]))
     assert (folder / "nb.ipynb").exists() and (folder / "env" / "pyvenv.cfg").exists()
     assert (folder / ".pre-commit-config.yaml").exists()
-    assert not (folder / "old.csv").exists() and result.deleted == ["old.csv"]
+    assert not (folder / "old.csv").exists() and result.trashed == ["old.csv"]
     assert "nb.ipynb" in result.notices()
 
 

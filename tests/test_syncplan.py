@@ -90,7 +90,8 @@ def test_choose_up_keeps_to_the_file_and_total_limits() -> None:
     plan = UpPlan()
     choose_up(plan, [("big.bin", 3 * MB), ("a", MB), ("b", MB), ("c", 10)], MirrorSettings(sync_max_file_mb=2, sync_max_total_mb=1.5))
     assert plan.todo == ["a", "c"] and plan.total == MB + 10
-    assert [path for path, _ in plan.skipped] == ["big.bin", "b"]
+    assert [path for path, _ in plan.skipped] == ["big.bin"]
+    assert plan.waiting == [("b", MB)]  # past this sync's total: the cell is told (FolderNotSynced), the next sync sends it
 
 
 def test_with_sync_code_down_off_only_data_comes_back_and_code_is_named_once() -> None:

@@ -9,7 +9,9 @@ directory from the volume and keeps the volume's copy; ``save_checkpoint`` and
 
 import hashlib
 import os
+import stat as _stat
 import sys
+import threading
 import time
 import types
 
@@ -79,6 +81,15 @@ class WorkdirWatch(object):
             self.mode_notice = ""  # set: later failures are not said again
         return notice
 
+    def peek(self, sent):
+        """While a cell runs: {path: stat} of the files changed against the acknowledged snapshot whose stat is not
+        the one in ``sent`` (reported earlier in this cell). Only new and changed files: a deletion waits for the end."""
+        if self.snapshot is None:
+            return {}
+        now, _ = _pathrules.scan(self.workdir, self.rules, budget_s=LIVE_SCAN_BUDGET_S)
+        snapshot = self.snapshot
+        return {rel: list(stat) for rel, stat in now.items() if snapshot.get(rel) != stat and sent.get(rel) != stat}
+
     def changes(self):
         """Changes against the acknowledged snapshot, or None.
 
@@ -89,6 +100,8 @@ class WorkdirWatch(object):
             return None
         started_ns = time.time_ns()
         now, complete = _pathrules.scan(self.workdir, self.rules, budget_s=SCAN_BUDGET_S)
+        if not complete:  # a flood: the files the kernel already has are still looked at, one by one
+            now.update(known_files(self.workdir, self.snapshot, now))
         changed = {rel: list(stat) for rel, stat in now.items() if self.snapshot.get(rel) != stat}
         rewritten, self.racy = rewritten_in_place(self.workdir, self.racy, now, changed, started_ns)
         for rel in rewritten:
@@ -97,6 +110,21 @@ class WorkdirWatch(object):
         if changed or deleted or not complete:
             return {"changed": changed, "deleted": deleted, "truncated": not complete}
         return None
+
+
+def known_files(workdir, snapshot, found):
+    """The snapshot's regular files that a scan cut short did not reach, with their stat now."""
+    known = {}
+    for rel in snapshot:
+        if rel in found:
+            continue
+        try:
+            st = os.lstat(os.path.join(workdir, rel))
+        except OSError:
+            continue  # gone or unreadable: not listed (a deletion is only reported after a complete scan)
+        if _stat.S_ISREG(st.st_mode):
+            known[rel] = _pathrules.file_stat(st)
+    return known
 
 
 def rewritten_in_place(workdir, racy, now, changed, started_ns):
@@ -122,6 +150,48 @@ def rewritten_in_place(workdir, racy, now, changed, started_ns):
         if recent:
             still_racy[rel] = (stat, digest)
     return rewritten, still_racy
+
+
+LIVE_REPORT_S = 2.0  # a running cell's new and changed files are reported this often, for the kernel to copy
+LIVE_SCAN_SHARE = 20  # ... or less often: a live scan takes at most a twentieth of the cell's time
+LIVE_SCAN_BUDGET_S = 0.5  # and stops after this long (what it did not reach comes with the cell's own report)
+
+
+class LiveReports(object):
+    """While one cell runs: every LIVE_REPORT_S seconds (longer when a scan is slow: at most a twentieth of the time
+    goes to scanning) the files changed since the last report, sent as a ``files`` frame marked ``partial``. A cell
+    shorter than LIVE_REPORT_S never scans. The report at the cell's end is the complete one, as before.
+    The scan holds the interpreter's lock while it runs, which slows a cell doing many small writes (each
+    write waits for the lock): hence its small share of the time (LIVE_SCAN_SHARE) and budget."""
+
+    def __init__(self, watch, send, write_err):
+        self._watch = watch
+        self._send = send
+        self._write_err = write_err
+        self._sent = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="daytona-kernel-live-files", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        wait = LIVE_REPORT_S
+        while not self._stop.wait(wait):
+            started = time.monotonic()
+            try:
+                changed = self._watch.peek(self._sent)
+            except Exception as exc:  # never into the cell: the report at its end still comes
+                self._write_err("daytona-kernel: files are copied back only when this cell ends (%s: %s)\n" % (type(exc).__name__, exc))
+                return
+            if changed and not self._stop.is_set():
+                for rel, stat in changed.items():
+                    self._sent[rel] = tuple(stat)
+                self._send({"changed": changed, "deleted": [], "truncated": False, "partial": True})
+            wait = max(LIVE_REPORT_S, LIVE_SCAN_SHARE * (time.monotonic() - started))
+
+    def stop(self):
+        """Before the cell's own report: no partial report comes after it."""
+        self._stop.set()
+        self._thread.join()
 
 
 OUTSIDE_LISTED = 5  # paths named in the notice of writes outside the mirrored folder

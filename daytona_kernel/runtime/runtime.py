@@ -361,6 +361,7 @@ class Runtime(object):
         self.private.start_cell()
         with self.request_output():
             self._in_cell = True
+            live = _files.LiveReports(self.watch, lambda report: self.send(Kind.FILES, report), self.err.write) if self.watch.snapshot is not None else None
             for notice in self._notices:  # once per runtime, on the first cell's stderr
                 self.err.write(notice)
             self._notices = []
@@ -372,6 +373,8 @@ class Runtime(object):
                 self.shell.execute(code, count, store_history, silent)
             finally:
                 self.debugger.end_cell()
+                if live is not None:
+                    live.stop()
                 self.comms.end_request()
                 self.shell.send_payloads()
                 if user_expressions:
