@@ -146,6 +146,8 @@ class DebugRelay:
 
     async def _exchange(self, live: Live, item: dict[str, Any], reply: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
         uploaded = await self._send(live, item)
+        if not uploaded and not reply.done():  # the call answers what it carries: a reply that did not come never will
+            return failed(item["message"], "the sandbox's debugger sent no usable reply (the kernel log says why)")
         while not reply.done():
             await asyncio.wait({reply}, timeout=FETCH_EVERY_S)
             if reply.done() or not uploaded or self._inflight.in_cell or self._inflight.lock.locked():

@@ -504,32 +504,28 @@ def _comm_ack(p: dict[str, Any]) -> CommAck:
 
 
 MAX_DAP_CHARS = 32 * 1024 * 1024  # the strings of one DAP message from the sandbox, together
-DAP_OPTIONAL = {"message": str, "body": dict}  # optional DAP fields and their types
+DAP_FIELDS: dict[str, Callable[[Any, str], Any]] = {  # DAP's base fields, where a message has them
+    "seq": _int, "request_seq": _int, "command": _str, "event": _str, "success": _bool, "message": _str, "body": _dict,
+}
 
 
 def _debug(p: dict[str, Any]) -> DebugMessage:
-    """A DAP response or event (the Debug Adapter Protocol's base schema), bounded in size."""
+    """A DAP event, or the reply to the kernel's request ``answers``: a DAP response, or what ipykernel's
+    Debugger replies instead (``{}`` before ``initialize``, a bare body for ``modules``). Typed, bounded."""
     message = _dict(p.get("message"), "debug.message")
     answers = p.get("answers")
     kind = message.get("type")
-    if kind == "response":
-        _str(message.get("command"), "debug.message.command")
-        _bool(message.get("success"), "debug.message.success")
-        if answers is None:
-            raise ProtocolError("a debug response answers no request")
+    if answers is not None:
         _int(answers, "debug.answers")
+        if kind not in (None, "response"):
+            raise ProtocolError(f"debug.message.type is {str(kind)[:40]!r}, not 'response', in a reply")
     elif kind == "event":
         _str(message.get("event"), "debug.message.event")
-        if answers is not None:
-            raise ProtocolError("a debug event claims to answer a request")
     else:
-        raise ProtocolError(f"debug.message.type is {str(kind)[:40]!r}, not 'response' or 'event'")
-    for name, expected in DAP_OPTIONAL.items():
-        if name in message and not isinstance(message[name], expected):
-            raise ProtocolError(f"debug.message.{name} is {_type(message[name])}, not {'a string' if expected is str else 'an object'}")
-    for name in ("seq", "request_seq"):
+        raise ProtocolError(f"debug.message.type is {str(kind)[:40]!r}, not 'event', outside a reply")
+    for name, check in DAP_FIELDS.items():
         if name in message:
-            _int(message[name], f"debug.message.{name}")
+            check(message[name], f"debug.message.{name}")
     if _chars(message) > MAX_DAP_CHARS:
         raise ProtocolError(f"a debug message is over {MAX_DAP_CHARS // (1024 * 1024)} MB")
     return DebugMessage(message, answers)

@@ -80,6 +80,8 @@ def session(name: str, **launch: Any) -> dict[str, Any]:
         debug = Debugging(kernel)
         seen["initialize"] = debug("initialize", INITIALIZE)["success"]
         seen["attach"] = debug("attach")["success"]
+        modules = debug("modules")  # ipykernel answers with a bare body, which JupyterLab waits for
+        seen["modules"] = (sorted(modules), any(m["name"] == "json" for m in modules["body"]["modules"]))
         info = debug("debugInfo")["body"]
         seen["debugInfo"] = {k: v for k, v in info.items() if k != "tmpFilePrefix"}
         path = debug("dumpCell", {"code": CELL})["body"]["sourcePath"]
