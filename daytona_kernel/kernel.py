@@ -18,7 +18,6 @@ from typing import Any
 
 import zmq
 from ipykernel._version import kernel_protocol_version
-from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
 from . import __version__
@@ -27,6 +26,7 @@ from .comms import CommBridge
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
 from .debugger import failed
+from .dispatch import ShellDispatch
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
 from .interactive import check_complete, daytona_cell, kernel_magic_lines
@@ -38,7 +38,7 @@ STATUS_ID_PREFIX = "daytona-kernel-status-"  # the display id of a status line (
 STDIN_POLL_S = 0.01
 
 
-class DaytonaKernel(DaytonaKernelConfig, Kernel):
+class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
     """A Python kernel whose cells run in a Daytona sandbox (or the local backend)."""
 
     implementation = "daytona-kernel"
@@ -118,14 +118,19 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
     # -- comms: the bridge to the sandbox's comms (comms.py) -------------------
 
     async def _comm(self, stream: Any, ident: Any, parent: Any) -> None:
-        """comm_open, comm_msg, comm_close from the frontend. ipykernel's base class dispatches them
-        even while a cell runs, so they reach an awaiting cell at once."""
+        """comm_open, comm_msg, comm_close from the frontend, in their turn: the idle follows the output of
+        the sandbox's handler, as with ipykernel (JupyterLab's Output widget captures until then)."""
+        handled = self._to_sandbox(parent)
+        if handled is not None:
+            await handled
+
+    def _to_sandbox(self, parent: dict[str, Any]) -> asyncio.Future[None] | None:
+        """A frontend comm message to the bridge; what resolves once the sandbox handled it."""
         if self._comms is not None:
-            handled = self._comms.from_frontend(parent)
-            if handled is not None:  # idle follows the output of the sandbox's handler, as with ipykernel
-                await handled
-        elif parent["header"]["msg_type"] == "comm_open":  # no sandbox: close it, as for an unknown target
+            return self._comms.from_frontend(parent)
+        if parent["header"]["msg_type"] == "comm_open":  # no sandbox: close it, as for an unknown target
             self._publisher.publish_comm("comm_close", {"comm_id": parent["content"].get("comm_id"), "data": {}}, {}, [], parent)
+        return None
 
     async def comm_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
         target_name = parent["content"].get("target_name")
@@ -282,7 +287,7 @@ class DaytonaKernel(DaytonaKernelConfig, Kernel):
         """Run one cell where it belongs: a configuration problem, the kernel's magics, a map cell, or the sandbox."""
         if self._problems:
             content = error_content(ConfigError.ename, "\n".join(self._problems))
-            self._emit("error", content)
+            frontend.emit("error", content)
             return CellOutcome(error=content)
         assert self._runtime is not None
         magics = kernel_magic_lines(cell.code)

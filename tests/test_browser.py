@@ -80,9 +80,9 @@ class Lab:
                 time.sleep(0.3)
         raise RuntimeError("JupyterLab did not start; see " + self.log.name)
 
-    def create_notebook(self, name: str, kernel: str) -> None:
+    def create_notebook(self, name: str, kernel: str, sources: tuple[str, ...] = ("",)) -> None:
         nb = {
-            "cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [], "execution_count": None}],
+            "cells": [{"cell_type": "code", "source": s, "metadata": {}, "outputs": [], "execution_count": None} for s in sources],
             "metadata": {"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}},
             "nbformat": 4, "nbformat_minor": 5,
         }
@@ -91,6 +91,13 @@ class Lab:
             data=json.dumps({"type": "notebook", "content": nb}).encode(), headers={"Content-Type": "application/json"},
         )
         urllib.request.urlopen(request, timeout=10)
+
+    def shut_down_kernels(self) -> None:
+        """Every kernel session ended, as closing the notebook and shutting its kernel down does."""
+        sessions = json.load(urllib.request.urlopen(f"{self.url}/api/sessions?token={TOKEN}", timeout=10))
+        for session in sessions:
+            request = urllib.request.Request(f"{self.url}/api/sessions/{session['id']}?token={TOKEN}", method="DELETE")
+            urllib.request.urlopen(request, timeout=60)
 
     def close(self) -> None:
         self.proc.terminate()
@@ -132,13 +139,16 @@ class NotebookPage:
         return cell.locator(".jp-OutputArea").inner_text()
 
 
-def _open(browser, lab: Lab, name: str):  # type: ignore[no-untyped-def]
+def _open(browser, lab: Lab, name: str, wait_idle: bool = True):  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(f"{lab.url}/lab/tree/{name}?reset&token={TOKEN}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
     nb = NotebookPage(page)
+    if not wait_idle:  # only until the notebook has its kernel (else Run asks which kernel to start)
+        page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| (Starting|Connecting|Idle|Busy)")).wait_for(timeout=TIMEOUT_MS)
+        return context, page, nb
     nb.wait_idle()
     news = page.locator(".jp-Notification-Toast-Close, .jp-toast-button", has_text="No")
     if news.count():
@@ -388,4 +398,56 @@ def test_status_lines_show_while_a_cell_waits_and_leave_nothing(browser, emulato
         emulator.delay_s = 0.0
         if context is not None:
             context.close()
+
+
+RUN_ALL_CELLS = ("import time\nprint('one')\ntime.sleep(0.2)\nprint('one b')", "print('two')", "import ipywidgets as w\nw.IntSlider(value=3)")
+RUN_ALL_TIMES = 10
+
+
+def _run_all_right_after_opening(browser, lab: Lab, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 36: Run All as soon as a freshly opened notebook shows, so that JupyterLab sends the cells with
+    its widget manager's opening messages (the control comm, request_states) once the kernel is ready; each
+    time every cell gets its execution count (none stays at [*])."""
+    lab.create_notebook(name, "daytona" if "remote" in name else "daytona-local", RUN_ALL_CELLS)
+    for attempt in range(RUN_ALL_TIMES):
+        lab.shut_down_kernels()  # a new kernel each time, as when a notebook is opened
+        context, page, nb = _open(browser, lab, name, wait_idle=False)  # JupyterLab sends them once the kernel is ready
+        try:
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            cells = nb.cells()
+            for i in range(len(RUN_ALL_CELLS)):
+                nb.wait_for_prompt(cells.nth(i))
+            prompts = [cells.nth(i).locator(".jp-InputPrompt").inner_text() for i in range(len(RUN_ALL_CELLS))]
+            assert prompts == ["[1]:", "[2]:", "[3]:"], (attempt, prompts)
+            assert nb.output_text(cells.nth(0)).split() == ["one", "one", "b"], attempt
+            cells.nth(2).locator(".widget-slider, .widget-hslider").first.wait_for()
+            nb.wait_idle()
+        except Exception:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"failed-run-all-{name}-{attempt}.png"), full_page=True)
+            raise
+        finally:
+            context.close()
+
+
+@pytest.mark.timeout(900)  # ten notebooks opened, each with a new kernel
+def test_run_all_right_after_opening_with_the_local_backend(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(root, {})
+    try:
+        _run_all_right_after_opening(browser, lab, "run-all-local.ipynb")
+    finally:
+        lab.close()
+
+
+@pytest.mark.timeout(900)
+def test_run_all_right_after_opening_with_daytona_on_the_emulator(browser, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(root, emulator.env())
+    try:
+        _run_all_right_after_opening(browser, lab, "run-all-remote.ipynb")
+    finally:
         lab.close()
