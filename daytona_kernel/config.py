@@ -226,10 +226,11 @@ class DaytonaKernelConfig(Configurable):
     sync_code_down = Bool(
         True,
         help="Whether code a cell writes comes back with the mirror: source files and scripts (.py, .sh, .js ...), "
-        "notebooks, build and CI files (Makefile, pyproject.toml, .github/ ...) and anything executable. False: only "
+        "notebooks, build files (Makefile, pyproject.toml ...) and anything executable. False: only "
         "data comes back (tables, plots, models ...); what stays in the sandbox is named once, and %download fetches "
         "it. Either way, what this machine would run by itself (Python environments, .pth files, git repositories, "
-        "editor and tool settings) never comes back: see docs/security.md.",
+        "hidden files and folders such as editor and tool settings, agent instructions) never comes back: see "
+        "docs/security.md.",
     ).tag(config=True)
 
     sync_deletes = Bool(
