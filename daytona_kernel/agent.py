@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -35,8 +36,12 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
-from .agent_calls import Call, parse_status, parse_variables, variables_code
+from .agent_calls import INTERRUPT_RETRY_S, INTERRUPT_WAIT_S, Call, parse_status, parse_variables, variables_code
 from .agent_results import RunResult, Variable, redact
+from .errors import MirrorError
+from .localfs import LocalFolder, safe_relpath
+from .syncdown import local_landing
+from .syncplan import code_refusal
 
 if TYPE_CHECKING:
     from .transcript import Transcript
@@ -125,7 +130,7 @@ class AsyncAgentKernel:
             raise
         self._kc = kc
         self._started_at = time.monotonic()
-        self._calls = Call(kc, self.interrupt, self._alive)
+        self._calls = Call(kc, self._send_interrupt, self._alive)
         return self
 
     async def _start_kernel(self) -> AsyncKernelClient:
@@ -166,8 +171,31 @@ class AsyncAgentKernel:
         """Whether the kernel process runs (a kernel this client attached to is taken to)."""
         return self._km is None or bool(await self._km.is_alive())
 
-    async def interrupt(self) -> None:
-        """Interrupt the run in flight (a ``run`` from another task or thread); its variables stay."""
+    @property
+    def busy(self) -> bool:
+        """Whether a ``run`` (or another call) of this client is in flight."""
+        return self._calls is not None and self._calls.running is not None
+
+    async def interrupt(self, wait: float = INTERRUPT_WAIT_S) -> bool:
+        """Interrupt the run in flight (a ``run`` from another task or thread; its variables stay) and wait up to
+        ``wait`` seconds for it to end, interrupting again every few seconds (an interrupt that reaches the kernel
+        before the cell starts stops nothing). True if a run of this client ended; False if none was in flight
+        (the interrupt is sent anyway, for a run another client started) or it did not end in time."""
+        running = self._calls.running if self._calls is not None else None
+        await self._send_interrupt()
+        if running is None:
+            return False
+        give_up = time.monotonic() + wait
+        while True:
+            try:
+                await asyncio.wait_for(running.wait(), INTERRUPT_RETRY_S)
+                return True
+            except asyncio.TimeoutError:
+                if time.monotonic() >= give_up:
+                    return False
+                await self._send_interrupt()
+
+    async def _send_interrupt(self) -> None:
         if self._km is not None:
             await self._km.interrupt_kernel()
         elif self._kc is not None:
@@ -182,7 +210,7 @@ class AsyncAgentKernel:
         assert self._kc is not None
         await self._kc.wait_for_ready(timeout=STARTUP_TIMEOUT_S)
         self._started_at = time.monotonic()
-        self._calls = Call(self._kc, self.interrupt, self._alive)
+        self._calls = Call(self._kc, self._send_interrupt, self._alive)
         return RESTARTED
 
     async def variables(self) -> list[Variable]:
@@ -195,8 +223,13 @@ class AsyncAgentKernel:
         return await self._magic("upload", path, dest)
 
     async def download(self, path: str, dest: str | None = None) -> str:
-        """Copy a file or folder from the sandbox into the project (``%download``: files the sandbox wrote
-        never land where they could run, as the mirror decides)."""
+        """Copy a file from the sandbox into the project (``%download``). Unlike a person's ``%download``, no
+        file the mirror would refuse as code this machine may run (``syncplan.code_refusal``: hidden names such
+        as .vscode/, a .pth, AGENTS.md ...) is written: the agent's word is not the user's."""
+        local = dest or (posixpath.basename(path) if path.startswith("/") else path)
+        why = await asyncio.to_thread(download_refusal, self.folder, local)
+        if why is not None:
+            raise PermissionError(f"download: {local} is not written here: {why}. A person can fetch it with %download in a notebook.")
         return await self._magic("download", path, dest)
 
     async def _magic(self, name: str, path: str, dest: str | None) -> str:
@@ -214,7 +247,8 @@ class AsyncAgentKernel:
         execution = await self._call.execute("%daytona status", silent=True)
         info = KernelStatus(kernel=self.kernel_name, folder=str(self.folder))
         info.update(parse_status(execution))
-        info["kernel uptime"] = f"{time.monotonic() - self._started_at:.0f} s"
+        since = "started" if self._km is not None else "attached"
+        info["kernel uptime"] = f"{time.monotonic() - self._started_at:.0f} s (since this client {since} it)"
         if self.is_local:
             info["isolation"] = "none: " + LOCAL_WARNING
         return info
@@ -250,6 +284,15 @@ class AsyncAgentKernel:
         await self.shutdown()
 
 
+def download_refusal(folder: Path, local: str) -> str | None:
+    """Why the sandbox's file may not be written at ``local`` (relative to ``folder``), by the mirror's rule."""
+    try:
+        rel = safe_relpath(local)
+    except MirrorError as exc:
+        return str(exc)
+    return code_refusal(rel, local_landing(LocalFolder(folder), [rel]))
+
+
 def _forward(stream: IO[bytes]) -> None:
     """Copy the kernel's log lines to stderr, credentials masked, until the kernel exits."""
     with stream:
@@ -271,14 +314,18 @@ class AgentKernel:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def start(self) -> AgentKernel:
-        self._wait(self.kernel.start())
+        try:
+            self._wait(self.kernel.start())
+        except BaseException:
+            self.shutdown()  # the loop thread too
+            raise
         return self
 
     def run(self, code: str, timeout: float | None = None) -> RunResult:
         return self._wait(self.kernel.run(code, timeout))
 
-    def interrupt(self) -> None:
-        self._wait(self.kernel.interrupt())
+    def interrupt(self, wait: float = INTERRUPT_WAIT_S) -> bool:
+        return self._wait(self.kernel.interrupt(wait))
 
     def restart(self) -> str:
         return self._wait(self.kernel.restart())

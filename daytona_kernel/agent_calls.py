@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 ALIVE_CHECK_S = 5.0  # while a run is quiet: is the kernel process still there?
 INTERRUPT_WAIT_S = 120.0  # after a timeout's interrupt: the kernel's own interrupt_grace (60 s) ends a stuck run first
+INTERRUPT_RETRY_S = 10.0  # then again, for an interrupt that reached the kernel before the cell started
 REPLY_WAIT_S = 60.0  # the execute_reply after the request's idle
 MAX_VARIABLES = 500
 VARIABLE_MARK = "\x1edaytona-kernel-variables:"
@@ -95,6 +96,7 @@ class Call:
         self._lock = asyncio.Lock()
         self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._late_notices: list[str] = []
+        self.running: asyncio.Event | None = None  # set when the run in flight ends
         self._reader = asyncio.ensure_future(self._read_iopub())
 
     async def _read_iopub(self) -> None:
@@ -111,6 +113,7 @@ class Call:
         if self._reader.done():
             raise RuntimeError(f"the connection to the kernel is closed ({self._reader_problem()}); restart the kernel")
         async with self._lock:
+            self.running = running = asyncio.Event()
             execution = Execution(code, timeout)
             msg_id = self._kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=False)
             inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -123,12 +126,17 @@ class Call:
                     execution.reply = await self._reply(msg_id)
             finally:
                 del self._inboxes[msg_id]
+                running.set()
+                self.running = None
             return execution
 
     async def _follow(self, inbox: asyncio.Queue[dict[str, Any]], execution: Execution) -> None:
-        """Feed the request's iopub messages to its outputs until the kernel is idle again."""
+        """Feed the request's iopub messages to its outputs until the kernel is idle again. Past the timeout
+        the run is interrupted, again every INTERRUPT_RETRY_S (one that reaches the kernel before the cell
+        starts stops nothing), until it ends or INTERRUPT_WAIT_S have passed."""
         loop = asyncio.get_running_loop()
         deadline = None if execution.timeout is None else loop.time() + execution.timeout
+        give_up = 0.0
         while True:
             try:
                 wait = ALIVE_CHECK_S if deadline is None else min(ALIVE_CHECK_S, max(0.0, deadline - loop.time()))
@@ -139,12 +147,13 @@ class Call:
                     return
                 if deadline is None or loop.time() < deadline:
                     continue
-                if execution.timed_out:
+                if not execution.timed_out:
+                    execution.timed_out, give_up = True, loop.time() + INTERRUPT_WAIT_S
+                elif loop.time() >= give_up:
                     execution.abandoned = True
                     return
-                execution.timed_out = True
                 await self._interrupt()
-                deadline = loop.time() + INTERRUPT_WAIT_S
+                deadline = loop.time() + INTERRUPT_RETRY_S
                 continue
             if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
                 return

@@ -73,6 +73,14 @@ def build_server(kernel: AsyncAgentKernel) -> MCPServer:
     instructions = INSTRUCTIONS + ("\n\nWARNING: " + LOCAL_WARNING if kernel.is_local else "")
     server = MCPServer("daytona-kernel", instructions=instructions, version=__version__, lifespan=lifespan)
 
+    _add_run_tools(server, kernel)
+    _add_session_tools(server, kernel)
+    return server
+
+
+def _add_run_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
+    """run_python, interrupt, restart."""
+
     @server.tool()
     async def run_python(code: str, timeout: float = DEFAULT_TIMEOUT_S) -> CallToolResult:
         """Run Python code in the sandboxed IPython session and return what it printed and displayed.
@@ -85,14 +93,22 @@ def build_server(kernel: AsyncAgentKernel) -> MCPServer:
 
     @server.tool()
     async def interrupt() -> str:
-        """Interrupt the code that run_python is running now (a KeyboardInterrupt); variables are kept."""
-        await kernel.interrupt()
-        return "Sent an interrupt to the kernel; the running call ends with KeyboardInterrupt and the variables are kept."
+        """Interrupt the code that run_python is running now (a KeyboardInterrupt) and wait until that call
+        has returned; variables are kept."""
+        if await kernel.interrupt():
+            return "Interrupted: the running run_python call ended (KeyboardInterrupt); the variables are kept."
+        if kernel.busy:
+            return "The running code did not stop within 2 minutes of interrupts; restart ends it (variables are lost)."
+        return "Nothing was running."
 
     @server.tool()
     async def restart() -> str:
         """Restart the Python interpreter: every variable and import is lost; files stay."""
         return await kernel.restart()
+
+
+def _add_session_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
+    """status, list_variables, upload_file, download_file."""
 
     @server.tool()
     async def status() -> str:
@@ -115,11 +131,9 @@ def build_server(kernel: AsyncAgentKernel) -> MCPServer:
 
     @server.tool()
     async def download_file(path: str, dest: str | None = None) -> str:
-        """Copy a file or folder the code wrote in the sandbox into the project folder (under the
-        mirror's safety rules: nothing the sandbox wrote is made executable or written outside it)."""
+        """Copy a file the code wrote in the sandbox into the project folder. Files this machine could
+        run by themselves (hidden names such as .vscode/, a .pth, AGENTS.md) are refused."""
         return await kernel.download(path, dest)
-
-    return server
 
 
 def folder_problem(folder: str) -> str | None:

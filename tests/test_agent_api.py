@@ -9,6 +9,7 @@ import asyncio
 import base64
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,13 @@ def agent(request: pytest.FixtureRequest, emulator: Any, tmp_path_factory: pytes
         yield kernel
 
 
-def interrupt_until_done(kernel: AgentKernel, thread: threading.Thread) -> None:
-    """Interrupt until the run in ``thread`` ends (an interrupt that lands before the cell starts ends nothing)."""
-    while thread.is_alive():
-        kernel.interrupt()
-        thread.join(1.0)
+def start_sleeping(kernel: AgentKernel, results: list[Any]) -> threading.Thread:
+    """A 60 s run in another thread, once it is in flight."""
+    thread = threading.Thread(target=lambda: results.append(kernel.run("import time\ntime.sleep(60)")))
+    thread.start()
+    while not kernel.kernel.busy:
+        time.sleep(0.05)
+    return thread
 
 
 class TestAgentApi:
@@ -70,11 +73,12 @@ class TestAgentApi:
     def test_an_interrupt_from_another_thread_keeps_the_variables(self, agent: AgentKernel) -> None:
         agent.run("kept = 'still here'")
         results: list[Any] = []
-        thread = threading.Thread(target=lambda: results.append(agent.run("import time\ntime.sleep(60)")))
-        thread.start()
-        interrupt_until_done(agent, thread)
-        assert results[0].interrupted and results[0].error.name == "KeyboardInterrupt"
-        assert agent.run("kept").text == "'still here'\n"
+        thread = start_sleeping(agent, results)
+        assert agent.interrupt() is True  # it waits for the run to end
+        thread.join()
+        assert results[0].interrupted and results[0].error.name == "KeyboardInterrupt", results[0]
+        after = agent.run("kept")
+        assert after.text == "'still here'\n", after
 
     def test_a_timeout_interrupts_and_says_the_variables_are_kept(self, agent: AgentKernel) -> None:
         agent.run("y = 5")
@@ -121,10 +125,17 @@ class TestAgentApi:
         assert "downloaded 1 file(s)" in agent.download("made.txt")
         assert (agent.kernel.folder / "made.txt").read_text() == "FROM THE LAPTOP"
 
+    @pytest.mark.parametrize("name", [".vscode/tasks.json", "evil.pth", "AGENTS.md"])
+    def test_download_refuses_what_this_machine_could_run(self, agent: AgentKernel, name: str) -> None:
+        agent.run(f"import os\nos.makedirs(os.path.dirname({name!r}) or '.', exist_ok=True)\nopen({name!r}, 'w').write('x')")
+        with pytest.raises(PermissionError, match="is not written here"):
+            agent.download(name)
+        assert not (agent.kernel.folder / name).exists()
+
     def test_status_names_the_backend_and_the_uptime(self, agent: AgentKernel) -> None:
         info = agent.status()
         assert info["backend"] == ("local" if agent.kernel.is_local else "daytona")
-        assert info["sandbox"] and info["kernel uptime"].endswith(" s")
+        assert info["sandbox"] and info["kernel uptime"].endswith(" s (since this client started it)")
         assert ("isolation" in info) == agent.kernel.is_local
 
     def test_a_second_client_attaches_by_connection_file(self, agent: AgentKernel) -> None:
@@ -155,10 +166,10 @@ async def test_async_api_and_a_concurrent_interrupt(tmp_path: Path, caplog: pyte
         assert LOCAL_WARNING in caplog.text
         await kernel.run("n = 3")
         running = asyncio.ensure_future(kernel.run("import time\ntime.sleep(60)"))
-        while not running.done():
-            await kernel.interrupt()
-            await asyncio.wait([running], timeout=1.0)
-        assert running.result().interrupted
+        while not kernel.busy:
+            await asyncio.sleep(0.05)
+        assert await kernel.interrupt() is True
+        assert running.done() and running.result().interrupted
         assert (await kernel.run("n")).text == "3\n"
     assert not list(tmp_path.glob("kernel*.json"))  # the connection file never was in the project
 
