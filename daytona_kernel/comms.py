@@ -142,6 +142,7 @@ class CommBridge:
         self._log = log
         self.comms: dict[str, OpenComm] = {}
         self._parents: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._frontend_ids: OrderedDict[str, None] = OrderedDict()  # comm ids the frontend opened, newest kept
         self.request_parent: dict[str, Any] = {}
         self.queue = FrontendQueue()
         self.transport = transport
@@ -219,13 +220,13 @@ class CommBridge:
         self._publisher.publish_comm(event.msg_type, content, event.metadata, buffers, parent or self.request_parent)
 
     def _opening(self, comm_id: str, content: dict[str, Any]) -> OpenComm | None:
-        """The comm the sandbox opens, if the policy lets it: never one whose id is open already (the
-        sandbox's own, or one the frontend opened, such as the control comm), nor past the table's limit."""
+        """The comm the sandbox opens, if the policy lets it: never one whose id is open already, nor one
+        the frontend ever opened (such as the control comm), nor past the table's limit."""
         data = content["data"]
         state = data.get("state") if isinstance(data.get("state"), dict) else {}
         what = self.policy.refusal(content["target_name"], data) or self.policy.link_refusal(state, self._shadow)
-        if what is None and comm_id in self.comms:
-            what = "a comm opened again under the id of an open one"
+        if what is None and (comm_id in self.comms or comm_id in self._frontend_ids):
+            what = "a comm opened again under the id of an open one, or of one the frontend opened"
         if what is None and len(self.comms) >= MAX_OPEN_COMMS:
             what = f"more than {MAX_OPEN_COMMS} widgets"
         if what is not None:
@@ -315,6 +316,9 @@ class CommBridge:
             state = (content.get("data") or {}).get("state")
             policed = not self.policy.trusted and target == WIDGET_TARGET
             self.comms[comm_id] = OpenComm(target, shadow_of(state if isinstance(state, dict) else {}, policed), from_frontend=True)
+            self._frontend_ids[comm_id] = None
+            while len(self._frontend_ids) > MAX_OPEN_COMMS:
+                self._frontend_ids.popitem(last=False)
         elif comm_id not in self.comms:
             self._log.debug("dropped a %s for comm %s, which is not open", msg_type, comm_id)
             return None

@@ -423,6 +423,8 @@ def test_the_sandbox_may_not_reopen_an_open_comm_or_one_the_frontend_opened() ->
     states = {"s1": entry("HTMLModel", {"value": PAYLOAD})}
     run(comms, message("c1", {"method": "update_states", "states": states, "buffer_paths": []}))
     assert browser.comms[-1][1]["data"]["states"] == {}  # the control comm's reply is still filtered
+    run(comms, (Kind.COMM_CLOSE, {"content": {"comm_id": "c1"}}), widget("c1", "IntSliderModel"))
+    assert [c["comm_id"] for t, c, _, _ in browser.comms if t == "comm_open"] == ["s1"]  # closed first: still the frontend's id
 
 
 def test_an_allowed_library_model_drawn_by_the_html_view_is_cleaned() -> None:
