@@ -396,13 +396,17 @@ def _normalised(raws: list[str]) -> list[str]:
 def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
     """What the folders on the way of these reported paths hold here (``Landing``): the markers of a Python
     environment or a repository, keyed as the rule keys them (``path_key``). Every folder here whose name has the
-    same key counts (``Evil/`` and ``evil/`` are one folder on a case-insensitive disk), each listed once."""
-    listings: dict[str, dict[str, str]] = {}
+    same key counts (``Evil/`` and ``evil/`` are one folder on a case-insensitive disk). Each folder here is
+    listed and its names keyed once, however many of its sub-folders the report names."""
+    keyed: dict[str, dict[str, list[tuple[str, str]]]] = {}  # folder here -> {name key: [(name, kind)]}
 
-    def listing(rel: str) -> dict[str, str]:
-        if rel not in listings:
-            listings[rel] = folder.listing(rel)
-        return listings[rel]
+    def names_in(here: str) -> dict[str, list[tuple[str, str]]]:
+        if here not in keyed:
+            by_key: dict[str, list[tuple[str, str]]] = {}
+            for entry, kind in folder.listing(here).items():
+                by_key.setdefault(name_key(entry), []).append((entry, kind))
+            keyed[here] = by_key
+        return keyed[here]
 
     matches: dict[str, list[str]] = {"": [""]}  # folder key -> the folders here with that key
     markers: dict[str, frozenset[str]] = {}
@@ -415,11 +419,14 @@ def local_landing(folder: LocalFolder, raws: list[str]) -> Landing:
                 matches[above] = [
                     posixpath.join(here, entry)
                     for here in matches.get(parent, [])
-                    for entry, kind in listing(here).items()
-                    if kind == "dir" and name_key(entry) == name
+                    for entry, kind in names_in(here).get(name, [])
+                    if kind == "dir"
                 ]
-            found = {(name_key(entry), kind) for here in matches[above] for entry, kind in listing(here).items()}
             markers[above] = frozenset(
-                name for name, kind in found if name in MARKERS and (kind == "dir") == (name in MARKER_FOLDERS)
+                marker
+                for here in matches[above]
+                for marker in MARKERS
+                for _, kind in names_in(here).get(marker, [])
+                if (kind == "dir") == (marker in MARKER_FOLDERS)
             )
     return Landing(markers)
