@@ -7,17 +7,22 @@ with a newline, and the worker's next text starts a new prefixed line, so a clie
 consecutive stream outputs never shows one worker's text after another's prefix.
 
 A worker cannot pass for another: a carriage return in its text (which a client honours by
-writing the rest of the line over its start) is followed by its own prefix again, and a
-backspace (which JupyterLab honours by deleting the character before it) is shown escaped.
+writing the rest of the line over its start) is followed by its own prefix again; a backspace
+(which JupyterLab honours by deleting the character before it) and an escape sequence other than
+a colour (which a terminal running ``jupyter console`` honours by moving its cursor, to another
+worker's line, say) are shown escaped, as text.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .cell import Frontend, stdout
 
-ESCAPED = {"\b": "\\x08"}  # control characters shown as text: they could erase a line's prefix
+# Control characters shown as text: they could erase a line's prefix or move to another line. An
+# escape that starts a colour (SGR, ESC [ digits/semicolons m) stays: tracebacks and loggers use it.
+ESCAPED = re.compile(r"\x08|\x1b(?!\[[0-9;]*m)")
 
 
 class CellLines:
@@ -29,9 +34,7 @@ class CellLines:
 
     def stream(self, name: str, rank: int, text: str) -> None:
         """Worker ``rank``'s stream text, shown now."""
-        text = text.replace("\r\n", "\n")
-        for char, shown_as in ESCAPED.items():
-            text = text.replace(char, shown_as)
+        text = ESCAPED.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
         if not text:
             return
         prefix = f"[{name}:{rank}] "

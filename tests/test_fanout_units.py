@@ -118,6 +118,16 @@ def test_a_worker_cannot_pass_for_another_with_a_carriage_return_or_a_backspace(
     ]  # a progress bar still works: each step overwrites the last, after the worker's own prefix
 
 
+def test_a_worker_cannot_move_a_terminals_cursor_onto_another_workers_line() -> None:
+    """jupyter console writes stream text to a terminal as it is: a cursor movement (up a line, to its
+    start, erase) could rewrite another worker's line there. Colours (SGR, ``ESC[...m``) stay."""
+    front = Recorder()
+    lines = CellLines(front)
+    WorkerOutput(0, lines).emit("stream", {"name": "stdout", "text": "real\n"})
+    WorkerOutput(1, lines).emit("stream", {"name": "stdout", "text": "\x1b[1A\x1b[2K\x1b[G[stdout:0] fake \x1b[31mred\x1b[0m\n"})
+    assert front.text() == "[stdout:0] real\n[stdout:1] \\x1b[1A\\x1b[2K\\x1b[G[stdout:0] fake \x1b[31mred\x1b[0m\n"
+
+
 def test_rich_outputs_come_after_a_header_with_the_worker_in_their_metadata() -> None:
     shown, out = recorder()
     out.emit("stream", {"name": "stdout", "text": "before"})
