@@ -17,6 +17,7 @@ repository or a ``requirements.txt`` in ``~`` would mirror everything the user h
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from .errors import ConfigError
@@ -72,3 +73,49 @@ def project_root(folder: str, sync_root: str = "") -> tuple[str, str]:
         root = _automatic(start)
     sub = start.relative_to(root).as_posix()
     return str(root), "" if sub == "." else sub
+
+
+HOME_FILES_MAX = 100  # a notebook in the home folder mirrors the files directly in it when there are at most this many
+HOME_BYTES_MAX = 100 * 1024 * 1024  # ... and they hold at most this much
+HOME_TOP_ONLY = ["*/", ".*"]  # the mirror's excludes then: no folder, no hidden file
+
+
+def home_mirror(root: Path) -> tuple[list[str] | None, str]:
+    """A notebook folder that is the home folder or holds it: (the excludes that keep the mirror to the visible
+    files directly in the home folder, or None when the mirror is off; the one notice that says which).
+
+    The home folder itself, holding at most HOME_FILES_MAX such files (HOME_BYTES_MAX in all), mirrors just them,
+    so a beginner's first notebook beside a data file works; anything broader is not mirrored at all."""
+    home = Path.home().resolve()
+    files = _top_files(home) if root == home else None
+    if files is not None and len(files) <= HOME_FILES_MAX and sum(files) <= HOME_BYTES_MAX:
+        return HOME_TOP_ONLY, (
+            f"Your notebook is in your home folder ({home}): only the {len(files)} file(s) directly in it are mirrored into "
+            "the sandbox, not its folders or hidden files, and what a cell writes into a sub-folder stays there (fetch it "
+            "with %download). For a whole project, open notebooks from a project folder below your home. "
+            "DaytonaKernel.sync = 'off' turns the mirror off.\n"
+        )
+    many = f", with more than {HOME_FILES_MAX} files or {HOME_BYTES_MAX // 2**20} MB directly in it" if files is not None else ""
+    return None, (
+        f"The automatic mirror is off because the notebook folder {root} holds your home folder{many}, which is too broad "
+        "to copy into a sandbox: cells start in an empty folder. Open the notebook from a project folder below your home "
+        "(its files are mirrored then), or move files by hand with %upload / %download.\n"
+    )
+
+
+def _top_files(folder: Path) -> list[int] | None:
+    """The sizes of the visible regular files directly in ``folder`` (None if it cannot be listed)."""
+    sizes = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    sizes.append(st.st_size)
+                if len(sizes) > HOME_FILES_MAX:
+                    break
+    except OSError:
+        return None
+    return sizes

@@ -50,6 +50,7 @@ from .config import DaytonaKernelConfig, MirrorSettings, settings_from
 from .errors import MirrorError
 from .localfs import NOFOLLOW, LocalFolder
 from .manifest import SyncManifest
+from .project import home_mirror
 from .protocol import FileChanges
 from .runtime.calls import RuntimeOptions, Synced
 from .runtime.pathrules import MirrorRules, file_stat, load_rules, scan
@@ -108,16 +109,16 @@ class WorkdirMirror:
         self._log = log
         self.mode = config.sync
         self.notice = ""
+        self._excludes = list(config.sync_exclude)
         root, home = self.local_root.resolve(), Path.home().resolve()
         if self.mode != "off" and (home == root or home.is_relative_to(root)):
-            self.mode = "off"
-            self.notice = (
-                f"The automatic mirror is off because the notebook folder {self.local_root} holds your home "
-                "folder, which is too broad to copy into a sandbox. Open the notebook from a project folder, "
-                "or move files by hand with %upload / %download.\n"
-            )
+            top_only, self.notice = home_mirror(root)  # the files directly in home, or nothing
+            if top_only is None:
+                self.mode = "off"
+            else:
+                self._excludes += top_only
         self._rules = load_rules(
-            str(self.local_root), config.sync_exclude, config.sync_include, repository=True,
+            str(self.local_root), self._excludes, config.sync_include, repository=True,
             global_excludes=lambda: git_global_excludes(self.local_root),
         )
         self._manifest = SyncManifest(manifest_path, self.local_root, log)
@@ -138,13 +139,13 @@ class WorkdirMirror:
         return self.mode in ("both", "down")
 
     def runtime_options(self) -> RuntimeOptions:
-        """What the runtime needs to report a cell's file changes, and (mirroring both ways) the project
-        folder here, for its word on paths outside it or left out (``files.OutsideTheMirror``)."""
+        """What the runtime needs to report a cell's file changes, and (whenever it mirrors) the project folder
+        here, for its word on paths outside it or left out (``files.OutsideTheMirror``)."""
         return RuntimeOptions(
             sync_down=self.syncs_down,
-            sync_excludes=list(self._config.sync_exclude),
+            sync_excludes=list(self._excludes),
             sync_includes=list(self._config.sync_include),
-            local_root=str(self.local_root) if self.syncs_up and self.syncs_down else "",
+            local_root=str(self.local_root) if self.mode != "off" else "",
         )
 
     def handover(self) -> Synced:

@@ -227,3 +227,44 @@ def test_a_flood_of_new_files_does_not_take_the_folder_hostage(kernel_name: str,
         assert "out/" in notice and "%sync" in notice and "%download" in notice, notice
         (project / "helpers.py").write_text("def double(x):\n    return 4 * x\n")
         assert value(k.execute("import importlib\nimportlib.reload(helpers).double(2)", timeout=120)) == "8"
+
+
+@pytest.mark.parametrize("layout", ["marker", "git", "bare", "up-only"])
+def test_a_read_outside_the_project_says_why(kernel_name: str, tmp_path: Path, layout: str) -> None:
+    """open('../../../daytona-kernel/README.md') from a notebook two folders below a sibling of that folder: the
+    file is on this machine but outside the mirrored project, so the error names it and sync_root, also when a
+    library raised its own error from it, and when the mirror only goes up."""
+    (tmp_path / "daytona-kernel").mkdir()
+    (tmp_path / "daytona-kernel" / "README.md").write_text("# readme\n")
+    sibling = tmp_path / "trial"
+    notebooks = sibling / "notebooks" / "week1"
+    notebooks.mkdir(parents=True)
+    if layout == "git":
+        subprocess.run(["git", "init", "-q", str(sibling)], check=True)
+    elif layout != "bare":
+        (sibling / "requirements.txt").write_text("pandas\n")
+    env = {"DAYTONA_KERNEL_SYNC": "up"} if layout == "up-only" else {}
+    wrapped = "def load(path):\n    try:\n        return open(path).read()\n    except OSError as exc:\n        raise ValueError('no table') from exc\n"
+    with Kernel(kernel_name, cwd=str(notebooks), env=env) as k:
+        k.execute(wrapped)
+        for code in ("open('../../../daytona-kernel/README.md').read()", "load('../../../daytona-kernel/missing.md')"):
+            run = k.execute(code)
+            assert run.errors and run.errors[0]["ename"] in ("FileNotFoundError", "ValueError"), run.errors
+            shown = "\n".join(run.errors[0]["traceback"])
+            assert "sync_root" in shown and str(tmp_path / "daytona-kernel") in shown, shown
+
+
+def test_a_notebook_in_the_home_folder_sees_the_files_beside_it(kernel_name: str, tmp_path: Path) -> None:
+    """A beginner's first notebook, saved in the home folder beside a data file: the files directly in home are
+    mirrored (not its folders or hidden files), with one notice that says so and names the setting."""
+    home = tmp_path / "home"
+    (home / "Documents" / "private").mkdir(parents=True)
+    (home / "Documents" / "private" / "taxes.csv").write_text("no")
+    (home / ".bash_history").write_text("export TOKEN=secret\n")
+    (home / "data.csv").write_text("a,b\n1,2\n")
+    with Kernel(kernel_name, cwd=str(home), env={"HOME": str(home)}) as k:
+        run = k.execute("import os\nopen('data.csv').read(), sorted(os.listdir('.'))")
+        assert value(run) == "('a,b\\n1,2\\n', ['data.csv'])"
+        assert "home folder" in run.text("stderr") and "DaytonaKernel.sync" in run.text("stderr"), run.text("stderr")
+        assert "home folder" not in k.execute("open('result.csv', 'w').write('x')").text("stderr")  # said once
+        assert (home / "result.csv").read_text() == "x"

@@ -459,9 +459,13 @@ def test_folder_holding_the_home_folder_is_not_mirrored_automatically(tmp_path: 
     home = tmp_path / "home" / "me"
     home.mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
-    for root in (tmp_path / "home", tmp_path, home):
+    for root in (tmp_path / "home", tmp_path):
         mirror = WorkdirMirror(str(root), sandbox, config, tmp_path / "m.json", log)
         assert mirror.mode == "off" and "home folder" in mirror.notice, root
+    for i in range(101):  # the home folder itself, with many files directly in it: off too
+        (home / f"f{i}.txt").write_text("")
+    mirror = WorkdirMirror(str(home), sandbox, config, tmp_path / "m.json", log)
+    assert mirror.mode == "off" and "more than 100 files" in mirror.notice
     project = tmp_path / "work"
     project.mkdir()
     assert WorkdirMirror(str(project), sandbox, config, tmp_path / "m.json", log).mode == "both"

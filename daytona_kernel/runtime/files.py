@@ -194,6 +194,7 @@ class LiveReports(object):
         self._thread.join()
 
 
+EXPLAINED_CHAIN = 10  # errors of a chain (raise ... from, or during handling) that get the note
 OUTSIDE_LISTED = 5  # paths named in the notice of writes outside the mirrored folder
 _watcher = None  # the process's OutsideTheMirror, seen by the audit hook (installed once per process)
 
@@ -256,7 +257,15 @@ class OutsideTheMirror(object):
 
     def explain(self, exc):
         """Add a note to a FileNotFoundError (or NotADirectoryError) for a path outside the mirrored folder,
-        or inside it but left out by the mirror's rules (.gitignore, sync_exclude, secrets ...)."""
+        or inside it but left out by the mirror's rules (.gitignore, sync_exclude, secrets ...): the error
+        itself or one it was raised from or while handling (a library's own error around it)."""
+        seen = 0
+        while exc is not None and seen < EXPLAINED_CHAIN:
+            self._explain_one(exc)
+            exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+            seen += 1
+
+    def _explain_one(self, exc):
         if not isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.filename is None:
             return
         found = self._outside(exc.filename)
