@@ -109,12 +109,23 @@ class Landing:
     @property
     def envs(self) -> frozenset[str]:
         """Python environments: a pyvenv.cfg or a conda-meta/ in them."""
-        return frozenset(folder for folder, found in self.markers.items() if found & ENV_MARKERS)
+        return frozenset(folder for folder, found in self.markers.items() if is_environment(found))
 
     @property
     def repos(self) -> frozenset[str]:
         """Folders git takes, or may take, for a repository: a HEAD beside objects/, refs/, commondir or config."""
-        return frozenset(folder for folder, found in self.markers.items() if "head" in found and found & GIT_MARKERS)
+        return frozenset(folder for folder, found in self.markers.items() if is_repository(found))
+
+
+def is_environment(found: frozenset[str]) -> bool:
+    """A folder with these markers is a Python environment: a pyvenv.cfg or a conda-meta/ in it."""
+    return bool(found & ENV_MARKERS)
+
+
+def is_repository(found: frozenset[str]) -> bool:
+    """A folder with these markers is (or may be taken for) a repository: a HEAD beside objects/, refs/,
+    commondir or config."""
+    return "head" in found and bool(found & GIT_MARKERS)
 
 
 def folders_above(rel: str) -> list[str]:
@@ -128,27 +139,31 @@ def landing_of(paths: Iterable[str]) -> Landing:
     commondir or config, a folder named conda-meta, objects or refs on the way; keyed by ``path_key``."""
     markers: dict[str, set[str]] = {}
     for path in paths:
-        parts = path_key(path).split("/")
-        for i, name in enumerate(parts):
-            if name in MARKERS and (name in MARKER_FOLDERS) == (i < len(parts) - 1):
-                markers.setdefault("/".join(parts[:i]), set()).add(name)
+        for folder, name in markers_on_the_way(path_key(path).split("/")):
+            markers.setdefault(folder, set()).add(name)
     return Landing({folder: frozenset(found) for folder, found in markers.items()})
+
+
+def markers_on_the_way(parts: list[str]) -> list[tuple[str, str]]:
+    """(folder key, marker) for the markers a keyed path's names make in the folders it goes through."""
+    last = len(parts) - 1
+    return [("/".join(parts[:i]), name) for i, name in enumerate(parts) if name in MARKERS and (name in MARKER_FOLDERS) == (i < last)]
 
 
 def code_refusal(rel: str, landing: Landing) -> str | None:
     """Why the sandbox's file ``rel`` would be code this machine may run later, so it is never written
     here (nor deleted by the sandbox), whatever any setting or .gitignore says; None if it is not.
     ``landing`` is what the folders will hold: here, in the report and ``rel`` itself (``landing_of``)."""
-    key = path_key(rel)
-    landing = landing | landing_of([rel])  # the file itself: a HEAD completes a repository as much as objects/ do
-    envs, repos = landing.envs, landing.repos
-    for folder in folders_above(key):
+    parts = path_key(rel).split("/")
+    own = markers_on_the_way(parts)  # the file itself: a HEAD completes a repository as much as objects/ do
+    for i in range(len(parts)):  # one lookup each: a report of N files costs N, not N times every folder
+        folder = "/".join(parts[:i])
+        found = landing.markers.get(folder, frozenset()).union(name for where, name in own if where == folder)
         where = f"{folder}/" if folder else "the mirrored folder"
-        if folder in envs:
+        if is_environment(found):
             return f"{where} is a Python environment, and every python from it would run it"
-        if folder in repos:
+        if is_repository(found):
             return f"{where} is a git repository, and git runs its hooks and config"
-    parts = key.split("/")
     for part in parts:
         if not part:
             return "a name in it is empty without its trailing dots, spaces or invisible characters, as Windows and macOS read it"
