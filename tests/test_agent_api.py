@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -86,6 +87,16 @@ class TestAgentApi:
         assert result.timed_out and result.interrupted
         assert any("timeout of 3 s and was interrupted; the variables are kept" in n for n in result.notices)
         assert agent.run("y * 2").text == "10\n"
+
+    def test_long_output_is_cut_with_a_note_naming_the_whole_text(self, agent: AgentKernel, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(agent.kernel, "output_chars", 3000)
+        result = agent.run("for i in range(2000):\n    print(f'line {i}')\nraise ValueError('at the end')")
+        assert result.truncated and len(result.text) < 3500
+        assert result.text.startswith("line 0\n") and "ValueError: at the end" in result.text  # the head and the tail
+        path = re.search(r"the full text is in (\S+)\]", result.text)
+        assert path is not None
+        whole = Path(path.group(1)).read_text()
+        assert "line 1000\nline 1001\n" in whole and "line 1000\n" not in result.text
 
     def test_restart_loses_the_variables_and_says_so(self, agent: AgentKernel) -> None:
         agent.run("gone = 1")
