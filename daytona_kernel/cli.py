@@ -179,6 +179,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_reap(args: argparse.Namespace) -> int:
+    from . import admin
+    from .backends.daytona_states import reap
+
+    return admin.run(reap(args.sandbox_id, args.api_url, args.target, lambda line: print(line, file=sys.stderr)))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from . import admin
 
@@ -294,6 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only list what would be done")
     p.add_argument("--local", action="store_true", help="clean up only the local backend's leftovers (no Daytona key needed)")
     p.set_defaults(func=cmd_gc)
+
+    p = add_parser(
+        "reap", help="delete one sandbox once its change of state has ended (a kernel's shutdown hands it over)",
+    )
+    p.add_argument("sandbox_id", help="the sandbox's id or name")
+    p.add_argument("--api-url", required=True, help="the Daytona API the sandbox is in")
+    p.add_argument("--target", default="", help="the Daytona target (region)")
+    p.set_defaults(func=cmd_reap)
 
     p = add_parser("doctor", help="check configuration, credentials, API, volume, kernelspecs and a test cell")
     p.add_argument("--no-round-trip", action="store_true", help="skip running a test cell in a sandbox")

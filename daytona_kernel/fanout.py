@@ -171,6 +171,7 @@ class WorkerPool:
         self._running = False
         self._interrupted = False
         self._starting = ""  # what the status line says while workers start
+        self.undeleted: list[str] = []  # workers Daytona would not delete, for the next line the user reads
 
     # -- the pool ----------------------------------------------------------
 
@@ -206,7 +207,8 @@ class WorkerPool:
             self._starting = ""
         failed = [(w, r) for w, r in zip(new, results) if isinstance(r, BaseException)]
         for worker, _ in failed:
-            self.workers.remove(worker)
+            if worker in self.workers:  # else the pool was closed meanwhile (a shutdown)
+                self.workers.remove(worker)
         if len(failed) < missing:  # said once they run: before, the status line says it (docs/status.md)
             started = missing - len(failed)
             plural = "s" if started > 1 else ""
@@ -216,6 +218,9 @@ class WorkerPool:
             frontend.notice(reports[0].notices())
         if failed:
             await asyncio.gather(*(self._end(w) for w, _ in failed))
+            undeleted = self.take_undeleted()
+            if undeleted:
+                frontend.notice(undeleted)
             for _, exc in failed:
                 if not isinstance(exc, Exception):
                     raise exc  # a cancellation goes on, once the half-started workers are gone
@@ -263,14 +268,13 @@ class WorkerPool:
         )
 
     async def _end(self, worker: Worker) -> None:
-        """Delete a worker's sandbox (stop its process), whatever state its start reached."""
+        """Delete a worker's sandbox (stop its process), whatever state its start reached: the supervisor has the
+        backend look for a sandbox a start cut short made all the same, and wait out a change of state under way."""
         try:
-            started = worker.supervisor.sandbox_started
             await worker.supervisor.shutdown()
-            if not started:  # a start that failed half-way may have created the sandbox all the same
-                await worker.sandbox.shutdown()
         except DaytonaKernelError as exc:
             self._log.warning("could not delete worker %s: %s", worker.sandbox.id, exc)
+            self.undeleted.append(f"worker {worker.sandbox.id}: {exc}")
 
     async def close(self) -> str:
         """``%daytona map --close`` and the kernel's shutdown: delete every worker."""
@@ -278,7 +282,13 @@ class WorkerPool:
         await asyncio.gather(*(self._end(w) for w in workers))
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
-        return f"closed {len(workers)} worker{'s' if len(workers) != 1 else ''}\n" if workers else "no workers to close\n"
+        text = f"closed {len(workers)} worker{'s' if len(workers) != 1 else ''}\n" if workers else "no workers to close\n"
+        return text + self.take_undeleted()
+
+    def take_undeleted(self) -> str:
+        """The workers Daytona would not delete since the last call (each may still be billed), with the way out."""
+        undeleted, self.undeleted = self.undeleted, []
+        return "".join(f"daytona-kernel: could not delete {line}\n" for line in undeleted)
 
     def _show_states(self, frontend: Frontend) -> None:
         states = "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.workers))

@@ -28,6 +28,7 @@ from .runtime.calls import Call, RuntimeOptions
 # A restart's head start for the next process is worth at most this long: Jupyter kills a kernel process
 # that has not ended 5 s after its shutdown request, and the old contexts must still be deleted (detach).
 LEAVE_NEXT_CONTEXT_S = 1.5
+STARTING_CANCEL_S = 10.0  # a start cancelled at shutdown: how long its end (a create under way) is waited for
 
 T = TypeVar("T")
 WORKER_REPLACED = (
@@ -68,7 +69,7 @@ class ContextSupervisor:
         self._starting: asyncio.Future[Live] | None = None
         self.live: Live | None = None
         self._repo_staged_in: int | None = None  # the sandbox generation repo_url was staged in
-        self._shut_down = False
+        self._shutting: asyncio.Future[None] | None = None  # the shutdown under way
         self._closing: set[asyncio.Future[None]] = set()  # old contexts being deleted in the background
         self._looking: set[asyncio.Future[None]] = set()  # the journal's look, after a restart's quick start
         self._progress: ProgressCallback | None = None
@@ -271,13 +272,20 @@ class ContextSupervisor:
     async def shutdown(self, restart: bool = False, before_ending: Callable[[], Awaitable[None]] | None = None) -> None:
         """Stop provisioning, then release the sandbox: on a restart keep it for the next kernel process
         (``detach``), otherwise stop or delete it by policy. ``before_ending`` runs first in the live context (at a
-        restart, while the next context is made). Safe to call twice."""
-        if self._shut_down:
-            return
-        self._shut_down = True
+        restart, while the next context is made). Safe to call twice: a second call (a SIGTERM during a shutdown)
+        waits for the first."""
+        if self._shutting is None:
+            self._shutting = asyncio.ensure_future(self._shutdown(restart, before_ending))
+        await asyncio.shield(self._shutting)
+
+    async def _shutdown(self, restart: bool, before_ending: Callable[[], Awaitable[None]] | None) -> None:
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
-        if self._sandbox_started:
+            await asyncio.wait({self._starting}, timeout=STARTING_CANCEL_S)  # so what its create did is known
+        if not self._sandbox_started:
+            if not restart:  # a start cut short may have made its sandbox all the same: the backend looks for it
+                await self.sandbox.shutdown()
+        else:
             await self._wait_for_closing()
             if restart:
                 # This process's context goes while the next one is made: the daemon answers a deletion only once

@@ -26,7 +26,9 @@ snapshots with resources (``snapshots``), sandbox classes (``sandbox_class``).
 Control plane (``apps/api/src/sandbox/services/sandbox.service.ts``, and
 ``dto/sandbox.dto.ts`` getSandboxState() for the states the API reports):
 transitions take time (``transition_s`` per transitional state: creating, starting, stopping, archiving, destroying, pausing, resuming);
-a start or stop during a transition answers 409 "State change in progress"
+a start, stop or delete during a transition answers 409 "Sandbox state change in progress"
+(``exceptions/state-change-in-progress.exception.ts``; destroy() refuses any pending change, ``pending``
+being state != desiredState except on the way to archived or in error, ``entities/sandbox.entity.ts``)
 (start during ``archiving`` is accepted); an ephemeral sandbox
 (autoDeleteInterval=0) is destroyed when it stops, after which GET is 404; a
 GPU sandbox must be ephemeral (400), and for a snapshot create its resources,
@@ -65,6 +67,18 @@ changes, so the SDK waits for a transition by its events instead of polling
 ``GET /sandbox/{id}`` once a second. ``state_events = False`` before ``start()``
 turns them off (the SDK then polls, as against an API it cannot reach).
 
+Stop, delete and the harsh paths (docs/daytona-platform.md has the sources): a stop, an auto-stop or a
+delete SIGKILLs every process of the sandbox at once (each context's process group and each running
+``process/execute`` command's: the daemon is PID 1, apps/runner/pkg/docker/container_configs.go), so no
+atexit runs; a DELETE while a change is pending is a 409 "Sandbox state change in progress"; context create
+and delete hold one lock per sandbox, which every execute handshake and list also takes
+(interpreter/manager.go); ``list_lag_s`` keeps a new sandbox out of the (eventually consistent) list for a
+while, and a second create with a name in use is a 409 "already exists"; ``failed_auth = (limit, ttl_s)`` is
+Daytona's failed-auth throttler (off by default); ``lifecycle_rate`` the sandbox-lifecycle one; bulk download
+streams, opens each path before it stats it (a FIFO blocks, a device streams, a directory is 400
+INVALID_FILE_PATH) and names parts as download_files.go does; processes get the sandbox's environment, never
+this machine's DAYTONA_* variables.
+
 Processes: ``process/execute`` runs the command as the daemon does
 (``apps/daemon/pkg/toolbox/process/execute.go``): the first of zsh and bash
 listed in /etc/shells (else sh) reads the command on its stdin, in a process
@@ -82,8 +96,8 @@ in ``sandbox.controller.ts`` about line 233): ``create_rate = (limit, seconds)``
 the limit with 429 and the seconds to wait in ``Retry-After-sandbox-create`` (@nestjs/throttler names
 the header after the throttler), and ``quota`` (``{"cpu": 4, "memory": 8, "disk": 30, "gpu": 0}``, any
 of them) refuses a create that would pass a total with 400 "Total CPU limit exceeded. Maximum
-allowed: N." (CPU and memory count for sandboxes that are not stopped, archived or paused; disk counts
-for every sandbox that is not destroyed).
+allowed: N." (CPU and memory count for the compute states, disk for those and stopped, paused and archiving:
+``organization/constants/sandbox-states-consuming-*.constant.ts``; archived, error and destroying count nothing).
 
 Paths inside a sandbox: a path under a volume's mount path is on that volume;
 a path under /home/daytona (the sandbox user's home) or a relative path is in
@@ -112,6 +126,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -155,14 +170,17 @@ TRANSITION_S = 0.1  # how long each transitional state lasts unless a test sets 
 STARTABLE = ("stopped", "archived", "archiving", "paused")
 DEFAULT_AUTO_PAUSE_MIN = 60  # CreateSandbox.autoPauseInterval: a pausable class given neither interval
 DEFAULT_AUTO_STOP_MIN = 15
-RETRY_AFTER_CREATE = "Retry-After-sandbox-create"  # @nestjs/throttler: Retry-After-<throttler name>
 UPGRADE_TIER = "To increase concurrency limits, upgrade your organization's Tier by visiting https://app.daytona.io/dashboard/limits."
 QUOTA_NAMES = {"cpu": "CPU", "memory": "memory", "disk": "disk", "gpu": "GPU"}
 QUOTA_UNITS = {"cpu": "", "memory": "GiB", "disk": "GiB", "gpu": ""}
-NOT_RUNNING = ("stopped", "archived", "archiving", "paused", "destroying", "destroyed", "error", "build_failed")
+# organization/constants/sandbox-states-consuming-compute.constant.ts and sandbox-states-consuming-disk.constant.ts
+# (the states the emulator has): archived, error and destroying sandboxes count for nothing
+CONSUMING_COMPUTE = ("creating", "started", "starting", "stopping", "pausing", "resuming")
+CONSUMING_DISK = (*CONSUMING_COMPUTE, "stopped", "paused", "archiving")
 PAUSABLE_CLASSES = ("linux-vm", "windows")  # sandbox.service.ts pause(): SandboxClass.LINUX_VM, SandboxClass.WINDOWS
 PENDING_FROM_STARTED = ("stopping", "destroying")  # the API's state is still STARTED, with a change pending
 GPU_MUST_BE_EPHEMERAL = "GPU sandboxes must be ephemeral - set autoDeleteInterval to 0"  # sandbox.service.ts 525, 867
+STATE_CHANGE_IN_PROGRESS = "Sandbox state change in progress"  # exceptions/state-change-in-progress.exception.ts
 SOCKETIO_PATH = "/api/socket.io/"  # notification.gateway.ts @WebSocketGateway({path, transports: ['websocket']})
 
 
@@ -263,6 +281,9 @@ class EmuSandbox:
     sandbox_class: str = "container"
     pausable: bool = False  # its class supports pausing
     frozen: bool = False  # its processes are SIGSTOPped (pausing, paused, resuming)
+    listed_from: float = 0.0  # monotonic time from which the (eventually consistent) list shows it
+    context_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # interpreter/manager.go: one lock for its contexts
+    process_groups: set[int] = field(default_factory=set)  # the process groups of process/execute commands running
 
     @property
     def ephemeral(self) -> bool:
@@ -304,8 +325,15 @@ class DaytonaEmulator:
         self._failing_pauses: list[tuple[str, bool]] = []  # (errorReason, recoverable) for the next pause jobs
         self._fail_after_create: list[int] = []  # statuses for the next creates, answered after creating
         self.create_rate: tuple[int, float] | None = None  # (creates, seconds): Daytona's sandbox-create throttler
-        self._create_hits: list[float] = []  # when the creates within the current window came
-        self.throttled = 0  # creates answered 429
+        # The list is eventually consistent (sandbox.controller.ts listSandboxes: "Eventually consistent", served by a
+        # search index): a new sandbox shows in it only this many seconds after its create. GET by id or name is not.
+        self.list_lag_s = 0.0
+        self.lifecycle_rate: tuple[int, float] | None = None  # (calls, seconds): the sandbox-lifecycle throttler
+        self._throttle_hits: dict[str, list[float]] = {}  # per throttler: when the calls within its window came
+        self.throttled = 0  # creates and lifecycle calls answered 429
+        self.failed_auth: tuple[int, float] | None = None  # (limit, ttl_s): Daytona's failed-auth throttler, off by default
+        self._auth_hits: dict[str, tuple[float, int]] = {}  # client address -> (window start, failures in it)
+        self._auth_blocked: dict[str, float] = {}  # client address -> blocked until (monotonic)
         self.quota: dict[str, int] = {}  # the organisation's totals: cpu, memory (GiB), disk (GiB), gpu
         self._pending: list[dict[str, int]] = []  # creates under way, counted as Daytona counts pending usage
         self.git_credentials: dict[str, tuple[str, str]] = {}  # url -> (username, password) a private repo wants
@@ -572,7 +600,7 @@ class DaytonaEmulator:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return self._error(401, "Invalid credentials")
+            return self._failed_auth(request.remote or "")
         if fault is not None:
             return self._error(fault[1], f"injected fault {fault[1]}")
         if before is not None:
@@ -591,6 +619,52 @@ class DaytonaEmulator:
             return self._error(400, str(exc))
         except KeyError as exc:
             return self._error(404, f"not found: {exc}")
+
+    def _failed_auth(self, client: str) -> web.Response:
+        """A 401, counted by the failed-auth throttler when it is configured (``failed_auth = (limit, ttl_s)``; off by
+        default, as in Daytona): auth/failed-auth-tracker.service.ts incrementFailedAuth(), per client address. The
+        ``limit``-th failure within ``ttl_s`` blocks the address for ``ttl_s``: that failure and every one after it is
+        a 429 "ThrottlerException: Too Many Requests" (filters/all-exceptions.filter.ts) with
+        ``X-RateLimit-Remaining-failed-auth: 0`` and a ``Retry-After`` of what is left of the block (the whole ttl
+        when it begins); headers from common/utils/rate-limit-headers.util.ts."""
+        if self.failed_auth is None:
+            return self._error(401, "Invalid credentials")
+        limit, ttl_s = self.failed_auth
+        now = time.monotonic()
+        with self._lock:
+            blocked_until = self._auth_blocked.get(client, 0.0)
+            if blocked_until > now:
+                retry_after = max(1, math.ceil(blocked_until - now))
+                return self._rate_limited_auth(limit, retry_after)
+            started, hits = self._auth_hits.get(client, (now, 0))
+            if now - started >= ttl_s:
+                started, hits = now, 0
+            hits += 1
+            self._auth_hits[client] = (started, hits)
+            if hits >= limit:
+                self._auth_blocked[client] = now + ttl_s
+                return self._rate_limited_auth(limit, math.ceil(ttl_s))
+        response = self._error(401, "Invalid credentials")
+        response.headers.update(
+            {
+                "X-RateLimit-Limit-failed-auth": str(limit),
+                "X-RateLimit-Remaining-failed-auth": str(max(0, limit - hits)),
+                "X-RateLimit-Reset-failed-auth": str(math.ceil(started + ttl_s - now)),
+            }
+        )
+        return response
+
+    def _rate_limited_auth(self, limit: int, retry_after: int) -> web.Response:
+        response = self._error(429, "ThrottlerException: Too Many Requests")
+        response.headers.update(
+            {
+                "X-RateLimit-Limit-failed-auth": str(limit),
+                "X-RateLimit-Remaining-failed-auth": "0",
+                "X-RateLimit-Reset-failed-auth": str(retry_after),
+                "Retry-After": str(retry_after),
+            }
+        )
+        return response
 
     async def _socket_connect(self, sid: str, environ: dict[str, Any], auth: Any = None) -> None:
         """notification.gateway.ts afterInit(): the token is the API key (or a JWT); the client joins its
@@ -720,10 +794,17 @@ class DaytonaEmulator:
         return checked(SandboxModel, data)
 
     async def _kill_contexts(self, sandbox: EmuSandbox) -> None:
-        if sandbox.frozen:  # a frozen worker would not see its SIGTERM
-            self._signal_workers(sandbox, signal.SIGCONT)
-        for ctx in list(sandbox.contexts.values()):
-            await ctx.worker.shutdown()
+        """Every process of the sandbox gets SIGKILL at once: each context's worker with its process group
+        (its children too), and each ``process/execute`` command's group. The daemon is the container's
+        entrypoint (apps/runner/pkg/docker/container_configs.go); its SIGTERM path only drains HTTP
+        (apps/daemon/cmd/daemon/main.go), and when PID 1 exits the kernel kills the rest: no grace, no
+        atexit, no signal handler runs in the sandbox at a stop, an auto-stop or a delete."""
+        for pgid in list(sandbox.process_groups):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        sandbox.process_groups.clear()
+        await asyncio.gather(*(ctx.worker.kill() for ctx in list(sandbox.contexts.values())))
+        sandbox.frozen = False
         sandbox.contexts.clear()
 
     @staticmethod
@@ -831,6 +912,12 @@ class DaytonaEmulator:
     def _in_transition(sandbox: EmuSandbox) -> bool:
         return sandbox.state != sandbox.desired
 
+    @staticmethod
+    def _change_pending(sandbox: EmuSandbox) -> bool:
+        """The entity's ``pending`` (sandbox.entity.ts getInvariantChanges()): state != desiredState, except on the
+        way to archived and in error or build_failed."""
+        return sandbox.state != sandbox.desired and sandbox.desired != "archived" and sandbox.state not in ("error", "build_failed")
+
     # -- sandboxes -----------------------------------------------------------
 
     async def create_sandbox(self, request: web.Request) -> web.Response:
@@ -863,6 +950,8 @@ class DaytonaEmulator:
         if (body.get("gpu") or 0) > 0 and spec.auto_delete_interval != 0:
             # createFromSnapshot() and createFromBuildInfo(): a GPU sandbox must be ephemeral
             raise BadRequest(GPU_MUST_BE_EPHEMERAL)
+        if spec.name and any(s.spec.get("name") == spec.name and s.state != "destroyed" for s in self.sandboxes.values()):
+            return self._error(409, f"Sandbox with name {spec.name} already exists")  # sandbox.service.ts about 712
         pausable = self.sandbox_class in self.pausable_classes
         self._idle_intervals(body, spec, pausable)
         pending = self._check_quota(body)  # counted until the sandbox itself counts
@@ -875,6 +964,7 @@ class DaytonaEmulator:
         for index, (mount_path, bucket) in enumerate(buckets):
             bucket.mkdir(parents=True, exist_ok=True)  # the runner creates a missing subpath
             sandbox.mounts.append((mount_path, await self._mount(sandbox, index, mount_path, bucket)))
+        sandbox.listed_from = time.monotonic() + self.list_lag_s
         self.sandboxes[sid] = sandbox
         if pending is not None:
             self._pending.remove(pending)
@@ -889,19 +979,28 @@ class DaytonaEmulator:
     def _throttle_create(self) -> web.Response | None:
         """The sandbox-create throttler: over ``create_rate``'s limit within its window, a 429 that says
         when to come back (whole seconds, rounded up, as @nestjs/throttler does)."""
-        if self.create_rate is None:
+        return self._throttle("sandbox-create", self.create_rate)
+
+    def _throttle_lifecycle(self) -> web.Response | None:
+        """The sandbox-lifecycle throttler (``lifecycle_rate``): sandbox.controller.ts puts delete, recover, start,
+        stop, pause, resize and archive under ``@ThrottlerScope('sandbox-lifecycle')``."""
+        return self._throttle("sandbox-lifecycle", self.lifecycle_rate)
+
+    def _throttle(self, name: str, rate: tuple[int, float] | None) -> web.Response | None:
+        """@nestjs/throttler: over ``rate``'s limit within its window, 429 with ``Retry-After-<name>``."""
+        if rate is None:
             return None
-        limit, window_s = self.create_rate
+        limit, window_s = rate
         now = time.monotonic()
         with self._lock:
-            self._create_hits = [t for t in self._create_hits if now - t < window_s]
-            if len(self._create_hits) < limit:
-                self._create_hits.append(now)
+            hits = self._throttle_hits[name] = [t for t in self._throttle_hits.get(name, []) if now - t < window_s]
+            if len(hits) < limit:
+                hits.append(now)
                 return None
             self.throttled += 1
-            wait_s = max(1, math.ceil(self._create_hits[0] + window_s - now))
+            wait_s = max(1, math.ceil(hits[0] + window_s - now))
         response = self._error(429, "ThrottlerException: Too Many Requests")
-        response.headers[RETRY_AFTER_CREATE] = str(wait_s)
+        response.headers[f"Retry-After-{name}"] = str(wait_s)
         return response
 
     @staticmethod
@@ -916,11 +1015,8 @@ class DaytonaEmulator:
             return None
         wanted = self._size(body)
         for key, total in self.quota.items():
-            used = sum(
-                self._size(s.spec)[key]
-                for s in self.sandboxes.values()
-                if s.state != "destroyed" and (key == "disk" or s.state not in NOT_RUNNING)
-            )
+            counted = CONSUMING_DISK if key == "disk" else CONSUMING_COMPUTE
+            used = sum(self._size(s.spec)[key] for s in self.sandboxes.values() if s.state in counted)
             used += sum(p[key] for p in self._pending)
             if used + wanted[key] > total:
                 extra = "\nConsider archiving your unused Sandboxes to free up available storage." if key == "disk" else ""
@@ -942,10 +1038,11 @@ class DaytonaEmulator:
 
     async def list_sandboxes(self, request: web.Request) -> web.Response:
         wanted = json.loads(request.query.get("labels") or "{}")
+        now = time.monotonic()
         items = [
             self._dto(s)
             for s in self.sandboxes.values()
-            if s.state != "destroyed" and all(s.labels.get(k) == v for k, v in wanted.items())
+            if s.state != "destroyed" and s.listed_from <= now and all(s.labels.get(k) == v for k, v in wanted.items())
         ]
         return web.json_response(checked(ListSandboxesResponse, {"items": items, "nextCursor": None}))
 
@@ -954,12 +1051,15 @@ class DaytonaEmulator:
 
     async def start_sandbox(self, request: web.Request) -> web.Response:
         """sandbox.service.ts start(): started is a no-op; errored is a 400; during a transition only archiving may start."""
+        throttled = self._throttle_lifecycle()
+        if throttled is not None:
+            return throttled
         sandbox = self._sandbox(request)
         if sandbox.state == "started" and sandbox.desired == "started":
             return web.json_response(self._dto(sandbox))
         self._not_errored(sandbox)
         if self._in_transition(sandbox) and not (sandbox.desired == "archived" and sandbox.state in STARTABLE):
-            return self._error(409, "State change in progress")
+            return self._error(409, STATE_CHANGE_IN_PROGRESS)
         if sandbox.state not in STARTABLE:
             raise BadRequest("Sandbox is not in valid state")
         if sandbox.state == "paused":  # resume: the frozen processes continue once it is started
@@ -973,11 +1073,14 @@ class DaytonaEmulator:
         """sandbox.service.ts pause(), in its order: 400 unless the API's state is started (paused included:
         a started sandbox with a change pending is reported as ``stopping``/``destroying``), 409 for that
         pending change, 422 for a class that cannot pause."""
+        throttled = self._throttle_lifecycle()
+        if throttled is not None:
+            return throttled
         sandbox = self._sandbox(request)
         if sandbox.state not in ("started", *PENDING_FROM_STARTED):
             raise BadRequest("Sandbox must be in started state to pause")
         if self._in_transition(sandbox):
-            return self._error(409, "State change in progress")
+            return self._error(409, STATE_CHANGE_IN_PROGRESS)
         if not sandbox.pausable:
             return self._error(422, "Pausing is not supported for this sandbox")
         self._pause(sandbox)
@@ -1017,10 +1120,13 @@ class DaytonaEmulator:
 
     async def stop_sandbox_request(self, request: web.Request) -> web.Response:
         """sandbox.service.ts stop(): 400 when errored, 409 during a transition, 400 unless started or paused."""
+        throttled = self._throttle_lifecycle()
+        if throttled is not None:
+            return throttled
         sandbox = self._sandbox(request)
         self._not_errored(sandbox)
         if self._in_transition(sandbox):
-            return self._error(409, "State change in progress")
+            return self._error(409, STATE_CHANGE_IN_PROGRESS)
         if sandbox.state not in ("started", "paused"):
             raise BadRequest("Sandbox is not in a stoppable state")
         await self._stop(sandbox)
@@ -1029,6 +1135,9 @@ class DaytonaEmulator:
     async def recover_sandbox(self, request: web.Request) -> web.Response:
         """sandbox.service.ts recover() (in place): 400 unless recoverable and in error; then started again
         (a new container: its processes are new), and the controller answers once it is started."""
+        throttled = self._throttle_lifecycle()
+        if throttled is not None:
+            return throttled
         sandbox = self._sandbox(request)
         if not sandbox.recoverable:
             raise BadRequest("Sandbox is not in a recoverable state")
@@ -1070,8 +1179,15 @@ class DaytonaEmulator:
         return web.json_response(checked(SnapshotDto, data))
 
     async def delete_sandbox(self, request: web.Request) -> web.Response:
-        """sandbox.service.ts destroy(): the desired state becomes destroyed, via destroying."""
+        """sandbox.service.ts destroy() (about line 2014): 409 while a change is pending (creating, starting,
+        stopping, pausing, resuming, destroying: a second delete too), else the desired state becomes destroyed,
+        via destroying."""
+        throttled = self._throttle_lifecycle()
+        if throttled is not None:
+            return throttled
         sandbox = self._sandbox(request)
+        if self._change_pending(sandbox):
+            return self._error(409, STATE_CHANGE_IN_PROGRESS)
         await self._kill_processes(sandbox)
         self._transition(sandbox, "destroying", "destroyed")
         return web.json_response(self._dto(sandbox))
@@ -1127,22 +1243,32 @@ class DaytonaEmulator:
         folder = self.host_path(sandbox, cwd)
         if not folder.is_dir():  # the daemon cannot start a worker there (manager.go)
             return self._error(500, f"failed to start context: chdir {cwd}: no such file or directory")
-        ctx = await self._new_context(sandbox, str(uuid.uuid4()), cwd)
+        async with sandbox.context_lock:  # manager.go CreateContext(): the lock is held while the worker starts
+            ctx = await self._new_context(sandbox, str(uuid.uuid4()), cwd)
         return web.json_response(self._context_dto(ctx))
 
     async def _new_context(self, sandbox: EmuSandbox, cid: str, cwd: str) -> EmuContext:
         folder = self.host_path(sandbox, cwd)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
-        env.update(sandbox.spec.get("env") or {})
+        env = self._sandbox_env(sandbox)
         worker = InterpreterWorker(self.python, str(folder), env, pipe_bytes=None)  # Go's pipe: Linux's 64 KiB
         await worker.start()
         ctx = EmuContext(cid, cwd, worker)
         sandbox.contexts[ctx.id] = ctx
         return ctx
 
+    @staticmethod
+    def _sandbox_env(sandbox: EmuSandbox) -> dict[str, str]:
+        """The environment of the sandbox's processes: the container's (the create's ``env`` over the image's),
+        never this machine's Daytona settings. The daemon starts workers and commands with its own environment
+        (interpreter/manager.go, process/execute.go), which is the container's: the API key is not in it."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
+        env.update(sandbox.spec.get("env") or {})
+        return env
+
     async def list_contexts(self, request: web.Request) -> web.Response:
         sandbox = self._started(request)
-        contexts = [self._context_dto(c) for c in sandbox.contexts.values() if c.id != "default"]
+        async with sandbox.context_lock:  # manager.go ListContexts(): behind a create or delete under way
+            contexts = [self._context_dto(c) for c in sandbox.contexts.values() if c.id != "default"]
         return web.json_response(checked(ListContextsResponse, {"contexts": contexts}))
 
     async def delete_context(self, request: web.Request) -> web.Response:
@@ -1150,8 +1276,9 @@ class DaytonaEmulator:
         cid = request.match_info["cid"]
         if cid == "default":
             raise BadRequest("cannot delete default context")
-        ctx = sandbox.contexts.pop(cid)
-        await ctx.worker.shutdown()
+        async with sandbox.context_lock:  # manager.go DeleteContext(): held while the worker exits (SIGTERM, 2 s, kill)
+            ctx = sandbox.contexts.pop(cid)
+            await ctx.worker.shutdown()
         return web.json_response({"message": "Context deleted successfully"})  # controller.go DeleteContext
 
     async def execute(self, request: web.Request) -> web.StreamResponse:
@@ -1192,13 +1319,14 @@ class DaytonaEmulator:
             await ws.close(code=WS_POLICY, message=b"timeout must be greater than or equal to 0")
             return
         cid = req.get("contextId")
-        if cid is None:  # the default context, created on first use
-            ctx = sandbox.contexts.get("default") or await self._new_context(sandbox, "default", str(sandbox.home))
-        else:
-            ctx = sandbox.contexts.get(cid)
-            if ctx is None:
-                await ws.close(code=WS_POLICY, message=f"context not found: {cid}".encode())
-                return
+        async with sandbox.context_lock:  # manager.go GetContext() / GetOrCreateDefaultContext(): the manager's lock
+            if cid is None:  # the default context, created on first use
+                ctx = sandbox.contexts.get("default") or await self._new_context(sandbox, "default", str(sandbox.home))
+            else:
+                ctx = sandbox.contexts.get(cid)
+        if ctx is None:
+            await ws.close(code=WS_POLICY, message=f"context not found: {cid}".encode())
+            return
         with self._lock:
             drop_after, self._drop_ws_after = self._drop_ws_after, None
         frames: asyncio.Queue[dict[str, str] | int] = asyncio.Queue(WS_CLIENT_FRAMES)
@@ -1272,11 +1400,12 @@ class DaytonaEmulator:
         # The sandbox's /home/daytona is its folder here (and its volumes are mounted inside it), so a
         # command naming it (`mkdir -p /home/daytona/workspace`) acts on this sandbox, not on this machine.
         command = spec.command.replace(SANDBOX_HOME, str(sandbox.home))
-        env = {**os.environ, **(spec.envs or {})}
+        env = {**self._sandbox_env(sandbox), **(spec.envs or {})}
         proc = await asyncio.create_subprocess_exec(
             daemon_shell(), cwd=str(cwd), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, process_group=0,
         )
+        sandbox.process_groups.add(proc.pid)
         try:
             out, _ = await asyncio.wait_for(proc.communicate(command.encode()), spec.timeout or None)
         except asyncio.TimeoutError:
@@ -1284,6 +1413,8 @@ class DaytonaEmulator:
                 os.killpg(proc.pid, signal.SIGKILL)  # the whole group: its children too
             await proc.wait()
             return self._error(408, "command execution timeout")
+        finally:
+            sandbox.process_groups.discard(proc.pid)
         data = {"exitCode": proc.returncode, "result": out.decode("utf-8", "replace")}
         return web.json_response(checked(ExecuteResponse, data))
 
@@ -1359,22 +1490,95 @@ class DaytonaEmulator:
         return web.json_response({"files": files})
 
     async def bulk_download(self, request: web.Request) -> web.StreamResponse:
+        """fs/download_files.go DownloadFiles(): the parts stream as they are read. Each path is opened first
+        (openDownloadFile: a FIFO blocks the handler until a writer comes) and then stat-ed on the open file (only a
+        directory is refused, 400 INVALID_FILE_PATH); the part's Content-Length is that size, but the body is copied to
+        EOF (a device streams for as long as the client reads). Names are written as the daemon writes them
+        (multipartContentDisposition: a latin-1 ``filename`` and ``filename*=utf-8''...``, RFC 5987)."""
         sandbox = self._started(request)
         spec = parse(FilesDownloadRequest, await request.json())
-        boundary = uuid.uuid4().hex
-        chunks: list[bytes] = []
-        for path in spec.paths:
-            target = self.host_path(sandbox, path)
-            if target.is_file():
-                name, content, ctype = "file", target.read_bytes(), "application/octet-stream"
-            else:
-                name, ctype = "error", "application/json"
-                content = json.dumps({"message": f"file not found: {path}", "statusCode": 404}).encode()
-            chunks.append(
-                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path}"\r\n'
-                f"Content-Type: {ctype}\r\n\r\n".encode()
-                + content
-                + b"\r\n"
-            )
-        chunks.append(f"--{boundary}--\r\n".encode())
-        return web.Response(body=b"".join(chunks), headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        if not spec.paths:
+            return web.json_response({"error": 'request body must be {"paths": [ ... ]} and non-empty'}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": f"multipart/form-data; boundary={DOWNLOAD_BOUNDARY}"})
+        await response.prepare(request)
+        try:
+            for path in spec.paths:
+                opened = await _in_own_thread(functools.partial(_open_download, self.host_path(sandbox, path), path))
+                if isinstance(opened, dict):
+                    opened.update(timestamp=_now(), path=path, method="POST")
+                    await response.write(_part_header("error", path, "application/json; charset=utf-8") + json.dumps(opened).encode() + b"\r\n")
+                    continue
+                f, size = opened
+                try:
+                    await response.write(_part_header("file", path, "application/octet-stream", size))
+                    while True:
+                        chunk = await _in_own_thread(functools.partial(f.read, 64 * 1024))
+                        if not chunk:
+                            break
+                        await response.write(chunk)
+                    await response.write(b"\r\n")
+                finally:
+                    f.close()
+            await response.write(f"--{DOWNLOAD_BOUNDARY}--\r\n".encode())
+            await response.write_eof()
+        except ConnectionError:  # the client went away: the daemon's ctxWriter stops the copy, and so does this
+            return response
+        return response
+
+
+DOWNLOAD_BOUNDARY = "DAYTONA-FILE-BOUNDARY"  # download_files.go
+
+
+def _open_download(target: Path, path: str) -> tuple[Any, int] | dict[str, Any]:
+    """openDownloadFile(): open (a FIFO blocks here), then stat the open file; a directory is refused."""
+    try:
+        f = open(target, "rb")  # closed by the caller once streamed
+    except FileNotFoundError:
+        return {"statusCode": 404, "code": "FILE_NOT_FOUND", "message": f"file not found: {path}"}
+    except PermissionError:
+        return {"statusCode": 403, "code": "FILE_ACCESS_DENIED", "message": f"permission denied: {path}"}
+    except IsADirectoryError:  # Python refuses to open a directory; Go opens it, and the stat refuses it
+        return {"statusCode": 400, "code": "INVALID_FILE_PATH", "message": f"invalid file path: path points to a directory: {path}"}
+    except OSError as exc:
+        return {"statusCode": 500, "code": "FILE_READ_FAILED", "message": f"failed to open file: {exc}"}
+    return f, os.fstat(f.fileno()).st_size
+
+
+def _part_header(name: str, path: str, content_type: str, size: int | None = None) -> bytes:
+    """One part's headers as mime/multipart writes them, with multipartContentDisposition()'s names."""
+    latin1 = "".join(
+        "_" if ord(c) > 0xFF or ord(c) < 0x20 or c == "\x7f" else c
+        for c in path.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "").replace("\x00", "")
+    )
+    rfc5987 = urllib.parse.quote(path.encode(), safe="!#$&+-.^_`|~")
+    lines = [
+        f"--{DOWNLOAD_BOUNDARY}",
+        f"Content-Disposition: form-data; name=\"{name}\"; filename=\"{latin1}\"; filename*=utf-8''{rfc5987}",
+        f"Content-Type: {content_type}",
+    ] + ([f"Content-Length: {size}"] if size is not None else [])
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _in_own_thread(fn: Any) -> Any:
+    """Run a blocking call in a thread of its own (a FIFO's open may never return: it must not hold a pooled thread)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, failure: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, failure = fn(), None
+        except BaseException as exc:  # handed to the awaiting task
+            result, failure = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone (the emulator closed)
+            loop.call_soon_threadsafe(settle, result, failure)
+
+    threading.Thread(target=run, name="emulator-download", daemon=True).start()
+    return await done

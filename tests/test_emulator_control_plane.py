@@ -56,7 +56,7 @@ def test_start_during_stopping_is_a_409_and_works_once_stopped(emu: DaytonaEmula
         sandbox = await client.create(params())
         emu.stop_sandbox(sandbox.id)  # auto-stop: the state goes through stopping
         assert await state_of(client, sandbox.id) == "stopping"
-        with pytest.raises(DaytonaConflictError, match="State change in progress"):
+        with pytest.raises(DaytonaConflictError, match="Sandbox state change in progress"):
             await sandbox.start()
         with pytest.raises(DaytonaConflictError):
             await sandbox.stop()

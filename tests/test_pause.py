@@ -122,7 +122,7 @@ def test_emulator_auto_pause_is_postponed_by_activity_and_a_pausing_sandbox_refu
         await sandbox.refresh_data()
         assert sandbox.state == "pausing"
         with pytest.raises(DaytonaConflictError):
-            await sandbox.start()  # 409 "State change in progress", as during stopping
+            await sandbox.start()  # 409 "Sandbox state change in progress", as during stopping
         pausing.wait_for_state(sandbox.id, "paused")
         await sandbox.delete()
         await client.close()

@@ -56,7 +56,7 @@ from .daytona_api import (
     status_of,
 )
 from .daytona_handoff import Handoff, interpreter_headers, proxied, settings_fingerprint, take_handoff, write_handoff
-from .daytona_states import StateLadder
+from .daytona_states import StateLadder, StillChanging, hand_over_deletion
 from .daytona_status import status_lines
 from .daytona_toolbox import DaytonaContext, DaytonaToolbox, FoundSandbox
 from .daytona_workspace import WorkspaceSandboxes, drift_notice
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
+SHUTDOWN_PATIENCE_S = 1.5  # how long a shutdown waits for a sandbox's change of state before it hands the sandbox over
 
 
 class DaytonaSandbox(Sandbox):
@@ -309,7 +310,7 @@ class DaytonaSandbox(Sandbox):
             await self.toolbox.close_contexts()
             old = self._sandbox
             progress(f"deleting sandbox {old.id}…")
-            await self.api("delete the sandbox", lambda: old.delete(timeout=API_REQUEST_TIMEOUT_S, wait=True))
+            await self._states.delete(old, progress)  # during an auto-stop too: once it has stopped
             self._sandbox = None
         await self.start(progress)
 
@@ -441,11 +442,14 @@ class DaytonaSandbox(Sandbox):
             await self.toolbox.close_contexts()
         await self._settled()
         try:
+            if self._sandbox is None and self._workspace.unsettled:  # a start cut short during its create
+                self._sandbox = await self._workspace.made_anyway()
+                self.id = self._sandbox.id if self._sandbox is not None else self.id
             if self._sandbox is not None:
                 await self.toolbox.close_contexts()
                 if self._policy is SandboxPolicy.EPHEMERAL:
-                    await self.api("delete the sandbox", lambda: self._sandbox.delete(timeout=API_REQUEST_TIMEOUT_S))
-                elif await self._state_now() == "started":  # Daytona or the dashboard may have paused it meanwhile
+                    await self._delete_or_hand_over()
+                elif await self._state_settled() == "started":  # Daytona or the dashboard may have paused it meanwhile
                     # a next context our own restart left and no process of this kernel took is not another kernel's
                     kernel, _, left = (self._sandbox.labels.get(LABEL_NEXT) or "").partition(".")
                     others = await self.toolbox.other_kernels(besides=left if kernel == self._kernel_id else "")
@@ -474,6 +478,24 @@ class DaytonaSandbox(Sandbox):
                     raise
                 log.warning("Daytona cannot pause sandbox %s (%s); stopping it instead", self.id, exc)
         await self.api("stop the sandbox", lambda: sandbox.stop(timeout=API_REQUEST_TIMEOUT_S))
+
+    async def _delete_or_hand_over(self) -> None:
+        """Delete the sandbox; while Daytona refuses because its state changes (409: starting, stopping ...), wait
+        what a shutdown can (Jupyter kills a kernel 5 s after asking it to end), then hand it to a process of its own."""
+        try:
+            await self._states.delete(self._sandbox, patience_s=SHUTDOWN_PATIENCE_S)
+        except StillChanging as exc:
+            log.info("%s", exc)
+            hand_over_deletion(self._sandbox.id, self.api_url, self._config.target or os.environ.get("DAYTONA_TARGET", ""))
+
+    async def _state_settled(self) -> str:
+        """The state once a change under way (a start cut short by the shutdown) has ended, within what a shutdown
+        can wait (else the state then: a reused sandbox still starting is left to its auto-stop), as ``_state_now``."""
+        try:
+            return await self._states.settled(await self.sdk_sandbox(), SHUTDOWN_PATIENCE_S)
+        except BackendError as exc:
+            log.warning("the state of sandbox %s could not be read: %s", self.id, exc)
+            return "unknown"
 
     async def _state_now(self) -> str:
         """The state as Daytona reports it now (``destroyed`` if it is gone, ``unknown`` if it cannot be read)."""

@@ -58,6 +58,7 @@ LABEL_KERNEL = "daytona-kernel-kernel-id"
 LABEL_POLICY = "daytona-kernel-policy"
 LABEL_NEXT = "daytona-kernel-next-context"  # "<kernel id>.<context id>": left by a restarting kernel process
 LABEL_WORKER = "daytona-kernel-worker"  # a %%daytona map worker: its number in this kernel's pool
+FAILED_AUTH_REMAINING = "x-ratelimit-remaining-failed-auth"  # common/utils/rate-limit-headers.util.ts, lowercased
 # sandbox.service.ts (about lines 250-305): a create past the organisation's totals is a 400 with this message
 QUOTA_REFUSAL = re.compile(r"Total (CPU|memory|disk|GPU) limit exceeded")
 
@@ -95,7 +96,33 @@ def _is_retryable(exc: DaytonaError) -> bool:
     if isinstance(exc, DaytonaTimeoutError):
         return False
     status = status_of(exc)
-    return status is None or status >= 500
+    if status is None:  # no answer, or an answer the SDK could not read: only the first is worth another try
+        return _from_the_network(exc)
+    return status >= 500
+
+
+def _from_the_network(exc: BaseException) -> bool:
+    """Did the connection fail (an OSError, a timeout or aiohttp's error anywhere in the causes)? A reply the SDK
+    could not parse (a multipart it cannot read, a file name it cannot match) fails the same way every time."""
+    aiohttp = sys.modules.get("aiohttp")
+    network: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError) + ((aiohttp.ClientError,) if aiohttp is not None else ())
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, network):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def is_failed_auth(exc: BaseException) -> bool:
+    """A 429 from Daytona's failed-auth throttler (auth/failed-auth-tracker.service.ts): after repeated 401s from
+    this address every request is refused for the throttler's whole ttl. It means "the key is wrong", not "slow down",
+    and its ``X-RateLimit-*-failed-auth`` headers say which throttler it is."""
+    if not isinstance(exc, DaytonaRateLimitError):
+        return False
+    return any(key.lower() == FAILED_AUTH_REMAINING for key in (exc.headers or {}))
 
 
 def retry_after_s(exc: DaytonaError) -> float | None:
@@ -174,6 +201,14 @@ def api_url_of(config: DaytonaSettings) -> str:
 
 def translate_error(exc: DaytonaError, what: str, then: str = "then restart the kernel") -> BackendError:
     """The one place where SDK errors become ours. ``then`` is the last step of the fix."""
+    if is_failed_auth(exc):
+        wait = retry_after_s(exc)
+        return AuthError(
+            f"Daytona refused to {what}: too many failed authentications from this address, so it refuses every "
+            f"request for {f'{wait:.0f} s' if wait is not None else 'a while'} (429 from its failed-auth throttler). "
+            "The API key is wrong or expired: check DAYTONA_API_KEY and DAYTONA_TARGET (and DAYTONA_API_URL for a "
+            f"self-hosted Daytona), {then}."
+        )
     if isinstance(exc, (DaytonaAuthenticationError, DaytonaForbiddenError)):
         return AuthError(
             f"Daytona refused to {what} ({status_of(exc) or 'auth'}): check DAYTONA_API_KEY and DAYTONA_TARGET "
@@ -217,7 +252,7 @@ async def call_api(
             cause = _unreachable_cause(exc)
             if cause is not None:
                 raise _unreachable(api_url, cause) from exc
-            if not (retry and _is_retryable(exc)):
+            if not (retry and _is_retryable(exc)) or is_failed_auth(exc):
                 raise translate_error(exc, what) from exc
             failure = exc
         told = retry_after_s(failure)

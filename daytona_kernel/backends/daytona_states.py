@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -20,12 +23,20 @@ from .daytona_api import (
     SANDBOX_START_TIMEOUT_S,
     STARTABLE_STATES,
     STATE_POLL_S,
+    call_api,
+    quiet,
     state_name,
     status_of,
 )
 from .daytona_workspace import ApiCall
 
 log = logging.getLogger("daytona_kernel.daytona")
+DELETE_SETTLE_S = 180.0  # how long a delete refused with 409 is tried again while the sandbox's state changes
+SETTLED_STATES = ("started", "stopped", "archived", "paused", *FAILED_STATES)  # no change of state under way
+
+
+class StillChanging(BackendError):
+    """Daytona still refuses to delete a sandbox because its state is changing."""
 
 
 class StateLadder:
@@ -112,3 +123,80 @@ class StateLadder:
         if state in GONE_STATES:
             raise SandboxGone(f"The sandbox {sandbox.id} was deleted ({state}).")
         return state
+
+    async def delete(self, sandbox: Any, progress: ProgressCallback = quiet, patience_s: float = DELETE_SETTLE_S) -> None:
+        """Delete the sandbox, whatever change of state is under way. Daytona refuses a delete with 409 "Sandbox
+        state change in progress" while the state differs from the desired one (``destroy()`` in sandbox.service.ts:
+        creating, starting, stopping, pausing, resuming, and destroying, a second delete); it is tried again once the
+        state settles, for ``patience_s``. A sandbox already gone or being destroyed needs nothing more. Raises
+        StillChanging, naming the sandbox and how to end it, if Daytona still refuses."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                await self._api("delete the sandbox", lambda: sandbox.delete(timeout=API_REQUEST_TIMEOUT_S))
+                return
+            except BackendError as exc:
+                if isinstance(exc.__cause__, DaytonaNotFoundError):
+                    return
+                if not isinstance(exc.__cause__, DaytonaConflictError):
+                    raise
+                refusal = exc
+            try:
+                state = await self.refresh(sandbox)
+            except SandboxGone:
+                return  # destroying already: an ephemeral sandbox that stopped, or a delete that came first
+            if time.monotonic() > deadline:
+                raise StillChanging(
+                    f"Daytona kept refusing to delete the sandbox {sandbox.id} for {patience_s:g} s ({refusal}; it is "
+                    f"{state}): it may still run and be billed. Delete it in the Daytona dashboard, or run `daytona-kernel gc`."
+                ) from refusal.__cause__
+            progress(f"sandbox {sandbox.id} is {state}; deleting it once that ends…")
+            log.info("delete of %s refused while it is %s; trying again", sandbox.id, state)
+            await asyncio.sleep(STATE_POLL_S)
+
+    async def settled(self, sandbox: Any, patience_s: float = SANDBOX_START_TIMEOUT_S) -> str:
+        """The sandbox's state once no change of state is under way (``starting``, ``creating``, ``resuming`` ...),
+        or as it is after ``patience_s``: what a shutdown acts on. ``destroyed`` if it is gone."""
+        deadline = time.monotonic() + patience_s
+        try:
+            state = await self.refresh(sandbox)
+            while state not in SETTLED_STATES and time.monotonic() < deadline:
+                await asyncio.sleep(STATE_POLL_S)
+                state = await self.refresh(sandbox)
+        except SandboxGone:
+            return "destroyed"
+        return state
+
+
+def hand_over_deletion(sandbox_id: str, api_url: str, target: str) -> None:
+    """A sandbox whose state still changes when this process must end (Jupyter gives a kernel's shutdown 5 s): a
+    process of its own (``daytona-kernel reap``, in a session of its own so that the kernel's end does not take it
+    along) waits for the state to settle and deletes it. The key goes in its environment, never in its arguments."""
+    argv = [sys.executable, "-m", "daytona_kernel.cli", "reap", sandbox_id, "--api-url", api_url, "--target", target]
+    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # stderr: the kernel's log
+    log.warning("sandbox %s is still changing state; a background process deletes it once Daytona allows", sandbox_id)
+
+
+async def reap(sandbox_id: str, api_url: str, target: str, out: Callable[[str], None]) -> int:
+    """``daytona-kernel reap``: delete one sandbox once its change of state has ended (``StateLadder.delete``)."""
+    from daytona import AsyncDaytona, DaytonaConfig
+
+    async def api(what: str, fn: Callable[[], Any], *, retry: bool = True) -> Any:
+        return await call_api(what, fn, retry=retry, api_url=api_url)
+
+    client = AsyncDaytona(DaytonaConfig(api_key=os.environ.get("DAYTONA_API_KEY") or None, api_url=api_url, target=target or None))
+    try:
+        try:
+            sandbox = await api("look up the sandbox", lambda: client.get(sandbox_id))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, DaytonaNotFoundError):
+                return 0
+            raise
+        await StateLadder(api, out).delete(sandbox, out)
+        out(f"daytona-kernel: deleted sandbox {sandbox_id} once its change of state had ended")
+        return 0
+    except BackendError as exc:
+        out(f"daytona-kernel: could not delete sandbox {sandbox_id}: {exc}")
+        return 1
+    finally:
+        await client.close()

@@ -19,9 +19,10 @@ import re
 import shlex
 import sys
 import tempfile
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
-from daytona.common.errors import DaytonaError, DaytonaRateLimitError
+from daytona.common.errors import DaytonaConnectionError, DaytonaError, DaytonaRateLimitError
 
 from ..config import masked
 from ..errors import (
@@ -46,7 +47,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("daytona_kernel.daytona")
 WS_CLOSE_WAIT_S = 1.0  # websocket.go: the reader that answers a close starts when the job leaves the queue
 T = TypeVar("T")
-DOWNLOAD_WATCH_S = 0.05  # how often a limited download's files are measured while they arrive
+DOWNLOAD_WATCH_S = 0.05  # how often a download's files are measured while they arrive
+DOWNLOAD_MAX_BYTES = 4 * 1024**3  # a file the caller gave no limit stops its download here
+DOWNLOAD_STALL_S = 20.0  # a download that brings no byte for this long is stuck (a FIFO, a blocked read)
+DOWNLOAD_DEADLINE_S = 600.0  # one download call, however it was split
 
 GIT_DEFAULT_USERNAME = "x-access-token"  # GIT_TOKEN alone: hosts that take a token accept any username
 FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
@@ -398,49 +402,87 @@ class DaytonaToolbox:
         await self.host.api("upload files to the sandbox", lambda: sandbox.fs.upload_files(uploads))
 
     async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
-        """One bulk request. With ``limits``, the SDK streams each file into a private temporary file (so
-        the kernel's memory holds none of it) and the download is stopped as soon as a file passes its limit:
-        what the sandbox sends is counted in bytes, never taken from its report."""
-        from daytona import FileDownloadRequest  # the SDK's models: loaded with its client
-
+        """Bulk requests into private temporary files (so the kernel's memory holds none of it while it comes), each
+        watched: a file past its limit (``DOWNLOAD_MAX_BYTES`` without one) stops its request at once, counted in
+        bytes, never taken from the sandbox's report; a request that brings no byte for ``DOWNLOAD_STALL_S`` is
+        stuck (the daemon opens before it stats, so a FIFO blocks it and a device streams, download_files.go); the
+        whole call ends by ``DOWNLOAD_DEADLINE_S``. A request that fails as a whole (stuck, or a reply the SDK cannot
+        parse) is split and asked for again, so one path that cannot come down fails alone."""
         sandbox = await self.host.sdk_sandbox()
-        if not limits:
-            results = await self.host.api(
-                "download files from the sandbox",
-                lambda: sandbox.fs.download_files([FileDownloadRequest(source=p) for p in paths]),
-            )
-            return {item.source: _download_result(item) for item in results}
+        caps = {path: (limits or {}).get(path, DOWNLOAD_MAX_BYTES) for path in paths}
         out: dict[str, bytes | FileError] = {}
-        rest = list(paths)
-        while rest:  # a file over its limit stops the request; the others are asked for again without it
-            over = await self._download_limited(sandbox, rest, limits, out)
-            if over is None:
-                break
-            out[over] = FileError(f"it is more than {limits[over]} bytes", retry=False, over_limit=True)
-            rest = [p for p in rest if p not in out]
+        deadline = time.monotonic() + DOWNLOAD_DEADLINE_S
+        batches = [list(dict.fromkeys(paths))]
+        while batches:
+            batch = [p for p in batches.pop(0) if p not in out]
+            if not batch:
+                continue
+            if time.monotonic() > deadline:
+                out.update(dict.fromkeys(batch, FileError(f"the download did not finish within {DOWNLOAD_DEADLINE_S:g} s", retry=True)))
+                continue
+            failure = await self._download_batch(sandbox, batch, caps, out, deadline)
+            if failure is None:
+                continue
+            if len(batch) == 1:
+                out[batch[0]] = failure
+                continue
+            log.info("a download of %d files failed as a whole (%s); asking for them in halves", len(batch), failure.message)
+            batches[:0] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
         return out
 
-    async def _download_limited(self, sandbox: Any, paths: list[str], limits: dict[str, int], out: dict[str, bytes | FileError]) -> str | None:
+    async def _download_batch(
+        self, sandbox: Any, paths: list[str], caps: dict[str, int], out: dict[str, bytes | FileError], deadline: float
+    ) -> FileError | None:
+        """One batch: None once ``out`` holds each of its paths, else why its request failed as a whole."""
+        rest = list(paths)
+        while rest:  # a file over its limit stops the request; the others are asked for again without it
+            try:
+                over = await self._download_limited(sandbox, rest, caps, out, deadline)
+            except DownloadStuck as exc:
+                return FileError(str(exc), retry=False)
+            except BackendError as exc:
+                return FileError(str(exc), retry=_is_transient(exc))
+            if over is None:
+                return None
+            out[over] = FileError(f"it is more than {caps[over]} bytes", retry=False, over_limit=True)
+            rest = [p for p in rest if p not in out]
+        return None
+
+    async def _download_limited(
+        self, sandbox: Any, paths: list[str], caps: dict[str, int], out: dict[str, bytes | FileError], deadline: float
+    ) -> str | None:
         """One bulk request into temporary files, watched; returns the path that passed its limit (the
-        request was then stopped and ``out`` is left alone), or None with ``out`` filled in."""
+        request was then stopped and ``out`` is left alone), or None with ``out`` filled in. Raises DownloadStuck
+        when no byte came for ``DOWNLOAD_STALL_S`` or the deadline passed."""
         from daytona import FileDownloadRequest
 
         with tempfile.TemporaryDirectory(prefix="daytona-kernel-download-") as tmp:
             dests = {path: os.path.join(tmp, str(i)) for i, path in enumerate(paths)}
             requests = [FileDownloadRequest(source=p, destination=dests[p]) for p in paths]
             task = asyncio.ensure_future(self.host.api("download files from the sandbox", lambda: sandbox.fs.download_files(requests)))
-            while not task.done():
-                await asyncio.wait({task}, timeout=DOWNLOAD_WATCH_S)
-                over = next((p for p in paths if p in limits and _file_size(dests[p]) > limits[p]), None)
-                if over is not None and not task.done():
+            received, last_byte = 0, time.monotonic()
+            try:
+                while not task.done():
+                    await asyncio.wait({task}, timeout=DOWNLOAD_WATCH_S)
+                    sizes = {p: _file_size(dests[p]) for p in paths}
+                    over = next((p for p in paths if sizes[p] > caps[p]), None)
+                    if over is not None and not task.done():
+                        return over
+                    now = time.monotonic()
+                    if sum(sizes.values()) != received:
+                        received, last_byte = sum(sizes.values()), now
+                    if not task.done() and (now - last_byte > DOWNLOAD_STALL_S or now > deadline):
+                        why = "the download ran out of time" if now > deadline else f"the sandbox sent nothing for {DOWNLOAD_STALL_S:g} s"
+                        raise DownloadStuck(f"{why} (a FIFO or a device in the sandbox blocks it, or it is too slow)")
+            finally:
+                if not task.done():
                     task.cancel()
                     await asyncio.wait({task})
-                    return over
             for item in task.result():
                 if item.error or item.source not in dests:
                     out[item.source] = _download_result(item)
                 else:
-                    out[item.source] = await asyncio.to_thread(_read_limited, dests[item.source], limits.get(item.source))
+                    out[item.source] = await asyncio.to_thread(_read_limited, dests[item.source], caps.get(item.source))
             return None
 
     async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
@@ -508,6 +550,16 @@ def _disconnected(exc: BaseException) -> bool:
     if aiohttp is not None and isinstance(exc, aiohttp.ServerDisconnectedError):
         return True
     return isinstance(exc, ConnectionResetError)
+
+
+class DownloadStuck(Exception):
+    """A bulk download stopped bringing bytes, or ran past its deadline."""
+
+
+def _is_transient(exc: BackendError) -> bool:
+    """A whole request failed for a reason that a later attempt may not meet (the connection, a 5xx, a 429)."""
+    status = getattr(exc.__cause__, "status_code", None)
+    return isinstance(exc.__cause__, DaytonaConnectionError) or status in (408, 429) or (status is not None and status >= 500)
 
 
 def _download_result(item: Any) -> bytes | FileError:

@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import logging
 import posixpath
+import secrets
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 
-from daytona.common.errors import DaytonaError, DaytonaNotFoundError
+from daytona.common.errors import DaytonaConflictError, DaytonaError, DaytonaNotFoundError
 
 from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
 from ..errors import BackendError
@@ -119,6 +120,7 @@ class WorkspaceSandboxes:
         if notice:
             self.notices.append(notice)
         self.idle_why = ""  # why the sandbox this kernel created stops rather than pauses
+        self.unsettled: list[str] = []  # the names of creates sent whose answer has not come
 
     async def check_gpu(self) -> str:
         """Where a snapshot's GPU decides (``createFromSnapshot()`` in sandbox.service.ts takes cpu, memory, disk
@@ -335,7 +337,9 @@ class WorkspaceSandboxes:
 
         client = self._client_or_open()
         cfg = self._config
+        name = sandbox_name()
         common: dict[str, Any] = dict(
+            name=name,
             labels=self.labels(),
             env_vars={k: v for k, v in cfg.env.items()},
             auto_stop_interval=auto_stop_interval,  # None: Daytona's default for the sandbox's class
@@ -351,18 +355,48 @@ class WorkspaceSandboxes:
         else:
             params = CreateSandboxFromSnapshotParams(snapshot=cfg.snapshot or None, **common)
             progress(f"creating sandbox… (snapshot {cfg.snapshot or 'default'})")
-        # Create is not idempotent: after a 5xx or a lost connection the
-        # sandbox may exist all the same, so it is looked up by this kernel's labels before trying again.
-        sandbox = await call_api(
-            "create a sandbox",
-            lambda: client.create(params, timeout=SANDBOX_START_TIMEOUT_S),
-            api_url=self._api_url,
-            progress=progress,
-            budget_s=RETRY_BUDGET_S,
-            done_anyway=lambda: self._find_by(self._identity(mine=True)),
-        )
-        log.info("created sandbox %s for workspace %s", sandbox.id, self._key)
+        # Create has no idempotency key, and the list is eventually consistent (sandbox.controller.ts): a create
+        # whose answer was lost is found by its name (a read by name is not the list), and a retry that comes
+        # while it is still being made is a 409 "already exists", never a second sandbox.
+        self.unsettled.append(name)  # until its answer comes: a shutdown looks it up (``made_anyway``)
+        try:
+            sandbox = await call_api(
+                "create a sandbox",
+                lambda: client.create(params, timeout=SANDBOX_START_TIMEOUT_S),
+                api_url=self._api_url,
+                progress=progress,
+                budget_s=RETRY_BUDGET_S,
+                done_anyway=lambda: self.named(name),
+            )
+        except BackendError as exc:
+            sandbox = await self.named(name) if isinstance(exc.__cause__, DaytonaConflictError) else None
+            if sandbox is None:
+                raise
+            log.warning("create of %s answered %s: it was made by an attempt whose answer was lost", name, exc)
+        self.unsettled.remove(name)
+        log.info("created sandbox %s (%s) for workspace %s", sandbox.id, name, self._key)
         return sandbox
+
+    async def named(self, name: str) -> Any:
+        """The sandbox with this name (what a create was sent with), None if there is none or it is being destroyed."""
+        client = self._client_or_open()
+        try:
+            found = await self._api(f"look up the sandbox {name}", lambda: client.get(name))
+        except BackendError as exc:
+            if not isinstance(exc.__cause__, DaytonaNotFoundError):
+                raise
+            return None
+        return found if state_name(found) not in GONE_STATES else None
+
+    async def made_anyway(self) -> Any:
+        """A sandbox that a create whose answer never came (cut short by an interrupt or a shutdown, or its
+        connection lost) made all the same, or None."""
+        for name in list(self.unsettled):
+            found = await self.named(name)
+            self.unsettled.remove(name)
+            if found is not None:
+                return found
+        return None
 
     def volume_dir_in(self, sb: Any, workdir: str) -> tuple[str, str]:
         """Where the volume is mounted in this sandbox ("" for nowhere usable), and a notice when the
@@ -425,6 +459,12 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
 
     threading.Thread(target=run, name="daytona-sdk-load", daemon=True).start()
     return await done
+
+
+def sandbox_name() -> str:
+    """A new sandbox's name: unique in the organisation (names are, ``sandbox.service.ts`` about line 712), chosen
+    once per create so that its retries carry the same one."""
+    return f"daytona-kernel-{secrets.token_hex(8)}"
 
 
 def drift_notice(cfg: DaytonaSettings, mount_path: str, sb: Any, volume: Any) -> str:

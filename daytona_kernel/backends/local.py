@@ -363,6 +363,19 @@ class InterpreterWorker:
             except ProcessLookupError:
                 log.debug("worker %s exited before signal %s", proc.pid, signum)
 
+    async def kill(self) -> None:
+        """SIGKILL to the worker's whole process group (its session) at once, as the kernel kills every process of
+        a container whose PID 1 (the daemon) exits: no grace, no atexit, no signal handler runs."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                log.debug("worker %s exited before its SIGKILL", proc.pid)
+            await self._exited.wait()
+        if self._transport is not None:
+            self._transport.close()
+
     async def shutdown(self) -> None:
         """SIGTERM, then SIGKILL 2 s later if the worker is still there (the daemon's shutdown)."""
         proc = self._proc

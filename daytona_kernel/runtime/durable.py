@@ -14,11 +14,15 @@ chmod-ed or touched.
   volume that the working directory lacks. A disk that has a record (a restarted
   context, a sandbox started again) is left as it is. What does not fit in the
   restore's time budget is restored by the background thread (``pending``).
-- ``wake()`` after each cell: a background thread scans the working directory
-  and copies the files that changed since their last copy, and removes from the
-  volume the files that were deleted. The cell's reply does not wait for it.
-  ``flush()`` (at a shutdown or restart, which waits for it) runs a pass at once; ``last_pass()`` copies
-  what the interpreter's exit wrote, as far as it can finish before the daemon kills the worker.
+- ``wake()``: a background thread scans the working directory and copies the
+  files that changed since their last copy, and removes from the volume the files
+  that were deleted. ``flush()`` runs a pass at once and waits for it, boundedly:
+  at each cell's end (before the cell is reported done, so that a stop nobody
+  announces, which SIGKILLs every process, finds the finished cell's files on the
+  volume; what does not fit in the wait is copied on in the background) and at a
+  shutdown. ``last_pass()`` copies what the interpreter's exit wrote, as far as it
+  can finish before the daemon kills the worker (a context's deletion only: a
+  sandbox's stop runs no exit at all).
 - The record (``.daytona-kernel-volume-copy.json`` beside the working directory,
   on the disk) holds each file's size and mtime as last copied, so nothing
   already there is copied again. It stays out of the working directory, which

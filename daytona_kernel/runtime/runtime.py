@@ -51,6 +51,10 @@ except ImportError:  # imported from the package (tests)
 
 Kind = _framing.Kind
 VOLUME_FLUSH_TIMEOUT_S = 3.0  # at shutdown; Jupyter kills a kernel that takes 5 s to shut down
+# A cell's end waits this long for the volume's copy of what it wrote (the rest goes on in the background): a
+# stop the kernel does not see (an auto-stop, the dashboard, an ephemeral sandbox's end) SIGKILLs every process of
+# the sandbox, so nothing may wait for the interpreter's exit (docs/daytona-platform.md, "Stop, delete").
+CELL_COPY_TIMEOUT_S = 2.0
 EXIT_COPY_TIMEOUT_S = 1.5  # the daemon kills a worker 2 s after the SIGTERM that deletes its context (repl_client.go)
 INPUT_POLL_S = 0.01
 # The kernel leaves this file (worker pid, execution count) for a cell it gave up on while the cell waited in the
@@ -385,14 +389,24 @@ class Runtime(object):
                 changes = self.watch.changes()
                 if changes:  # the cell's new, changed and deleted files, for the kernel to download
                     self.send(Kind.FILES, changes)
-                if self.durable is not None:
-                    self.durable.wake()  # copies to the volume after the reply, in the background
+                self._copy_to_volume()
                 with self.lock:
                     self.flush_streams_locked()
                     self._budget_notice()
                     self._in_cell = False
                 self.private.end_cell()
                 self.output_used = self.dropped_chars = 0
+
+    def _copy_to_volume(self):
+        """Before the cell's end is reported: the volume gets what the cell wrote (``CELL_COPY_TIMEOUT_S`` at most; a
+        longer copy goes on in the background). A finished cell's files are then on the volume before the sandbox can
+        be idle long enough to stop, or stopped by anyone who saw the cell end."""
+        if self.durable is None:
+            return
+        try:
+            self.durable.flush(CELL_COPY_TIMEOUT_S)
+        except KeyboardInterrupt:  # an interrupt after the cell: the copy goes on in its thread
+            self.err.write("daytona-kernel: interrupted while the cell's files were copied to the volume; the copy goes on in the background.\n")
 
     def deliver(self, messages, comms=None):
         """Frontend comm messages while no cell runs (and a background thread's held updates)."""
