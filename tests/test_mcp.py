@@ -20,6 +20,8 @@ from typing import Any
 
 import nbformat
 import pytest
+
+pytest.importorskip("mcp", reason="needs the mcp SDK from the test extra: pip install -e '.[test]'")
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
