@@ -451,3 +451,58 @@ def test_run_all_right_after_opening_with_daytona_on_the_emulator(browser, emula
         _run_all_right_after_opening(browser, lab, "run-all-remote.ipynb")
     finally:
         lab.close()
+
+
+DEBUGGED_CELL = "def f(a, b):\n    c = a + b\n    return c\n\nresult = f(2, 3)\nprint('result', result)"
+
+
+def _debugger_journey(browser, lab: Lab, name: str) -> None:  # type: ignore[no-untyped-def]
+    """The debugger panel: enable it, set a breakpoint in a cell, run it, see it stop with the function's
+    variables, step over a line, see the new variable, continue to the cell's end (docs/debugger.png)."""
+    context, page, nb = _open(browser, lab, name)
+    try:
+        bug = page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton:not(.disabled)")
+        bug.wait_for()  # enabled only for a kernel whose kernelspec says debugger: true
+        bug.click()
+        panel = page.locator(".jp-DebuggerVariables")
+        panel.get_by_text("special variables").wait_for()  # inspectVariables answered: the session started
+        cell = nb.cells().nth(0)
+        cell.locator(".cm-content").click()
+        page.keyboard.insert_text(DEBUGGED_CELL)
+        gutter = cell.locator(".cm-breakpoint-gutter .cm-gutterElement")
+        gutter.nth(2).wait_for()  # element 0 is CodeMirror's spacer: element n is line n
+        gutter.nth(2).click()
+        page.locator(".jp-DebuggerBreakpoints-body").get_by_text("2").wait_for()
+        page.keyboard.press("Shift+Enter")
+        callstack = page.locator(".jp-DebuggerCallstack")
+        callstack.get_by_text("f", exact=True).wait_for()  # stopped in f
+        panel.get_by_text("a", exact=True).wait_for()
+        page.wait_for_function("() => document.querySelector('.jp-DebuggerVariables').innerText.includes('3')")
+        assert "c" not in [line.split(":")[0].strip() for line in panel.inner_text().splitlines()]
+        page.locator("[data-command='debugger:next']").click()
+        panel.get_by_text("c", exact=True).wait_for()  # the stepped line made c
+        page.wait_for_function("() => document.querySelector('.jp-DebuggerVariables').innerText.includes('5')")
+        ARTIFACTS.mkdir(exist_ok=True)
+        docs = UPDATE_DOCS_SCREENSHOT and name == "daytona.ipynb"
+        page.screenshot(path=str(DOCS / "debugger.png" if docs else ARTIFACTS / f"debugger-{name}.png"))
+        page.locator("[data-command='debugger:continue']").click()
+        nb.wait_for_prompt(cell)
+        assert "result 5" in nb.output_text(cell)
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"failed-debugger-{name}.png"), full_page=True)
+        raise
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("kernel", ["daytona-local", "daytona"])
+def test_the_debugger_panel_stops_at_a_breakpoint(browser, emulator, tmp_path: Path, kernel: str) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(root, emulator.env() if kernel == "daytona" else {})
+    try:
+        lab.create_notebook(f"{kernel}.ipynb", kernel)
+        _debugger_journey(browser, lab, f"{kernel}.ipynb")
+    finally:
+        lab.close()
