@@ -177,7 +177,8 @@ class WorkdirMirror:
         plan = UpPlan(secrets=found_secrets, skipped=unreadable)
         choose_up(plan, changed, self._config, self._sandbox.on_this_disk)
         if known_here < len(self._manifest):  # some file the manifest knows was not found
-            plan.deleted = [rel for rel in self._manifest if rel not in files and _gone_here(self.local_root, rel)]
+            newer = self._down.failed  # the sandbox's newer copy did not come down: not deleted there
+            plan.deleted = [rel for rel in self._manifest if rel not in files and rel not in newer and _gone_here(self.local_root, rel)]
         if not complete and not self._scan_noticed:
             self._scan_noticed = True
             plan.skipped.append(

@@ -15,6 +15,7 @@ from .protocol import FileChanges
 from .runtime.calls import Synced
 from .supervisor import ContextSupervisor, Live
 from .sync import WorkdirMirror, notify
+from .syncplan import MAX_REPORTED_PATHS
 
 AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 
@@ -144,7 +145,8 @@ class LivePulls:
         self.held: list[str] = []
 
     def add(self, changes: FileChanges) -> None:
-        self._pending.update(changes.changed)
+        room = MAX_REPORTED_PATHS - len(self._pending)  # a hostile sandbox's flood of reports: the rest waits for the last
+        self._pending.update(changes.changed if len(changes.changed) <= room else dict(list(changes.changed.items())[: max(room, 0)]))
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._drain())
 

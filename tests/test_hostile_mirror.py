@@ -1362,3 +1362,20 @@ def test_the_folders_here_are_keyed_once_however_many_siblings_a_report_names(fo
     landing = syncdown.local_landing(LocalFolder(folder), [f"runs/r{i}/metrics.csv" for i in range(300)])
     assert landing.repos == {"runs/r7"}  # r7/HEAD beside R7/objects/: one folder on a case-insensitive disk
     assert calls < 3 * 300, calls
+
+
+def test_a_local_deletion_never_removes_a_newer_copy_the_sandbox_could_not_send(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+    """Deletions pass both ways by default, but a file deleted here whose newer sandbox copy failed to come down
+    (it waits for %sync) is not deleted there: that copy would be lost."""
+    from daytona_kernel.backends.base import FileError
+
+    (folder / "model.txt").write_text("v1")
+    mirror = mirror_of(folder, sandbox, config)
+    asyncio.run(mirror.push())
+    newer = sandbox.put("model.txt", b"v2, trained")
+    sandbox.served[mirror.remote_path("model.txt")] = FileError("refused", retry=False)
+    pulled = pull(mirror, report({"model.txt": newer}))
+    assert "model.txt" in pulled.notices() and (folder / "model.txt").read_text() == "v1"
+    (folder / "model.txt").unlink()
+    assert asyncio.run(mirror.push()).deleted == []
+    assert (Path(sandbox.workdir) / "model.txt").read_bytes() == b"v2, trained"
