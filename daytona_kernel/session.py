@@ -177,11 +177,12 @@ class RuntimeSession:
             content = error_content("KeyboardInterrupt", "Interrupted by user")
             frontend.emit("error", content)
             return CellOutcome(error=content)
-        self.supervisor.show_notices(frontend)
         try:
             synced = await self.upkeep.push(frontend)
         except FolderNotSynced as exc:  # the cell would see a partial folder
+            self.supervisor.show_notices(frontend)
             return _failed(exc, frontend)
+        self.supervisor.show_notices(frontend)  # after the sync: its status line shows only before any output
         comms = comm_options(self.comms, live, self.sandbox.temp_dir)
         code = call_source(RunCell(
             code=cell.code, count=cell.count, store_history=cell.store_history, silent=cell.silent, allow_stdin=cell.allow_stdin,

@@ -10,6 +10,7 @@ saved by papermill keeps the outputs and the notices and nothing of the status l
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -142,6 +143,7 @@ def test_a_notebook_saved_by_papermill_keeps_outputs_and_notices_and_no_status(k
 # The console's own shell (ZMQTerminalInteractiveShell, as `jupyter console` makes it), in a pseudo-terminal:
 # its simple prompt, which pexpect can read, takes one line per cell, and a map cell has several.
 CONSOLE = """
+import subprocess
 import sys
 from jupyter_console.app import ZMQTerminalIPythonApp
 app = ZMQTerminalIPythonApp.instance()
@@ -185,3 +187,21 @@ def test_jupyter_console_prints_each_line_once(kernel_name: str, folder: Path) -
     assert displayed.count("[stdout:1] again 1") == 1 and displayed.count("'shown by 1'") == 1, displayed
     for shown in (synced, skipped, mapped, displayed):
         assert not repeated([line.strip() for line in shown.splitlines() if line.strip()]), shown
+
+
+def test_a_notice_from_the_sandbox_start_does_not_hide_the_first_syncs_status(kernel_name: str, folder: Path, tmp_path: Path) -> None:
+    """The status line shows only before a cell's first output, so the kernel says what the start of the
+    sandbox took (here: a repository cloned) after the first sync, not before it."""
+    repo = tmp_path / "src" / "lib"
+    repo.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "lib.py").write_text("VALUE = 7\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    with Kernel(kernel_name, cwd=str(folder), env={"DAYTONA_KERNEL_REPO_URL": str(repo)}) as k:
+        run = k.execute(SYNC_CELL)
+    assert run.status == "ok", run.outputs
+    assert any("syncing" in line for line in run.status_lines), run.status_lines
+    assert sum("Cloned lib/" in line for line in stream_lines(run)) == 1, stream_lines(run)
+    assert stream_lines(run)[-1] == "after the sync" and not repeated(stream_lines(run))
