@@ -9,15 +9,16 @@ their own. Needs the official ``mcp`` SDK: ``pip install 'daytona-kernel[mcp]'``
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from mcp.server.mcpserver import MCPServer
-from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 
 from . import __version__
 from .agent import LOCAL_WARNING, AsyncAgentKernel
@@ -26,6 +27,7 @@ from .agent_results import RunResult, redact
 __all__ = ["DEFAULT_TIMEOUT_S", "build_server", "main", "result_content"]
 
 log = logging.getLogger("daytona_kernel.mcp")
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_TIMEOUT_S = 600.0
 INSTRUCTIONS = """\
@@ -78,10 +80,19 @@ def build_server(kernel: AsyncAgentKernel) -> MCPServer:
     return server
 
 
+def _tool(server: MCPServer, annotations: ToolAnnotations) -> Callable[[F], F]:
+    """``server.tool`` with the function's docstring as its description, without the source's indentation."""
+
+    def register(fn: F) -> F:
+        return server.tool(description=inspect.cleandoc(fn.__doc__ or ""), annotations=annotations)(fn)
+
+    return register
+
+
 def _add_run_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
     """run_python, interrupt, restart."""
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=True))
     async def run_python(code: str, timeout: float = DEFAULT_TIMEOUT_S) -> CallToolResult:
         """Run Python code in the sandboxed IPython session and return what it printed and displayed.
 
@@ -91,7 +102,7 @@ def _add_run_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
         Past `timeout` seconds the code is interrupted and the variables are kept."""
         return result_content(await kernel.run(code, timeout=timeout))
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(destructive_hint=False))
     async def interrupt() -> str:
         """Interrupt the code that run_python is running now (a KeyboardInterrupt) and wait until that call
         has returned; variables are kept."""
@@ -101,7 +112,7 @@ def _add_run_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
             return "The running code did not stop within 2 minutes of interrupts; restart ends it (variables are lost)."
         return "Nothing was running."
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(destructive_hint=True))
     async def restart() -> str:
         """Restart the Python interpreter: every variable and import is lost; files stay."""
         return await kernel.restart()
@@ -110,12 +121,12 @@ def _add_run_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
 def _add_session_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
     """status, list_variables, upload_file, download_file."""
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(read_only_hint=True))
     async def status() -> str:
         """Where the code runs: backend, sandbox id and state, resources, and how long the kernel has run."""
         return (await kernel.status()).text()
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(read_only_hint=True))
     async def list_variables() -> str:
         """The variables defined in the session: name, type, size and a short repr."""
         found = await kernel.variables()
@@ -123,13 +134,13 @@ def _add_session_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
             return "No variables are defined."
         return "\n".join(f"{v.name}: {v.type}{f' (size {v.size})' if v.size else ''} = {v.repr}" for v in found)
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(destructive_hint=False))
     async def upload_file(path: str, dest: str | None = None) -> str:
         """Copy a file or folder from the project folder into the sandbox's working directory (the
         project is also mirrored before every run_python; use this for files the mirror leaves out)."""
         return await kernel.upload(path, dest)
 
-    @server.tool()
+    @_tool(server, ToolAnnotations(destructive_hint=False))
     async def download_file(path: str, dest: str | None = None) -> str:
         """Copy a file the code wrote in the sandbox into the project folder. Files this machine could
         run by themselves (hidden names such as .vscode/, a .pth, AGENTS.md) are refused."""

@@ -104,6 +104,8 @@ class TestMcpServer:
         assert set(tools) == TOOLS
         assert all(t.description for t in tools.values())
         assert "code" in tools["run_python"].input_schema["properties"]
+        assert "\n    " not in tools["run_python"].description  # no source indentation
+        assert tools["restart"].annotations.destructive_hint and tools["status"].annotations.read_only_hint
         local = "--kernel daytona-local" in " ".join(server._params.args)
         assert (LOCAL_WARNING in server.errlog.read_text()) == local
 
