@@ -162,6 +162,7 @@ def test_names_are_normalised_before_every_rule() -> None:
         ".vscode./tasks.json", "VSCODE~1/tasks.json", "sitecustomize.py.", "Sitecustomize.PY ", "SITECU~1.PY",
         ".g\u200cit/config", ".\u200bvscode/tasks.json", "site\u00adcustomize.py", "cafe\u0301/sitecustomize.py",
         ".ENV.", "x.pth.", "\u200b/data.csv", ". ./data.csv",
+        ".git::$INDEX_ALLOCATION/hooks/pre-commit", "sitecustomize.py::$DATA", ".vscode:x/tasks.json",
     ):  # fmt: skip
         assert refused(rel, rules=everything), repr(rel)
     for rel in ("data~/x.csv", "backup.csv~", "caf\u00e9/table.csv", "a.b.c.csv", "v~1.0.tar.gz.csv"):

@@ -50,8 +50,10 @@ IGNORABLE = re.compile(
 
 def name_key(name):
     """A name as a disk that ignores case, trailing dots and spaces, or invisible characters opens it:
-    ``".Git. "`` and ``".g\u200cit"`` are ``".git"``. Windows drops trailing dots and spaces; HFS+ drops
-    ignorable code points and compares Unicode forms; macOS and Windows ignore case."""
+    ``".Git. "``, ``".g\u200cit"`` and ``".git::$INDEX_ALLOCATION"`` are ``".git"``. Windows drops trailing
+    dots and spaces, and NTFS reads what follows a ":" as a stream of the file before it; HFS+ drops ignorable
+    code points and compares Unicode forms; macOS and Windows ignore case."""
+    name = name.split(":", 1)[0]
     if name.isascii():
         return name.rstrip(". ").lower()  # casefold is lower() for ASCII
     name = IGNORABLE.sub("", name)
