@@ -275,3 +275,27 @@ def test_a_notebook_in_the_home_folder_sees_the_files_beside_it(kernel_name: str
         assert "home folder" in run.text("stderr") and "DaytonaKernel.sync" in run.text("stderr"), run.text("stderr")
         assert "home folder" not in k.execute("open('result.csv', 'w').write('x')").text("stderr")  # said once
         assert (home / "result.csv").read_text() == "x"
+
+
+def test_live_reports_send_new_files_once_and_nothing_after_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's side of the live copies: a new file is reported once (partial), a rewrite again, and nothing
+    comes after ``stop`` (the cell's own report is the last word)."""
+    from daytona_kernel.runtime import files
+    from daytona_kernel.runtime.pathrules import MirrorRules
+
+    monkeypatch.setattr(files, "LIVE_REPORT_S", 0.02)
+    watch = files.WorkdirWatch(str(tmp_path), MirrorRules(str(tmp_path), [], [], secrets=()))
+    sent: list[dict] = []  # type: ignore[type-arg]
+    arrived = threading.Event()
+    live = files.LiveReports(watch, lambda report: (sent.append(report), arrived.set()), lambda text: None)
+    (tmp_path / "log.txt").write_text("epoch 1\n")
+    assert arrived.wait(30)
+    assert sent[0]["partial"] and list(sent[0]["changed"]) == ["log.txt"] and sent[0]["deleted"] == []
+    arrived.clear()
+    (tmp_path / "log.txt").write_text("epoch 1\nepoch 2\n")
+    assert arrived.wait(30) and list(sent[-1]["changed"]) == ["log.txt"]
+    count = len(sent)
+    live.stop()
+    (tmp_path / "late.txt").write_text("after")
+    time.sleep(0.3)
+    assert len(sent) == count

@@ -170,28 +170,33 @@ class LiveReports(object):
         self._write_err = write_err
         self._sent = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="daytona-kernel-live-files", daemon=True)
-        self._thread.start()
+        self._busy = threading.Lock()  # held while a scan and its report are under way
+        threading.Thread(target=self._run, name="daytona-kernel-live-files", daemon=True).start()
 
     def _run(self):
         wait = LIVE_REPORT_S
         while not self._stop.wait(wait):
-            started = time.monotonic()
-            try:
-                changed = self._watch.peek(self._sent)
-            except Exception as exc:  # never into the cell: the report at its end still comes
-                self._write_err("daytona-kernel: files are copied back only when this cell ends (%s: %s)\n" % (type(exc).__name__, exc))
-                return
-            if changed and not self._stop.is_set():
-                for rel, stat in changed.items():
-                    self._sent[rel] = tuple(stat)
-                self._send({"changed": changed, "deleted": [], "truncated": False, "partial": True})
-            wait = max(LIVE_REPORT_S, LIVE_SCAN_SHARE * (time.monotonic() - started))
+            with self._busy:
+                if self._stop.is_set():
+                    return
+                started = time.monotonic()
+                try:
+                    changed = self._watch.peek(self._sent)
+                except Exception as exc:  # never into the cell: the report at its end still comes
+                    self._write_err("daytona-kernel: files are copied back only when this cell ends (%s: %s)\n" % (type(exc).__name__, exc))
+                    return
+                if changed:
+                    for rel, stat in changed.items():
+                        self._sent[rel] = tuple(stat)
+                    self._send({"changed": changed, "deleted": [], "truncated": False, "partial": True})
+                wait = max(LIVE_REPORT_S, LIVE_SCAN_SHARE * (time.monotonic() - started))
 
     def stop(self):
-        """Before the cell's own report: no partial report comes after it."""
+        """Before the cell's own report: a scan under way finishes first, and no partial report comes after it.
+        A short cell's thread, still waiting, is not waited for: it ends by itself."""
         self._stop.set()
-        self._thread.join()
+        with self._busy:
+            pass
 
 
 EXPLAINED_CHAIN = 10  # errors of a chain (raise ... from, or during handling) that get the note
