@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
 from .agent_calls import INTERRUPT_RETRY_S, INTERRUPT_WAIT_S, Call, parse_status, parse_variables, variables_code
@@ -94,7 +95,7 @@ class AsyncAgentKernel:
         if notebook is not None:
             from .transcript import Transcript  # nbformat: the [mcp] extra
 
-            self.transcript = Transcript(notebook, kernel_name, kernel_name)  # refuses a file it could not append to
+            self.transcript = Transcript(notebook, kernel_name, _display_name(kernel_name))  # refuses a file it cannot append to
         self._km: AsyncKernelManager | None = None
         self._kc: AsyncKernelClient | None = None
         self._private: Path | None = None
@@ -282,6 +283,14 @@ class AsyncAgentKernel:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
+
+
+def _display_name(kernel_name: str) -> str:
+    """The kernelspec's display name ("Python (Daytona)"), for the transcript's metadata; the name if unknown."""
+    try:
+        return str(KernelSpecManager().get_kernel_spec(kernel_name).display_name)
+    except NoSuchKernel:
+        return kernel_name
 
 
 def download_refusal(folder: Path, local: str) -> str | None:

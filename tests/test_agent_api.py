@@ -165,6 +165,7 @@ class TestAgentApi:
         assert agent.kernel.transcript is not None
         nb = nbformat.read(agent.kernel.transcript.path, as_version=4)
         nbformat.validate(nb)
+        assert nb.metadata.kernelspec.display_name == ("Python (Daytona local)" if agent.kernel.is_local else "Python (Daytona)")
         cells = nb.cells[-2:]
         assert [c.source for c in cells] == codes
         assert cells[1].outputs[0]["text"] == "transcript-a\n"
