@@ -129,3 +129,44 @@ def test_failing_notebook_marks_the_right_cell_and_exits_nonzero(workdir: Path) 
     traceback = "\n".join(failed[0].outputs[0].traceback)
     assert "Cell In[2], line 1" in re.sub(r"\x1b\[[0-9;]*m", "", traceback)
     assert code_cells[-1].outputs == []
+
+
+STREAM_CELLS = [
+    "print('one')\nprint('two')",
+    "%%time\nsum(range(10))",
+    "import sys\nprint('a')\nprint('b', file=sys.stderr)\nprint('c')",
+    "for i in range(5):\n    print(i)",
+    "print('a', end='')\nprint('b')",
+    "from IPython.display import display\nprint('before')\ndisplay('shown')\nprint('after')",
+    "import time\nprint('x')\ntime.sleep(0.6)\nprint('y')",
+]
+
+
+PAUSE = "import time\ntime.sleep(0.3)"
+
+
+def _outputs_as_saved(nb: nbformat.NotebookNode) -> list[list[tuple]]:
+    """Each code cell's outputs as the notebook file keeps them, one per stream message (not merged);
+    %%time's durations masked."""
+    duration = re.compile(r"\d[^,\n]*")  # a number and its unit
+    return [
+        [("stream", o.name, duration.sub("T", o.text)) if o.output_type == "stream" else (o.output_type,) for o in cell.outputs]
+        for cell in nb.cells
+        if cell.cell_type == "code"
+    ]
+
+
+def test_streams_are_shaped_as_under_ipykernel(kernel_name: str, workdir: Path) -> None:
+    """Issue 36: prints in a row, %%time, stdout beside stderr are one stream output each, as ipykernel's
+    OutStream coalesces them (saved notebooks and their diffs then match ipykernel's)."""
+    # Each cell after a pause (the first one also lets the sandbox's start show there): ipykernel's flush timer,
+    # set by a cell's first write, is not cancelled by the flush at the cell's end, and splits the next cell's
+    # output wherever it fires if that cell starts within its flush interval.
+    cells = [c for cell in STREAM_CELLS for c in (PAUSE, cell)]
+    nb = _notebook(workdir / "streams.ipynb", cells)
+    stock = papermill.execute_notebook(str(nb), str(workdir / "stock.ipynb"), kernel_name="python3")
+    ours = papermill.execute_notebook(str(nb), str(workdir / "ours.ipynb"), kernel_name=kernel_name)
+    want, got = _outputs_as_saved(stock)[1::2], _outputs_as_saved(ours)[1::2]
+    assert want[0] == [("stream", "stdout", "one\ntwo\n")]  # the reference coalesces as the test expects
+    for source, mine, theirs in zip(STREAM_CELLS, got, want):
+        assert mine == theirs, f"cell {source!r}"

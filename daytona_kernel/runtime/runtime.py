@@ -61,7 +61,7 @@ INPUT_POLL_S = 0.01
 # daemon's queue behind another job; the cell returns at once when its turn comes. The kernel writes the same name.
 CANCELLED_CELL = "/tmp/daytona-kernel-cancelled-%d-%d"
 CELL_BLOB_BYTES = 128 * 1024 * 1024  # large output strings one cell may leave in files; past this they go inline
-# Comm frames wait like stream text (streams.FLUSH_INTERVAL_S) and go out together: a widget's creation is about
+# Comm frames wait as an explicit flush does (streams.FLUSH_GAP_S) and go out together: a widget's creation is about
 # twenty messages, and each write is a pipe write, a daemon line and a wake-up of the kernel during the cell's loop.
 BATCHED_KINDS = frozenset((Kind.COMM_OPEN, Kind.COMM_MSG, Kind.COMM_CLOSE))
 BATCH_CHARS = 64 * 1024  # waiting frames past this go out at once (far under the daemon's 1 MiB line)
@@ -118,6 +118,7 @@ class Runtime(object):
         self._waiting_chars = 0
         self.fds = None
         self._flusher_wake = threading.Event()
+        self._flush_due = None  # when the flusher sends what waits (time.monotonic()), or None
         self._flusher = None
         self._stdin_allowed = False
         self.output_budget = self.options.output_limit_chars
@@ -274,7 +275,8 @@ class Runtime(object):
 
     def flush_streams_locked(self):
         """Send the waiting comm frames, then what both streams hold (in that order: the frames were sent before
-        the text); only a real send starts a new FLUSH_INTERVAL_S (the first line of a cell goes at once)."""
+        the text); only a real send starts a new FLUSH_GAP_S (the first explicit flush of a cell goes at once)."""
+        self._flush_due = None
         target = self._frame_target
         if self._waiting_frames and target is not None:
             lines, self._waiting_frames, self._waiting_chars = self._waiting_frames, [], 0
@@ -285,8 +287,11 @@ class Runtime(object):
             self.err._send_locked()
             self.last_flush = time.monotonic()
 
-    def wake_flusher(self):
-        if not self._flusher_wake.is_set():  # set() takes the event's lock and notifies: at every print of a flood
+    def flush_by(self, due):
+        """Have the flusher thread send what waits at ``due`` (time.monotonic()) at the latest. Called with the lock
+        held, once per batch (its first write), not at every print of a flood."""
+        if self._flush_due is None or due < self._flush_due:
+            self._flush_due = due
             self._flusher_wake.set()
 
     def _ensure_flusher(self):
@@ -297,13 +302,18 @@ class Runtime(object):
 
     def _flush_loop(self):
         _streams.block_signals()
+        wait = None
         while True:
-            self._flusher_wake.wait()
+            self._flusher_wake.wait(wait)
             self._flusher_wake.clear()
-            time.sleep(_streams.FLUSH_INTERVAL_S)
             with self.lock:
-                if self.active:
-                    self.flush_streams_locked()
+                due = self._flush_due
+                wait = None if due is None else due - time.monotonic()
+                if wait is not None and wait <= 0:
+                    wait = None
+                    if self.active:
+                        self.flush_streams_locked()
+                    self._flush_due = None
 
     def send(self, kind, payload):
         """Emit one frame, after any user text written before it."""
@@ -320,10 +330,10 @@ class Runtime(object):
             if kind in BATCHED_KINDS and self.active and len(lines) == 1:
                 self._waiting_frames.append(lines[0])
                 self._waiting_chars += len(lines[0])
-                if self._waiting_chars >= BATCH_CHARS or time.monotonic() - self.last_flush >= _streams.FLUSH_INTERVAL_S:
+                if self._waiting_chars >= BATCH_CHARS or time.monotonic() - self.last_flush >= _streams.FLUSH_GAP_S:
                     self.flush_streams_locked()
                 else:
-                    self.wake_flusher()
+                    self.flush_by(self.last_flush + _streams.FLUSH_GAP_S)
                 return
             self.flush_streams_locked()  # the comm frames waiting before this one
             for line in lines:

@@ -16,7 +16,12 @@ import sys
 import threading
 import time
 
-FLUSH_INTERVAL_S = 0.015
+# ipykernel's OutStream.flush_interval: what a stream holds goes out this long after its first write, so prints in a row
+# (and %%time's two lines) are one stream output, as under ipykernel
+FLUSH_INTERVAL_S = 0.2
+# An explicit flush (print(..., flush=True)) goes at once, unless a send went out less than this ago: a flood of them
+# still becomes a few large writes (a Daytona client that falls 1024 frames behind is dropped)
+FLUSH_GAP_S = 0.015
 WRITE_CHARS = 64 * 1024  # any text: even at 6 bytes a character in the daemon's JSON, far under 1 MiB
 ASCII_WRITE_CHARS = 384 * 1024  # ASCII without control characters: at most 2 bytes a character in JSON
 # JSON escapes these as 6 bytes. Looked for one at a time (``in`` is a memchr): a character-class regex took 3 ms per
@@ -52,13 +57,13 @@ class _TextSink(io.TextIOBase):
 
 
 class OutputStream(_TextSink):
-    """``sys.stdout``/``sys.stderr`` inside cells: coalesces writes into chunks.
+    """``sys.stdout``/``sys.stderr`` inside cells: coalesces writes into chunks, as ipykernel's OutStream does.
 
-    A write that ends a line goes out at once when nothing was sent for
-    FLUSH_INTERVAL_S; anything else is buffered and sent by the flusher thread, so a flood of small prints
-    becomes a few large writes (the Daytona daemon drops a client that falls
-    1024 frames behind). No single write comes near the daemon's 1 MiB line
-    limit: plain ASCII text goes in pieces of ASCII_WRITE_CHARS, other text in
+    A write is buffered and the flusher thread sends it FLUSH_INTERVAL_S after the first write the buffer
+    holds (ipykernel's flush interval), so prints in a row are one stream output and a flood of small prints
+    becomes a few large writes (the Daytona daemon drops a client that falls 1024 frames behind); an
+    explicit flush sends at once (within FLUSH_GAP_S of the last send). No single write comes near the
+    daemon's 1 MiB line limit: plain ASCII text goes in pieces of ASCII_WRITE_CHARS, other text in
     pieces of WRITE_CHARS. Larger pieces matter: the SDK appends each one to
     the run's whole stdout, so many small pieces cost quadratic copying.
     """
@@ -91,14 +96,13 @@ class OutputStream(_TextSink):
             if (not rt.active and self._size > IDLE_BUFFER_CHARS) or rt.over_budget:
                 rt.dropped_chars += len(s) if rt.over_budget else 0
                 return len(s)
+            first = not self._buf
             self._buf.append(s)
             self._size += len(s)
-            if rt.active and (
-                self._size >= ASCII_WRITE_CHARS or ("\n" in s and time.monotonic() - rt.last_flush >= FLUSH_INTERVAL_S)
-            ):
+            if rt.active and self._size >= ASCII_WRITE_CHARS:
                 rt.flush_streams_locked()
-            elif rt.active:
-                rt.wake_flusher()
+            elif rt.active and first:
+                rt.flush_by(time.monotonic() + FLUSH_INTERVAL_S)
         return len(s)
 
     def writelines(self, lines):
@@ -106,7 +110,8 @@ class OutputStream(_TextSink):
             self.write(line)
 
     def flush(self):
-        """Send soon: at once if nothing went out for FLUSH_INTERVAL_S, else from the flusher thread.
+        """Send now, as ipykernel does: at once if nothing went out for FLUSH_GAP_S, else from the flusher thread
+        when that much has passed.
 
         So ``print(i, flush=True)`` in a loop still becomes a few large writes:
         one write per flush would leave a Daytona client 1024 frames behind.
@@ -115,10 +120,10 @@ class OutputStream(_TextSink):
         with rt.lock:
             if not rt.active:
                 return
-            if time.monotonic() - rt.last_flush >= FLUSH_INTERVAL_S:
+            if time.monotonic() - rt.last_flush >= FLUSH_GAP_S:
                 rt.flush_streams_locked()
             elif self._buf:
-                rt.wake_flusher()
+                rt.flush_by(rt.last_flush + FLUSH_GAP_S)
 
     def close(self):
         """Closing sys.stdout in a cell must not break the next cell: just flush."""
