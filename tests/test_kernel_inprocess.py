@@ -74,7 +74,7 @@ def test_the_daytona_backend_has_pydantic_build_models_on_first_use(monkeypatch:
     start and restart)."""
     import pydantic
 
-    from daytona_kernel.backends import defer_model_builds
+    from daytona_kernel.backends.daytona_workspace import defer_model_builds
 
     monkeypatch.setattr(pydantic.BaseModel, "model_config", dict(pydantic.BaseModel.model_config))
     defer_model_builds()

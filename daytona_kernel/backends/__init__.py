@@ -35,18 +35,6 @@ def workspace_key(config: DaytonaKernelConfig, folder: str) -> str:
     return config.workspace_key or workspace_key_for(folder)
 
 
-def defer_model_builds() -> None:
-    """Have pydantic build a model's validators when it is first used, not when its class is defined.
-
-    The daytona SDK defines about 300 models at import (its API clients'), and a kernel uses a few of
-    them: building them all was about a tenth of the SDK's import, paid by every start and restart. Set
-    before the Daytona backend first imports the SDK's models, with its client (``WorkspaceSandboxes``); in a
-    kernel process only the SDK uses pydantic (cells run in the sandbox), and the local backend never imports it."""
-    import pydantic
-
-    pydantic.BaseModel.model_config["defer_build"] = True
-
-
 def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sandbox:
     """The configured backend's sandbox for the notebook in ``folder``."""
     key = workspace_key(config, folder)

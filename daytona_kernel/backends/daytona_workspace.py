@@ -81,6 +81,18 @@ def volume_mount_path(configured: str) -> tuple[str, str]:
     )
 
 
+def defer_model_builds() -> None:
+    """Have pydantic build a model's validators when it is first used, not when its class is defined.
+
+    The daytona SDK defines about 300 models at import (its API clients'), and a kernel uses a few of
+    them: building them all was about a tenth of the SDK's import, paid by every start and restart. Set
+    before the Daytona backend first imports the SDK's models, with its client (``WorkspaceSandboxes``); in a
+    kernel process only the SDK uses pydantic (cells run in the sandbox), and the local backend never imports it."""
+    import pydantic
+
+    pydantic.BaseModel.model_config["defer_build"] = True
+
+
 class WorkspaceSandboxes:
     """Finds the workspace's sandbox, or creates it; owns the SDK client. ``worker`` (its number) makes
     it a ``%%daytona map`` worker of this kernel: ephemeral, without the volume, labelled as a worker
@@ -197,8 +209,6 @@ class WorkspaceSandboxes:
         return self._client
 
     def _new_client(self) -> AsyncDaytona:
-        from . import defer_model_builds
-
         try:
             defer_model_builds()
             from daytona import AsyncDaytona
