@@ -349,6 +349,7 @@ def test_widgets_in_jupyterlab_with_daytona_on_the_emulator(browser, emulator, t
         lab.close()
 
 
+@pytest.mark.timeout(400)  # every API request is slowed down, and two map cells start workers
 def test_status_lines_show_while_a_cell_waits_and_leave_nothing(browser, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 33's cells in JupyterLab (tests/test_once.py runs them through the other clients): the status
     line is on the page while the first cell waits for the sandbox and its sync, and while a map cell's

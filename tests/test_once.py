@@ -23,6 +23,8 @@ import pytest
 from kernels import Kernel, Run
 from test_console import TIMEOUT_S
 
+pytestmark = pytest.mark.timeout(400)  # four cells per test, map cells among them, on a shared machine
+
 FILES = 300  # the first sync: enough files for its status line (sync.SHOW_PROGRESS_FILES)
 MAX_FILE_MB = "0.1"
 SYNC_CELL = "print('after the sync')"
