@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -159,10 +159,11 @@ class AsyncAgentKernel:
             raise RuntimeError("the kernel is not started: use `async with AsyncAgentKernel(...)` or await start()")
         return self._calls
 
-    async def run(self, code: str, timeout: float | None = None) -> RunResult:
+    async def run(self, code: str, timeout: float | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
         """Run code; the state persists between runs. Past ``timeout`` seconds the run is interrupted
-        (the variables stay) and the result says so."""
-        execution = await self._call.execute(code, timeout=timeout)
+        (the variables stay) and the result says so. ``on_output(text)`` gets the cell's stdout and stderr as
+        they come (on the event loop; with ``AgentKernel``, on its loop thread)."""
+        execution = await self._call.execute(code, timeout=timeout, on_output=on_output)
         result = execution.result(self.output_chars, self._overflow_file)
         if self.transcript is not None:
             await asyncio.to_thread(self.transcript.append, code, result.outputs, result.execution_count)
@@ -330,8 +331,8 @@ class AgentKernel:
             raise
         return self
 
-    def run(self, code: str, timeout: float | None = None) -> RunResult:
-        return self._wait(self.kernel.run(code, timeout))
+    def run(self, code: str, timeout: float | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
+        return self._wait(self.kernel.run(code, timeout, on_output))
 
     def interrupt(self, wait: float = INTERRUPT_WAIT_S) -> bool:
         return self._wait(self.kernel.interrupt(wait))

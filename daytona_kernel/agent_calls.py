@@ -38,10 +38,10 @@ NO_INPUT = "input() cannot be answered through this API (nobody is there to type
 class Execution:
     """One execute request as it was followed: its outputs, reply, and how it ended."""
 
-    def __init__(self, code: str, timeout: float | None) -> None:
+    def __init__(self, code: str, timeout: float | None, on_output: Callable[[str], None] | None = None) -> None:
         self.code = code
         self.timeout = timeout
-        self.outputs = Outputs()
+        self.outputs = Outputs(on_output)
         self.reply: dict[str, Any] = {}
         self.timed_out = False
         self.abandoned = False  # the kernel did not end the run even after the interrupt
@@ -108,13 +108,16 @@ class Call:
             elif msg["msg_type"] == "stream" and msg.get("metadata", {}).get(NOTICE_METADATA_KEY):
                 self._late_notices.append(redact(str(msg["content"].get("text", ""))))
 
-    async def execute(self, code: str, timeout: float | None = None, silent: bool = False) -> Execution:
-        """Run one request to its end (see the module docstring for a timeout)."""
+    async def execute(
+        self, code: str, timeout: float | None = None, silent: bool = False, on_output: Callable[[str], None] | None = None
+    ) -> Execution:
+        """Run one request to its end (see the module docstring for a timeout); ``on_output`` gets the stream text
+        as it comes."""
         if self._reader.done():
             raise RuntimeError(f"the connection to the kernel is closed ({self._reader_problem()}); restart the kernel")
         async with self._lock:
             self.running = running = asyncio.Event()
-            execution = Execution(code, timeout)
+            execution = Execution(code, timeout, on_output)
             msg_id = self._kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=False)
             inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
             self._inboxes[msg_id] = inbox

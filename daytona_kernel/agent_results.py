@@ -10,10 +10,11 @@ no script reaches the agent or the transcript even from a kernel configured to t
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import nh3
 
@@ -22,6 +23,7 @@ from .outputs import OutputPolicy
 
 __all__ = ["NOTICE_METADATA_KEY", "CellError", "Image", "Outputs", "RunResult", "Variable", "redact", "strip_ansi"]
 
+log = logging.getLogger(__name__)
 NOTICE_METADATA_KEY = "daytona_kernel_notice"  # in a stream message's metadata: the kernel's words, not the cell's
 STATUS_DISPLAY_PREFIX = "daytona-kernel-status-"  # the kernel's transient status line (kernel.KernelFrontend)
 IMAGE_TYPES = ("image/png", "image/jpeg")
@@ -104,12 +106,13 @@ class RunResult:
 class Outputs:
     """The outputs of one execute request, as a notebook would keep them (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_output: Callable[[str], None] | None = None) -> None:
         self.items: list[dict[str, Any]] = []
         self.notices: list[str] = []
         self.error: CellError | None = None
         self._policy = OutputPolicy(trusted=False)
         self._clear_pending = False
+        self._on_output = on_output  # the cell's stream text as it comes (``run(on_output=...)``)
 
     def add(self, msg: dict[str, Any]) -> None:
         """One iopub message of this request (status and execute_input are ignored)."""
@@ -138,7 +141,18 @@ class Outputs:
                 if display_id and item.get("_display_id") == display_id:
                     item["data"], item["metadata"] = content.get("data", {}), content.get("metadata", {})
             return
-        self.items.append(self._output(msg_type, content, display_id))
+        item = self._output(msg_type, content, display_id)
+        self.items.append(item)
+        if msg_type == "stream" and self._on_output is not None:
+            self._tell(item["text"])
+
+    def _tell(self, text: str) -> None:
+        assert self._on_output is not None
+        try:
+            self._on_output(text)
+        except Exception:  # the caller's callback: its failure must not end the run; it is not called again
+            log.exception("the on_output callback failed; the run goes on without it")
+            self._on_output = None
 
     def _output(self, msg_type: str, content: dict[str, Any], display_id: str) -> dict[str, Any]:
         if msg_type == "stream":

@@ -9,6 +9,7 @@ their own. Needs the official ``mcp`` SDK: ``pip install 'daytona-kernel[mcp]'``
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import sys
@@ -17,7 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 
 from . import __version__
@@ -30,6 +31,7 @@ log = logging.getLogger("daytona_kernel.mcp")
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_TIMEOUT_S = 600.0
+PROGRESS_CHARS = 2000  # of each piece of output, in a progress notification
 INSTRUCTIONS = """\
 Runs Python in a persistent IPython session inside a Daytona sandbox, isolated from this machine
 (unless the server says it uses the daytona-local kernel). Variables persist between run_python
@@ -58,6 +60,28 @@ def result_content(result: RunResult) -> CallToolResult:
     if result.notices:
         content.append(TextContent(type="text", text="daytona-kernel notices:\n" + "".join(result.notices)))
     return CallToolResult(content=content, is_error=not result.ok)
+
+
+class Progress:
+    """A run's output as MCP progress notifications, so the client can show it while the call runs (a client
+    that asked for no progress gets none: the SDK drops them)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._count = 0
+        self._sending: set[asyncio.Future[None]] = set()
+
+    def output(self, text: str) -> None:
+        self._count += 1
+        sending = asyncio.ensure_future(self._ctx.report_progress(self._count, None, text[-PROGRESS_CHARS:]))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+
+    async def sent(self) -> None:
+        """Wait until every notification is out: none may follow the call's result."""
+        for outcome in await asyncio.gather(*self._sending, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.info("a progress notification was not sent: %s", outcome)
 
 
 def build_server(kernel: AsyncAgentKernel) -> MCPServer:
@@ -93,14 +117,17 @@ def _add_run_tools(server: MCPServer, kernel: AsyncAgentKernel) -> None:
     """run_python, interrupt, restart."""
 
     @_tool(server, ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=True))
-    async def run_python(code: str, timeout: float = DEFAULT_TIMEOUT_S) -> CallToolResult:
+    async def run_python(code: str, ctx: Context, timeout: float = DEFAULT_TIMEOUT_S) -> CallToolResult:
         """Run Python code in the sandboxed IPython session and return what it printed and displayed.
 
         State persists between calls (variables, imports), like notebook cells; IPython syntax works
         (`!pip install x`, `%timeit`). Output comes back in order: stdout, stderr, the last expression's
         value, and an exception's traceback (then the result is an error). Figures come back as images.
         Past `timeout` seconds the code is interrupted and the variables are kept."""
-        return result_content(await kernel.run(code, timeout=timeout))
+        progress = Progress(ctx)
+        result = await kernel.run(code, timeout=timeout, on_output=progress.output)
+        await progress.sent()
+        return result_content(result)
 
     @_tool(server, ToolAnnotations(destructive_hint=False))
     async def interrupt() -> str:

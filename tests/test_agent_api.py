@@ -57,6 +57,11 @@ class TestAgentApi:
         assert second.text == "x is 41\n42\n"
         assert second.execution_count == (first.execution_count or 0) + 1
 
+    def test_output_is_handed_over_as_it_comes(self, agent: AgentKernel) -> None:
+        pieces: list[str] = []
+        result = agent.run("import sys\nprint('one', flush=True)\nprint('two', file=sys.stderr)\n3", on_output=pieces.append)
+        assert "".join(pieces) == "one\ntwo\n" and result.text == "one\ntwo\n3\n"
+
     def test_a_figure_comes_back_as_an_image(self, agent: AgentKernel) -> None:
         result = agent.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
         assert result.ok, result.text

@@ -63,10 +63,10 @@ class McpServer:
     def call(self, tool: str, **arguments: Any) -> Any:
         return self.submit(tool, **arguments).result(timeout=240)
 
-    def submit(self, tool: str, **arguments: Any) -> Future[Any]:
+    def submit(self, tool: str, progress: Any = None, **arguments: Any) -> Future[Any]:
         if tool == "run_python":
             self.codes.append(arguments["code"])
-        return asyncio.run_coroutine_threadsafe(self.client.call_tool(tool, arguments), self._loop)
+        return asyncio.run_coroutine_threadsafe(self.client.call_tool(tool, arguments, progress_callback=progress), self._loop)
 
     def tools(self) -> Any:
         return asyncio.run_coroutine_threadsafe(self.client.list_tools(), self._loop).result(timeout=60)
@@ -113,6 +113,16 @@ class TestMcpServer:
         assert not server.call("run_python", code="x = 41").is_error
         result = server.call("run_python", code="x + 1")
         assert not result.is_error and text(result).endswith("\n42\n")
+
+    def test_output_comes_as_progress_while_the_call_runs(self, server: McpServer) -> None:
+        messages: list[str] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            messages.append(message or "")
+
+        code = "import time\nprint('first', flush=True)\ntime.sleep(1)\nprint('second')"
+        result = server.submit("run_python", progress=progress, code=code).result(timeout=240)
+        assert "".join(messages) == "first\nsecond\n" and text(result).endswith("first\nsecond\n")
 
     def test_a_figure_comes_back_as_image_content(self, server: McpServer) -> None:
         result = server.call("run_python", code="import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
