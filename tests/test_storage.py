@@ -215,7 +215,8 @@ def test_relative_paths_from_a_notebook_in_a_repository(kernel_name: str, tmp_pa
     (repo / "scratch").mkdir()
     (repo / "scratch" / "big.bin").write_bytes(b"x" * 100)
     (repo / "notebooks" / "local.txt").write_text("sent by hand")
-    with Kernel(kernel_name, cwd=str(repo / "notebooks")) as k:
+    # deletions stay on their side, so the file a cell removes below is still here for %upload
+    with Kernel(kernel_name, cwd=str(repo / "notebooks"), env={"DAYTONA_KERNEL_SYNC_DELETES": "false"}) as k:
         run = k.execute(
             "import os\n"
             "print(open('../data/x.csv').read(), end='')\n"
