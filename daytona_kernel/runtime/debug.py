@@ -141,29 +141,24 @@ class DapSocket(object):
                 return None
             self._buf += data
 
-
-class Debugger(object):
-    """One per runtime. See the module docstring."""
+class Channel(object):
+    """One per runtime: the debugger's way to and from the kernel (calls, the cell's inbox, frames) and to pydevd
+    (its socket, internal requests). See the module docstring."""
 
     def __init__(self, runtime):
         self.rt = runtime
+        self.debugger = Debugger(runtime, self)
         self.dap = None  # type: Any  # our end of pydevd's socket, once started
-        self.started = False  # the frontend's debug session (initialize .. disconnect)
         self.lock = threading.Lock()
         self._seq = 1 << 30  # internal requests' numbers, far from the frontend's
         self._waiters = {}  # internal seq -> [threading.Event, the response]
-        self.breakpoints = {}  # source path -> the breakpoints pydevd set there
-        self.stopped_threads = set()
         self.outbox = []
         self.dropped = 0
         self.reading = False  # a cell or a Debug call reads the output now
         self.in_cell = False
         self._inbox_taken = 0
-        self._tasks = queue.Queue()  # type: queue.Queue
+        self.tasks = queue.Queue()  # type: queue.Queue
         self._worker = None
-        self._internal_paths = set(getattr(m, "__file__", None) or "" for m in list(sys.modules.values())) - {""}
-        self._removed_cleanup = {}
-        self.shippable = ""  # the debugpy version the kernel can ship (each request says it)
 
     # -- the kernel's side: calls, the inbox, frames out ------------------------
 
@@ -194,7 +189,7 @@ class Debugger(object):
         with self.rt.lock:
             self.reading = self.in_cell = False
         for item in self._take_inbox():  # uploaded as the cell ended: answered by the worker, sent with the next call
-            self._tasks.put(("request", item))
+            self.tasks.put(("request", item))
 
     def answer(self, item):
         """A request from the kernel (``{"id": n, "message": dap}``): its reply goes out naming ``n``."""
@@ -202,9 +197,9 @@ class Debugger(object):
         if not isinstance(message, dict):
             return
         if isinstance(item.get("debugpy"), str):
-            self.shippable = item["debugpy"]
+            self.debugger.shippable = item["debugpy"]
         try:
-            reply = self.handle(message)
+            reply = self.debugger.handle(message)
         except Exception as exc:  # the kernel waits for this reply: it says what failed, and the debugger stays usable
             reply = response(message, False, message="the debugger failed in the sandbox: %s: %s" % (type(exc).__name__, exc))
         self.emit(reply, answers=item.get("id"))
@@ -254,7 +249,7 @@ class Debugger(object):
             items.extend(m for m in (batch if isinstance(batch, list) else []) if isinstance(m, dict))
         return items
 
-    def _ensure_worker(self):
+    def ensure_worker(self):
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._work, name="daytona-kernel-debug", daemon=True)
             _hide_from_pydevd(self._worker)
@@ -265,19 +260,19 @@ class Debugger(object):
         _streams.block_signals()
         while True:
             try:
-                kind, message = self._tasks.get(timeout=POLL_S)
+                kind, message = self.tasks.get(timeout=POLL_S)
             except queue.Empty:
                 if self.in_cell:
                     for item in self._take_inbox():
-                        self._tasks.put(("request", item))
+                        self.tasks.put(("request", item))
                 continue
             if kind == "request":
                 self.answer(message)
                 continue
             try:
-                self._stopped(message)
+                self.debugger.stopped(message)
             except Exception as exc:  # the event still goes out, without the list of stopped threads
-                self.stopped_threads.add((message.get("body") or {}).get("threadId"))
+                self.debugger.stopped_threads.add((message.get("body") or {}).get("threadId"))
                 self.emit(message)
                 problem = "daytona-kernel debugger: the stopped threads are unknown: %r\n" % (exc,)
                 sys.__stderr__.write(problem)  # type: ignore[union-attr]
@@ -288,10 +283,10 @@ class Debugger(object):
         """The runtime's and the worker's frames under a cell are the kernel's, as ipykernel's modules are."""
         frame = sys._getframe(1)  # type: Any
         while frame is not None:
-            self._internal_paths.add(frame.f_code.co_filename)
+            self.debugger.internal_paths.add(frame.f_code.co_filename)
             frame = frame.f_back
 
-    def _connect(self):
+    def connect(self):
         """Start pydevd in this process, talking DAP over a socket pair (no port anywhere)."""
         debugpy = _pydevd_module("debugpy")
         pydevd = _pydevd_module("pydevd")
@@ -331,29 +326,7 @@ class Debugger(object):
                     continue
                 self.emit(message)
             elif message.get("type") == "event":
-                self._event(message)
-
-    def _event(self, event):
-        """ipykernel's ``_handle_event``: the stopped threads are tracked, for ``debugInfo`` and variables."""
-        body = event.get("body") or {}
-        if event.get("event") == "stopped":
-            if body.get("allThreadsStopped"):
-                self._tasks.put(("stopped", event))  # the threads request needs this reader free
-                return
-            self.stopped_threads.add(body.get("threadId"))
-        elif event.get("event") == "continued":
-            if body.get("allThreadsContinued"):
-                self.stopped_threads = set()
-            else:
-                self.stopped_threads.discard(body.get("threadId"))
-        self.emit(event)
-
-    def _stopped(self, event):
-        reply = self.forward({"type": "request", "command": "threads"})
-        for thread in (reply.get("body") or {}).get("threads", []):
-            if not str(thread.get("name", "")).startswith("daytona-kernel"):
-                self.stopped_threads.add(thread.get("id"))
-        self.emit(event)
+                self.debugger.event(message)
 
     def forward(self, request):
         """Send one request to pydevd under an internal number and wait for its response, under the request's."""
@@ -373,6 +346,20 @@ class Debugger(object):
 
     # -- the requests: ipykernel's Debugger.process_request ------------------
 
+
+class Debugger(object):
+    """ipykernel's ``Debugger.process_request`` and its handlers, in the sandbox (see the module docstring)."""
+
+    def __init__(self, runtime, channel):
+        self.rt = runtime
+        self.channel = channel
+        self.started = False  # the frontend's debug session (initialize .. disconnect)
+        self.breakpoints = {}  # source path -> the breakpoints pydevd set there
+        self.stopped_threads = set()
+        self.internal_paths = set(getattr(m, "__file__", None) or "" for m in list(sys.modules.values())) - {""}
+        self._removed_cleanup = {}
+        self.shippable = ""  # the debugpy version the kernel can ship (each request says it)
+
     def handle(self, message):
         command = message.get("command")
         if command == "initialize" and not self.started:
@@ -387,7 +374,7 @@ class Debugger(object):
         elif command in STARTED_ONLY:
             reply = handler(message)
         else:
-            reply = self.forward(message)
+            reply = self.channel.forward(message)
         if command == "disconnect":
             self._stop()
         return reply
@@ -400,15 +387,15 @@ class Debugger(object):
             return "debugpy is not installed in the sandbox, and the kernel has none to ship (pip install debugpy there)"
         if folder:  # the kernel ships it, then asks again
             return response(message or {}, False, body={"shipDebugpy": folder}, message="debugpy is not installed in the sandbox")
-        if self.dap is None:
+        if self.channel.dap is None:
             try:
-                self._connect()
+                self.channel.connect()
             except Exception as exc:  # the reply says why: the debugger stays off, the kernel runs on
                 return "debugpy could not start in the sandbox: %s: %s" % (type(exc).__name__, exc)
         folder = tmp_directory()
         if not os.path.isdir(folder):
             os.makedirs(folder, mode=0o700)
-        self._ensure_worker()
+        self.channel.ensure_worker()
         cleanup = self.rt.ipython.input_transformer_manager.cleanup_transforms
         from IPython.core.inputtransformer2 import leading_empty_lines  # breakpoints stay on their lines
 
@@ -439,7 +426,7 @@ class Debugger(object):
     def on_setBreakpoints(self, message):
         source = message["arguments"]["source"]["path"]
         self.breakpoints[source] = message["arguments"].get("breakpoints", [])
-        reply = self.forward(message)
+        reply = self.channel.forward(message)
         if reply.get("success"):  # pydevd may move a breakpoint: keep where it put them
             self.breakpoints[source] = [{"line": b["line"]} for b in reply.get("body", {}).get("breakpoints", []) if "line" in b]
         return reply
@@ -455,12 +442,12 @@ class Debugger(object):
             return reply
 
     def on_stackTrace(self, message):
-        return self.forward(message)
+        return self.channel.forward(message)
 
     def on_variables(self, message):
         if not self.stopped_threads:
             return self._variables_reply(message, self._explorer_children(message["arguments"].get("variablesReference")))
-        reply = self.forward(message)
+        reply = self.channel.forward(message)
         if reply.get("success"):
             reply["body"]["variables"] = [v for v in reply["body"].get("variables", []) if accept_variable(v.get("name", ""))]
         return reply
@@ -470,9 +457,9 @@ class Debugger(object):
         arguments = dict(message.get("arguments") or {})
         arguments.pop("connect", None)
         arguments["debugOptions"] = ["DebugStdLib"]  # ipykernel's default: debug_just_my_code False
-        arguments["rules"] = [{"path": path, "include": False} for path in sorted(self._internal_paths)]
-        reply = self.forward(dict(message, arguments=arguments))
-        self.forward({"type": "request", "command": "configurationDone"})
+        arguments["rules"] = [{"path": path, "include": False} for path in sorted(self.internal_paths)]
+        reply = self.channel.forward(dict(message, arguments=arguments))
+        self.channel.forward({"type": "request", "command": "configurationDone"})
         return reply
 
     def on_configurationDone(self, message):
@@ -533,7 +520,7 @@ class Debugger(object):
         else:
             code = "get_ipython().display_formatter.format(%s)" % name
             frame_id = message.get("arguments", {}).get("frameId")
-            reply = self.forward({"type": "request", "command": "evaluate", "seq": message.get("seq", 0) + 1,
+            reply = self.channel.forward({"type": "request", "command": "evaluate", "seq": message.get("seq", 0) + 1,
                                   "arguments": {"expression": code, "frameId": frame_id, "context": "clipboard"}})
             if reply.get("success"):
                 try:
@@ -546,7 +533,7 @@ class Debugger(object):
 
     def on_copyToGlobals(self, message):
         arguments = message.get("arguments", {})
-        return self.forward({"type": "request", "command": "setExpression", "seq": message.get("seq", 0) + 1, "arguments": {
+        return self.channel.forward({"type": "request", "command": "setExpression", "seq": message.get("seq", 0) + 1, "arguments": {
             "expression": "globals()['%s']" % arguments.get("dstVariableName"),
             "value": arguments.get("srcVariableName"),
             "frameId": arguments.get("srcFrameId"),
@@ -562,3 +549,25 @@ class Debugger(object):
             if filename and filename.endswith(".py"):
                 found.append({"id": i, "name": modules[i].__name__, "path": filename})
         return {"body": {"modules": found, "totalModules": len(modules)}}
+
+    def event(self, event):
+        """ipykernel's ``_handle_event``: the stopped threads are tracked, for ``debugInfo`` and variables."""
+        body = event.get("body") or {}
+        if event.get("event") == "stopped":
+            if body.get("allThreadsStopped"):
+                self.channel.tasks.put(("stopped", event))  # the threads request needs this reader free
+                return
+            self.stopped_threads.add(body.get("threadId"))
+        elif event.get("event") == "continued":
+            if body.get("allThreadsContinued"):
+                self.stopped_threads = set()
+            else:
+                self.stopped_threads.discard(body.get("threadId"))
+        self.channel.emit(event)
+
+    def stopped(self, event):
+        reply = self.channel.forward({"type": "request", "command": "threads"})
+        for thread in (reply.get("body") or {}).get("threads", []):
+            if not str(thread.get("name", "")).startswith("daytona-kernel"):
+                self.stopped_threads.add(thread.get("id"))
+        self.channel.emit(event)

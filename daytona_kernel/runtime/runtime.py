@@ -135,7 +135,7 @@ class Runtime(object):
         self.shell = self._start_shell()
         self.ipython = self.shell if not isinstance(self.shell, _basic.BasicShell) else None
         self.initial_names = frozenset(self.user_ns) | frozenset(self.shell.user_ns_hidden)
-        self.debugger = _debug.Debugger(self)  # debugpy starts when the frontend first asks for it
+        self.debugger = _debug.Channel(self)  # debugpy starts when the frontend first asks for it
         sys.modules["__main__"] = self.user_module
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
         if self.ipython is not None:  # widgets need IPython: comms work, and tqdm.notebook draws a widget
