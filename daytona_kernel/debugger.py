@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import posixpath
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from . import ipython_bundle
 from .backends.base import RunError, Sandbox
@@ -35,7 +35,9 @@ FETCH_EVERY_S = 0.05  # after a cell ended, how often the kernel fetches replies
 MAX_COMMAND_CHARS = 100
 SHIP_TIMEOUT_S = 60.0  # unpacking debugpy (about 1 MB, 250 files) in the sandbox
 
-EventSink = Callable[[dict[str, Any]], None]
+EventSink = Callable[[dict[str, Any]], Any]
+OnShellLoop = Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]]
+SendReply = Callable[[Any, Any, dict[str, Any], dict[str, Any]], Any]  # stream, ident, parent, reply content
 
 
 def failed(request: dict[str, Any], message: str) -> dict[str, Any]:
@@ -193,3 +195,35 @@ class DebugRelay:
     def _output(self, msg_type: str, content: dict[str, Any]) -> None:
         """Output of a ``Debug`` call (a protocol error, a stray print): logged, bounded."""
         self._log.warning("output of a debug call: %s %.200r", msg_type, content)
+
+
+class DebugRequests:
+    """The kernel's ``debug_request`` handler (on the control thread): the reply is sent from a task of the
+    control loop once the sandbox has answered, so an interrupt or a shutdown never queues behind a request
+    to a debugger stopped in a cell. The relay runs on the shell loop, where the session lives."""
+
+    def __init__(self, relay: DebugRelay | None, unavailable: str, on_shell_loop: OnShellLoop, send: SendReply, log: logging.Logger) -> None:
+        self._relay = relay
+        self._unavailable = unavailable  # why there is no session (the kernel's configuration problems)
+        self._on_shell_loop = on_shell_loop
+        self._send = send
+        self._log = log
+        self._replies: set[asyncio.Future[None]] = set()
+
+    def handle(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        task = asyncio.ensure_future(self._reply(stream, ident, parent))
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def _reply(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        content = parent.get("content")
+        request = content if isinstance(content, dict) else {}
+        if self._relay is None:
+            reply = failed(request, f"the kernel is not configured: {self._unavailable}")
+        else:
+            try:
+                reply = await self._on_shell_loop(self._relay.request(content))
+            except Exception as exc:  # the last resort: the frontend still gets its reply, and the kernel log the cause
+                self._log.exception("daytona-kernel failed while relaying a debug request")
+                reply = failed(request, f"daytona-kernel failed: {exc!r}")
+        self._send(stream, ident, parent, reply)

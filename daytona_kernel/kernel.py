@@ -25,7 +25,7 @@ from .cell import NOTICE_METADATA, Cell, CellOutcome, Notice, error_content, std
 from .comms import CommBridge
 from .compose import build_session, kernel_id_of
 from .config import DaytonaKernelConfig
-from .debugger import failed
+from .debugger import DebugRequests
 from .dispatch import ShellDispatch
 from .errors import ConfigError, DaytonaKernelError
 from .history import History
@@ -61,7 +61,6 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
         self._comms: CommBridge | None = None
         self._publisher = IopubPublisher(self)
         self.shell_handlers.update(comm_open=self._comm, comm_msg=self._comm, comm_close=self._comm)
-        self._debug_replies: set[asyncio.Future[None]] = set()
         if not self._problems:
             try:
                 self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self._publisher)
@@ -69,7 +68,13 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
                 self._problems.append(str(exc))
         if self._runtime is not None:
             self._comms = self._runtime.comms
-            self._runtime.debugger.publish = self._publish_debug_event
+            self._runtime.debugger.publish = lambda event: self._messages.send(
+                self.iopub_socket, "debug_event", event, self.get_parent(), ident=self._topic("debug_event")
+            )
+        self._debugging = DebugRequests(
+            self._runtime.debugger if self._runtime is not None else None, "; ".join(self._problems), self._on_shell_loop,
+            lambda stream, ident, parent, reply: self._messages.send(stream, "debug_reply", reply, parent, ident), self.log,
+        )
 
     def _kernel_id(self) -> str:
         """The id Jupyter gave this kernel (from ``kernel-<id>.json``), for sandbox labels."""
@@ -137,29 +142,8 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
         comms = self._comms.info(target_name) if self._comms is not None else {}
         self._messages.send(stream, "comm_info_reply", {"status": "ok", "comms": comms}, parent, ident)
 
-    # -- the debugger: Jupyter's debug protocol, to the sandbox's debugpy (debugger.py) -------
-
     async def debug_request(self, stream: Any, ident: Any, parent: Any) -> None:
-        """ipykernel's handler, replying when the sandbox has answered: the control channel does not wait for
-        it, so an interrupt or a shutdown never queues behind a request to a debugger stopped in a cell."""
-        task = asyncio.ensure_future(self._debug_reply(stream, ident, parent))
-        self._debug_replies.add(task)
-        task.add_done_callback(self._debug_replies.discard)
-
-    async def _debug_reply(self, stream: Any, ident: Any, parent: Any) -> None:
-        content = parent.get("content")
-        if self._runtime is None:
-            reply = failed(content if isinstance(content, dict) else {}, "the kernel is not configured: " + "; ".join(self._problems))
-        else:
-            try:
-                reply = await self._on_shell_loop(self._runtime.debugger.request(content))
-            except Exception as exc:  # the last resort: the frontend still gets its reply, and the kernel log the cause
-                self.log.exception("daytona-kernel failed while relaying a debug request")
-                reply = failed(content if isinstance(content, dict) else {}, f"daytona-kernel failed: {exc!r}")
-        self._messages.send(stream, "debug_reply", reply, parent, ident)
-
-    def _publish_debug_event(self, event: dict[str, Any]) -> None:
-        self._messages.send(self.iopub_socket, "debug_event", event, self.get_parent(), ident=self._topic("debug_event"))
+        self._debugging.handle(stream, ident, parent)  # replied to from a task: the control channel goes on
 
     # -- execution count: ipykernel's rules ------------------------------
 

@@ -170,3 +170,11 @@ def test_a_sandbox_without_debugpy_gets_the_kernels(bare_emulator: DaytonaEmulat
     assert seen["locals after step"] == [("a", "2"), ("b", "3"), ("c", "5")]
     assert seen["c_copy"] == {"text/plain": "5"} and seen["after disconnect"] == "10\n"
     assert seen["debugpy"].strip().startswith(str(home / ".cache" / "daytona-kernel" / "debugpy-"))
+
+
+def test_a_kernel_without_a_session_says_why_its_debugger_is_off() -> None:
+    with Kernel("daytona") as kernel:  # no DAYTONA_API_KEY: the kernel runs, its cells say what to set
+        assert "debugger" not in kernel.request("kernel_info")["supported_features"]
+        reply = Debugging(kernel)("initialize", INITIALIZE)
+        assert reply["success"] is False and "DAYTONA_API_KEY" in reply["message"]
+        assert kernel.request("kernel_info")["status"] == "ok"
