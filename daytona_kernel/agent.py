@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -39,6 +39,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .agent_calls import INTERRUPT_RETRY_S, INTERRUPT_WAIT_S, Call, parse_status, parse_variables, variables_code
 from .agent_results import RunResult, Variable, redact
+from .config import ENV_PREFIX
 from .errors import MirrorError
 from .localfs import LocalFolder, safe_relpath
 from .syncdown import local_landing
@@ -55,6 +56,7 @@ T = TypeVar("T")
 STARTUP_TIMEOUT_S = 180.0  # the kernel's reply to kernel_info: the sandbox itself starts with the first cell
 SHUTDOWN_TIMEOUT_S = 60.0
 DEFAULT_OUTPUT_CHARS = 20_000
+BACKEND_VAR = ENV_PREFIX + "BACKEND"
 RESTARTED = "The context was restarted; variables are lost."
 LOCAL_WARNING = (
     "daytona-local runs code in a worker process on this machine, as you: it is not isolation. "
@@ -112,7 +114,8 @@ class AsyncAgentKernel:
 
     @property
     def is_local(self) -> bool:
-        return self.kernel_name == "daytona-local" or self.kernel_name.endswith("-local")
+        """Whether the kernelspec runs the local backend (this machine: not isolation)."""
+        return _spec_backend(self.kernel_name, os.environ if self._env is None else self._env) == "local"
 
     async def start(self) -> AsyncAgentKernel:
         """Start the kernel (or connect to it) and wait until it answers."""
@@ -124,12 +127,12 @@ class AsyncAgentKernel:
         else:
             kc = await self._start_kernel()
         kc.start_channels()
+        self._kc = kc
         try:
             await kc.wait_for_ready(timeout=STARTUP_TIMEOUT_S)
         except RuntimeError:
             await self.shutdown()
             raise
-        self._kc = kc
         self._started_at = time.monotonic()
         self._calls = Call(kc, self._send_interrupt, self._alive)
         return self
@@ -292,6 +295,16 @@ def _display_name(kernel_name: str) -> str:
         return str(KernelSpecManager().get_kernel_spec(kernel_name).display_name)
     except NoSuchKernel:
         return kernel_name
+
+
+def _spec_backend(kernel_name: str, env: Mapping[str, str]) -> str:
+    """The backend a kernelspec runs: its env's DAYTONA_KERNEL_BACKEND (which jupyter_client sets over the
+    environment), else the environment's, else daytona."""
+    try:
+        spec_env = KernelSpecManager().get_kernel_spec(kernel_name).env
+    except NoSuchKernel:
+        spec_env = {}
+    return str(spec_env.get(BACKEND_VAR) or env.get(BACKEND_VAR) or "daytona")
 
 
 def download_refusal(folder: Path, local: str) -> str | None:

@@ -96,3 +96,13 @@ async def test_a_dead_kernel_ends_the_run(monkeypatch: pytest.MonkeyPatch) -> No
     result = (await call.execute("anything")).result(10_000, str)
     assert result.error is not None and (result.error.name, result.error.value) == ("KernelDied", KERNEL_DIED)
     await call.close()
+
+
+def test_the_local_backend_is_known_by_its_kernelspec_not_its_name() -> None:
+    from daytona_kernel import kernelspec
+    from daytona_kernel.agent import AsyncAgentKernel
+
+    kernelspec.install("laptop-python", env={"DAYTONA_KERNEL_BACKEND": "local"}, user=True)
+    kernelspec.install("gpu-local", env={"DAYTONA_KERNEL_BACKEND": "daytona"}, user=True)
+    assert AsyncAgentKernel("laptop-python").is_local and AsyncAgentKernel("daytona-local").is_local
+    assert not AsyncAgentKernel("gpu-local").is_local and not AsyncAgentKernel("daytona").is_local
