@@ -30,6 +30,7 @@ class BasicShellMirror:
     """No mirror, only the runtime option that asks for the basic shell."""
 
     notice = ""
+    syncs_down = False
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(ipython=False)

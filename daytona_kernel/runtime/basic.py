@@ -128,7 +128,9 @@ class BasicShell(object):
             sys.stderr.flush()
             self.runtime.send(Kind.ERROR, {"ename": etype.__name__, "evalue": str(evalue), "traceback": [], "reply_only": True})
             return
-        self.runtime.send(Kind.ERROR, error_content(etype, evalue, tb))
+        content = error_content(etype, evalue, tb)
+        content["traceback"] = [self.runtime.paths.in_text(line) for line in content["traceback"]]  # the user's files
+        self.runtime.send(Kind.ERROR, content)
 
     def send_payloads(self):
         """The basic shell has no pager or exit payloads."""

@@ -14,6 +14,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import types
 import typing
 
 from IPython.core import page, release
@@ -187,7 +188,12 @@ class SandboxShell(InteractiveShell):
 
     def _page(self, strg, start=0, screen_lines=0, pager_cmd=None):
         data = strg if isinstance(strg, dict) else {"text/plain": strg}
-        self._payloads.write_payload({"source": "page", "data": data, "start": max(0, start)})
+        self._payloads.write_payload({"source": "page", "data": self._users_paths(data), "start": max(0, start)})
+
+    def _users_paths(self, bundle):
+        """A bundle's text naming the user's files where the sandbox's are copies of them (``pathmap``)."""
+        paths = self.runtime.paths
+        return dict((k, paths.in_text(v)) for k, v in bundle.items()) if paths else bundle
 
     @property
     def _payloads(self) -> typing.Any:
@@ -221,7 +227,8 @@ class SandboxShell(InteractiveShell):
     def _showtraceback(self, etype, evalue, stb):
         sys.stdout.flush()
         sys.stderr.flush()
-        content = {"traceback": [str(line) for line in stb], "ename": str(etype.__name__), "evalue": str(evalue)}
+        paths = self.runtime.paths  # the user's files, for a link in JupyterLab or VS Code
+        content = {"traceback": [paths.in_text(str(line)) for line in stb], "ename": str(etype.__name__), "evalue": str(evalue)}
         self.runtime.send(Kind.ERROR, content)
         self.error_shown = evalue
         self._last_traceback = stb
@@ -288,7 +295,7 @@ class SandboxShell(InteractiveShell):
             return reply
         if not self.enable_html_pager:
             bundle.pop("text/html", None)
-        reply["data"] = clean(bundle)
+        reply["data"] = clean(self._users_paths(bundle))
         reply["found"] = True
         return reply
 
@@ -319,6 +326,9 @@ def make_shell(runtime, user_module):
     shell = SandboxShell.instance(config=config, runtime=runtime, user_module=user_module, compiler_class=CellCompiler)
     for name in KERNEL_MAGICS:
         shell.register_magic_function(_kernel_magic(name), "line", name)
+    formatter = shell.display_formatter
+    if runtime.paths and formatter is not None:  # a module's repr names the user's file it was imported from
+        formatter.formatters["text/plain"].for_type(types.ModuleType, lambda module, p, cycle: p.text(runtime.paths.in_text(repr(module))))
     shell.run_cell("pass", store_history=False, silent=True)  # IPython's first run sets up what later ones reuse
     # IPython's objects, most of the heap, made once: no collection looks at them again, the interpreter's teardown
     # included (a restart waits for the old worker's exit: with them it took 40-140 ms). The user's objects stay

@@ -35,6 +35,7 @@ try:  # inside the sandbox the bootstrap installed these modules under these nam
     import _daytona_kernel_files as _files
     import _daytona_kernel_framing as _framing
     import _daytona_kernel_journal as _journal
+    import _daytona_kernel_pathmap as _pathmap
     import _daytona_kernel_pathrules as _pathrules
     import _daytona_kernel_streams as _streams
 except ImportError:  # imported from the package (tests)
@@ -46,6 +47,7 @@ except ImportError:  # imported from the package (tests)
     from daytona_kernel.runtime import files as _files
     from daytona_kernel.runtime import framing as _framing
     from daytona_kernel.runtime import journal as _journal
+    from daytona_kernel.runtime import pathmap as _pathmap
     from daytona_kernel.runtime import pathrules as _pathrules
     from daytona_kernel.runtime import streams as _streams
 
@@ -132,6 +134,7 @@ class Runtime(object):
         self.user_ns = self.user_module.__dict__
         self._notices = []  # type: list
         self.comms = _comms.Bridge(self)
+        self.paths = _pathmap.PathMap(os.getcwd(), self.options.local_root)  # what the user reads names their files
         self.shell = self._start_shell()
         self.ipython = self.shell if not isinstance(self.shell, _basic.BasicShell) else None
         self.initial_names = frozenset(self.user_ns) | frozenset(self.shell.user_ns_hidden)
