@@ -299,3 +299,42 @@ def test_live_reports_send_new_files_once_and_nothing_after_stop(tmp_path: Path,
     (tmp_path / "late.txt").write_text("after")
     time.sleep(0.3)
     assert len(sent) == count
+
+
+async def test_live_pulls_wait_for_each_other_and_hold_a_bounded_backlog() -> None:
+    """The kernel's side of the live copies: one pull at a time, later reports merged into the next one, and a
+    hostile sandbox's stream of huge partial reports keeps at most MAX_REPORTED_PATHS paths waiting."""
+    import asyncio
+
+    from daytona_kernel.cell import Recorder
+    from daytona_kernel.protocol import FileChanges
+    from daytona_kernel.syncplan import MAX_REPORTED_PATHS, SyncReport
+    from daytona_kernel.upkeep import LivePulls
+
+    pulled: list[FileChanges] = []
+    gate = asyncio.Event()
+
+    class Mirror:
+        async def pull(self, changes: FileChanges, retry_failed: bool = False) -> SyncReport:
+            pulled.append(changes)
+            await gate.wait()
+            return SyncReport()
+
+    live = LivePulls(Mirror(), Recorder())  # type: ignore[arg-type]
+    live.add(FileChanges({"a.txt": (1, 2, 0o644)}, [], False, partial=True))
+    await asyncio.sleep(0)
+    for start in (0, MAX_REPORTED_PATHS):  # while the first pull waits
+        live.add(FileChanges({f"f{i}": (1, 2, 0o644) for i in range(start, start + MAX_REPORTED_PATHS)}, [], False, partial=True))
+    gate.set()
+    assert await live.finish() == []
+    assert [len(c.changed) for c in pulled] == [1] and all(c.partial and not c.deleted for c in pulled)
+    live = LivePulls(Mirror(), Recorder())  # type: ignore[arg-type]
+    gate.clear()
+    live.add(FileChanges({"a.txt": (1, 2, 0o644)}, [], False, partial=True))
+    await asyncio.sleep(0)
+    live.add(FileChanges({f"f{i}": (1, 2, 0o644) for i in range(MAX_REPORTED_PATHS + 10)}, [], False, partial=True))
+    live.add(FileChanges({"b.txt": (1, 2, 0o644)}, [], False, partial=True))
+    gate.set()
+    while len(pulled) < 3:
+        await asyncio.sleep(0.01)
+    assert len(pulled[2].changed) == MAX_REPORTED_PATHS and "b.txt" not in pulled[2].changed
