@@ -233,6 +233,17 @@ def start_to_first_result(name: str, reps: int, env: dict[str, str] | None = Non
     return stats(samples)
 
 
+def ready_to_first_result(name: str, reps: int, env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, float]:
+    """A new kernel's first cell, timed from when it answers kernel_info (JupyterLab shows it idle) to its result."""
+    samples = []
+    for _ in range(reps):
+        with Kernel(name, env=env, cwd=cwd) as k:
+            t0 = time.perf_counter()
+            k.execute("1")
+            samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
 def shipped_ipython_start(reps: int, data_dir: Path) -> dict[str, float]:
     """A cold start in a new sandbox whose Python has no IPython (and an empty cache), so the kernel
     ships its own in one upload before the first cell: what a first start on a bare image costs."""
@@ -348,6 +359,40 @@ def restart_to_first_result(k: Kernel, reps: int) -> dict[str, float]:
         k.execute("1")
         samples.append(time.perf_counter() - t0)
     return stats(samples)
+
+
+def after_restart_to_first_result(k: Kernel, reps: int) -> dict[str, float]:
+    """The first cell after a restart, timed from when the new process answers kernel_info to its result."""
+    samples = []
+    for _ in range(reps):
+        k.restart()
+        t0 = time.perf_counter()
+        k.execute("1")
+        samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
+PRINTING_LOOP = "i = 0\nwhile True:\n    print(i)\n    i += 1"
+
+
+def printing_loop_interrupt(k: Kernel, reps: int) -> dict[str, float]:
+    """Interrupt a loop that prints as fast as it can: from the interrupt_request to the cell's reply."""
+    samples = []
+    for _ in range(reps):
+        fired: dict[str, float] = {}
+
+        def fire(fired: dict[str, float] = fired) -> None:
+            time.sleep(0.5)
+            fired["t"] = time.perf_counter()
+            k.interrupt()
+
+        thread = threading.Thread(target=fire)
+        thread.start()
+        run = k.execute(PRINTING_LOOP, timeout=120)
+        samples.append(time.perf_counter() - fired["t"])
+        thread.join()
+        assert run.status == "error", run.reply
+    return ms(stats(samples))
 
 
 def rss_kb(k: Kernel) -> int:
@@ -649,6 +694,9 @@ def run(quick: bool) -> Report:
         base_int = interrupt_latency(stock, few)
         add(Figure("interrupt to error reply, daytona-local vs ipykernel", "ms", interrupt_latency(local, few), base_int, "ipykernel", "≤ 1 s"))
         add(Figure("interrupt to error reply, daytona (emulator) vs ipykernel", "ms", interrupt_latency(remote, few), base_int, "ipykernel", "≤ 1 s"))
+        loop_int, base_loop_int = in_turns(lambda n: printing_loop_interrupt(local, n), lambda n: printing_loop_interrupt(stock, n), reps=few)
+        add(Figure("interrupt a printing loop to error reply, daytona-local vs ipykernel", "ms", loop_int, base_loop_int, "ipykernel", "≤ 1.5×",
+                   note="taken in turns with its baseline"))
         comp_reps = max(10, reps // 4)
         stock.execute("alpha_value = 1")
         local.execute("alpha_value = 1")
@@ -665,6 +713,9 @@ def run(quick: bool) -> Report:
         add(Figure("kernel RSS after 100 cells (min) and after 1,000 cells (median, max)", "MB", endurance, goal="within 20% of cell 100"))
         base_restart = restart_to_first_result(stock, few)
         add(Figure("restart to first result, daytona-local vs ipykernel", "s", restart_to_first_result(local, few), base_restart, "ipykernel"))
+        after, base_after = in_turns(lambda n: after_restart_to_first_result(local, n), lambda n: after_restart_to_first_result(stock, n), reps=few)
+        add(Figure("first cell after a restart, from kernel_info answered, daytona-local vs ipykernel", "s", after, base_after, "ipykernel",
+                   "≤ 1.5×", note="taken in turns with its baseline; the restart itself is the figure above"))
         emu.transition_s.update(stopping=STOPPING_S, starting=STARTING_S)  # a restart that stopped its sandbox would pay these
         add(Figure("restart to first result, daytona (emulator), reused sandbox", "s", restart_to_first_result(remote, few), base_restart, "ipykernel", "≤ 1 s",
                    note=f"the emulator's stop takes {STOPPING_S:g} s and its start {STARTING_S:g} s, as on Daytona: a restart keeps the sandbox running"))
@@ -674,6 +725,9 @@ def run(quick: bool) -> Report:
             k.close()
         base_start = start_to_first_result("python3", few)
         add(Figure("start to first result, daytona-local vs ipykernel", "s", start_to_first_result("daytona-local", few), base_start, "ipykernel", "≤ 2 s"))
+        first, base_first_cell = in_turns(lambda n: ready_to_first_result("daytona-local", n), lambda n: ready_to_first_result("python3", n), reps=few)
+        add(Figure("first cell of a new kernel, from kernel_info answered, daytona-local vs ipykernel", "s", first, base_first_cell, "ipykernel",
+                   "≤ 1.5×", note="taken in turns with its baseline: what a user waits after JupyterLab shows the kernel idle"))
         cold_env = {**emu_env, "DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}
         cold, raw_start = in_turns(lambda n: start_to_first_result("daytona", n, cold_env, str(work)), lambda n: raw_sdk_start(emu, n), reps=few)
         add(Figure("start to first result, daytona (emulator), cold: new sandbox, vs ipykernel", "s", cold, base_start, "ipykernel"))
