@@ -236,7 +236,7 @@ def test_a_flood_of_new_files_does_not_take_the_folder_hostage(kernel_name: str,
         assert value(k.execute("import importlib\nimportlib.reload(helpers).double(2)", timeout=120)) == "8"
 
 
-@pytest.mark.parametrize("layout", ["marker", "git", "bare", "up-only"])
+@pytest.mark.parametrize("layout", ["git", "bare", "up-only"])
 def test_a_read_outside_the_project_says_why(kernel_name: str, tmp_path: Path, layout: str) -> None:
     """open('../../../daytona-kernel/README.md') from a notebook two folders below a sibling of that folder: the
     file is on this machine but outside the mirrored project, so the error names it and sync_root, also when a
