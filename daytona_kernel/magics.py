@@ -100,7 +100,7 @@ class KernelMagics:
             return await asyncio.to_thread(mirror.status)
         report = await mirror.push()
         changes = await self._supervisor.call(ListFileChanges(synced=mirror.handover()), file_changes)
-        if changes.changed or changes.deleted or changes.truncated:
+        if changes.changed or changes.deleted or changes.truncated or mirror.holds_files:
             report.merge(await mirror.pull(changes, retry_failed=True))
         self._notify(report)
         return report.summary() + "\n"

@@ -268,6 +268,11 @@ class WorkdirMirror:
             return SyncReport()
         return await self._down.pull(changes, retry_failed)
 
+    @property
+    def holds_files(self) -> bool:
+        """A flood left new files in the sandbox (``MirrorDown.held``), for %sync to fetch."""
+        return bool(self._down.held)
+
     async def download_paths(self, remote: str, dest: str | None) -> SyncReport:
         """%download (``MirrorDown.download_paths``)."""
         return await self._down.download_paths(remote, dest, self.start_in)
