@@ -71,6 +71,10 @@ class DebugRelay:
         self._debugpy: str | None = None  # the kernel's debugpy version, to ship to a sandbox without one ("": none)
         self.publish: EventSink | None = None
 
+    def started_on(self, live: Live) -> bool:
+        """Whether the debugger traces ``live``'s interpreter (it answered initialize, and no disconnect since)."""
+        return bool(self._started_on) and self._started_on == live.token
+
     # -- from the sandbox ------------------------------------------------------
 
     def receive(self, event: DebugMessage) -> None:

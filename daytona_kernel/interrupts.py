@@ -1,8 +1,8 @@
 """The interrupt of what runs in the context (a cell, or a widget callback): SIGINT to the worker, and
 the watchdog for a run that ignores it.
 
-If the run ignores the SIGINT for ``interrupt_grace`` seconds, its context is closed and the ladder
-reports a ``KeyboardInterrupt``. After a cell's connection was cut while it ran on in the sandbox, the
+If the run ignores the SIGINT for ``interrupt_grace`` seconds (at least ``DEBUGGED_GRACE_S`` while the
+debugger traces the context), its context is closed and the ladder reports a ``KeyboardInterrupt``. After a cell's connection was cut while it ran on in the sandbox, the
 next cell's job waits behind it in the daemon's queue (docs/reattach.md): the SIGINT then reaches that
 cut cell, not the one the user sees. If the cut cell ignores it, the visible cell alone is ended, the
 context (and every variable) is kept, and a note in the sandbox makes its job return at once when its
@@ -23,6 +23,7 @@ from .request import InFlight, Request
 from .supervisor import ContextSupervisor, Live
 
 INTERRUPT_EXEC_TIMEOUT_S = 10.0
+DEBUGGED_GRACE_S = 30.0  # interrupt_grace's floor while the debugger traces the context (docs/debugger.md)
 
 
 class Interrupts:
@@ -42,6 +43,7 @@ class Interrupts:
         self._heard = False  # the current run has received output: its job has left the queue
         self._attempt_task: asyncio.Future[RunError | None] | None = None
         self._gave_up_on: Request | None = None  # the run the watchdog ended while it still waited in the queue
+        self.debugged: Callable[[Live], bool] = lambda live: False  # the debugger traces this context (debugger.py)
         self._marker: str | None = None  # the note left for that run's job, until a later run shows it was read
         self._cell_count = 0  # the execution count of the cell that runs (the note names it)
 
@@ -53,6 +55,8 @@ class Interrupts:
         request.interrupted = True
         sent = await self._send_sigint(live)
         grace = self._settings.interrupt_grace if sent else 0.0
+        if sent and self.debugged(live):  # a traced cell (paused at a breakpoint, often) unwinds slowly: 2-3 s seen
+            grace = max(grace, DEBUGGED_GRACE_S)
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.ensure_future(self._interrupt_watchdog(request, live, grace))
 

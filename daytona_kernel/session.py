@@ -81,6 +81,7 @@ class RuntimeSession:
         self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
         self.delivery = CommDelivery(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # widgets
         self.debugger = DebugRelay(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # debug_request
+        self.interrupts.debugged = self.debugger.started_on
         self.comms: CommBridge | None = None  # widgets: the comm bridge (comms.py), when a kernel publishes them
         if publisher is not None:
             self.comms = CommBridge(publisher, WidgetPolicy(self.outputs, frozenset(settings.widget_modules)), log, self.delivery)

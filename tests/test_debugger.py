@@ -178,3 +178,22 @@ def test_a_kernel_without_a_session_says_why_its_debugger_is_off() -> None:
         reply = Debugging(kernel)("initialize", INITIALIZE)
         assert reply["success"] is False and "DAYTONA_API_KEY" in reply["message"]
         assert kernel.request("kernel_info")["status"] == "ok"
+
+
+def test_an_interrupt_while_paused_at_a_breakpoint_keeps_the_variables() -> None:
+    """A traced cell unwinds slowly (2-3 s here, under ipykernel too): with the debugger on, the watchdog gives it
+    30 s before it replaces the context, whatever ``interrupt_grace`` says (half a second here)."""
+    with Kernel("daytona-local", env={"DAYTONA_KERNEL_INTERRUPT_GRACE": "0.5"}) as kernel:
+        kernel.execute("kept = 41")
+        debug = Debugging(kernel)
+        assert debug("initialize", INITIALIZE)["success"] and debug("attach")["success"]
+        path = debug("dumpCell", {"code": CELL})["body"]["sourcePath"]
+        debug("setBreakpoints", {"breakpoints": [{"line": 2}], "source": {"path": path}, "sourceModified": False})
+        debug("configurationDone")
+        run = kernel.kc.execute(CELL)
+        debug.event("stopped")
+        kernel.interrupt()
+        kernel.wait_for(lambda m: m["parent_header"].get("msg_id") == run and m["content"].get("execution_state") == "idle")
+        errors = [m["content"]["ename"] for m in kernel.stray if m["msg_type"] == "error" and m["parent_header"].get("msg_id") == run]
+        assert errors == ["KeyboardInterrupt"]
+        assert kernel.execute("print(kept + 1)").text() == "42\n"
