@@ -197,3 +197,40 @@ def test_an_interrupt_while_paused_at_a_breakpoint_keeps_the_variables() -> None
         errors = [m["content"]["ename"] for m in kernel.stray if m["msg_type"] == "error" and m["parent_header"].get("msg_id") == run]
         assert errors == ["KeyboardInterrupt"]
         assert kernel.execute("print(kept + 1)").text() == "42\n"
+
+
+HELPERS = "def double(n):\n    m = n * 2\n    return m\n"
+
+
+def module_session(name: str, folder: Path) -> dict[str, Any]:
+    """A breakpoint set in the user's own module (the mirrored copy runs in the sandbox), as JupyterLab sets one
+    in a file it opened: what the breakpoint, the stack and the source request name."""
+    with Kernel(name, cwd=str(folder)) as kernel:
+        kernel.execute("pass")  # the project's files are in the sandbox
+        debug = Debugging(kernel)
+        assert debug("initialize", INITIALIZE)["success"] and debug("attach")["success"]
+        user_file = str(folder / "helpers.py")
+        placed = debug("setBreakpoints", {"breakpoints": [{"line": 2}], "source": {"path": user_file}, "sourceModified": False})
+        debug("configurationDone")
+        run = kernel.kc.execute("import helpers\nhelpers.double(21)")
+        thread = debug.event("stopped")["body"]["threadId"]
+        top = debug("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+        source = debug("source", {"source": {"path": top["source"]["path"]}})
+        debug("continue", {"threadId": thread})
+        kernel.wait_for(lambda m: m["parent_header"].get("msg_id") == run and m["content"].get("execution_state") == "idle")
+        return {
+            "breakpoint": [(b["verified"], b["line"], b["source"]["path"]) for b in placed["body"]["breakpoints"]],
+            "top": (top["name"], top["line"], top["source"]["path"]),
+            "source": (source["success"], source["body"]["content"]),
+        }
+
+
+def test_a_breakpoint_in_the_users_own_module_names_the_users_file(kernel_name: str, tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (folder / "helpers.py").write_text(HELPERS)
+    ours = module_session(kernel_name, folder)
+    user_file = str(folder / "helpers.py")
+    assert ours == {"breakpoint": [(True, 2, user_file)], "top": ("double", 2, user_file), "source": (True, HELPERS)}
+    assert ours == module_session("python3", folder)

@@ -424,16 +424,21 @@ class Debugger(object):
         return sys.modules[type(self.rt.ipython.compile).__module__].cell_file_name(code)
 
     def on_setBreakpoints(self, message):
+        """A breakpoint in the user's own file (a mirrored one) is set in its copy here (``Runtime.paths``)."""
         source = message["arguments"]["source"]["path"]
         self.breakpoints[source] = message["arguments"].get("breakpoints", [])
-        reply = self.channel.forward(message)
+        arguments = dict(message["arguments"], source=dict(message["arguments"]["source"], path=self.rt.paths.to_sandbox(source)))
+        reply = self.channel.forward(dict(message, arguments=arguments))
         if reply.get("success"):  # pydevd may move a breakpoint: keep where it put them
             self.breakpoints[source] = [{"line": b["line"]} for b in reply.get("body", {}).get("breakpoints", []) if "line" in b]
+            for b in reply.get("body", {}).get("breakpoints", []):
+                if isinstance(b.get("source"), dict):
+                    b["source"]["path"] = self.rt.paths.to_user(b["source"].get("path"))
         return reply
 
     def on_source(self, message):
         """A file of the sandbox (a cell's, or a module's), read here: never one of the user's machine."""
-        path = message.get("arguments", {}).get("source", {}).get("path", "")
+        path = self.rt.paths.to_sandbox(message.get("arguments", {}).get("source", {}).get("path", ""))
         try:
             with open(path, encoding="utf-8") as f:
                 return response(message, body={"content": f.read()})
@@ -442,7 +447,12 @@ class Debugger(object):
             return reply
 
     def on_stackTrace(self, message):
-        return self.channel.forward(message)
+        """The frames of a mirrored file name the user's own file, as tracebacks do (``Runtime.paths``)."""
+        reply = self.channel.forward(message)
+        for frame in (reply.get("body") or {}).get("stackFrames", []):
+            if isinstance(frame.get("source"), dict):
+                frame["source"]["path"] = self.rt.paths.to_user(frame["source"].get("path"))
+        return reply
 
     def on_variables(self, message):
         if not self.stopped_threads:
