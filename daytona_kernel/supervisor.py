@@ -281,7 +281,8 @@ class ContextSupervisor:
     async def _shutdown(self, restart: bool, before_ending: Callable[[], Awaitable[None]] | None) -> None:
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
-            await asyncio.wait({self._starting}, timeout=STARTING_CANCEL_S)  # so what its create did is known
+            if not restart:  # what its create did must be known to be released (a restart leaves it to the next process)
+                await asyncio.wait({self._starting}, timeout=STARTING_CANCEL_S)
         if not self._sandbox_started:
             if not restart:  # a start cut short may have made its sandbox all the same: the backend looks for it
                 await self.sandbox.shutdown()

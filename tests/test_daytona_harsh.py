@@ -351,3 +351,33 @@ def test_the_sandbox_processes_never_see_the_api_key(daytona_env: Any) -> None:
 
     assert os.environ.get("DAYTONA_API_KEY")  # the emulator's own process has it
     assert sdk_call(daytona_env, scenario).strip() == "key=none mine=yes"
+
+
+# -- regressions seen from outside ---------------------------------------------------------------------------------------
+
+
+def test_a_restart_that_finds_its_sandbox_stopping_waits_and_starts_it(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new process runs its first cell in the context the old one left (its handoff) while the SDK loads, and
+    the sandbox stops just then (an auto-stop that came with the restart): the handshake is refused (400), the
+    load waits for the stop and starts the sandbox, and the cell runs there in a new interpreter."""
+    monkeypatch.setitem(emu.transition_s, "stopping", 3.0)
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        assert k.execute("1").status == "ok"
+        (sandbox,) = live(emu, tmp_path)
+        k.restart()
+        emu.before_next("GET /toolbox/{sid}/process/interpreter/execute", "stop")  # as the first cell asks for it
+        run = k.execute("21 * 2", timeout=120)
+        assert run.status == "ok" and result_text(run) == "42", (run.errors, run.text("stderr"))
+        assert "started again" in run.text("stderr") and sandbox.state == "started"
+
+
+def test_a_gpu_snapshot_whose_lookup_fails_is_made_ephemeral_when_the_create_says_so(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(emu.snapshots, "cuda-hidden", {"cpu": 4, "mem": 16, "disk": 20, "gpu": 1})
+    emu.fail_next("GET /api/snapshots/", 404)  # the lookup gives no GPU count
+    with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SNAPSHOT": "cuda-hidden"}) as k:
+        first = k.execute("1 + 1", timeout=60)
+        assert first.status == "ok" and result_text(first) == "2", (first.errors, first.text("stderr"))
+        assert first.text("stderr").count("GPU sandboxes must be ephemeral") == 1, first.text("stderr")
+        (sandbox,) = live(emu, tmp_path)
+        assert sandbox.spec["autoDeleteInterval"] == 0 and sandbox.labels["daytona-kernel-policy"] == "ephemeral"
+    eventually(lambda: not live(emu, tmp_path))  # ephemeral: deleted at shutdown

@@ -255,7 +255,10 @@ class DaytonaSandbox(Sandbox):
                     raise
                 self._sandbox = None  # deleted since the list: make another
         if self._sandbox is None:
+            said = len(self._workspace.notices)
             self._sandbox = await self._workspace.create(volume, progress)
+            self._policy = self._workspace.policy  # a GPU snapshot Daytona named at the create makes it ephemeral
+            self._notices += self._workspace.notices[said:]
         if self._sandbox.id != prefer:  # a new sandbox has none of the old one's state
             self.generation += 1
         self.id = self._sandbox.id

@@ -104,8 +104,8 @@ def _is_retryable(exc: DaytonaError) -> bool:
 def _from_the_network(exc: BaseException) -> bool:
     """Did the connection fail (an OSError, a timeout or aiohttp's error anywhere in the causes)? A reply the SDK
     could not parse (a multipart it cannot read, a file name it cannot match) fails the same way every time."""
-    aiohttp = sys.modules.get("aiohttp")
-    network: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError) + ((aiohttp.ClientError,) if aiohttp is not None else ())
+    client_error = getattr(sys.modules.get("aiohttp"), "ClientError", None)  # None while another thread imports it
+    network: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError) + ((client_error,) if client_error is not None else ())
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:

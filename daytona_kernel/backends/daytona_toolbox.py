@@ -82,8 +82,8 @@ def socket_errors() -> tuple[type[BaseException], ...]:
     """What a broken websocket raises: OSError and timeouts from either client, and aiohttp's errors once it is
     loaded (with the SDK: before, no socket of its exists). Evaluated where it is caught, so that nothing imports
     aiohttp before the SDK."""
-    aiohttp = sys.modules.get("aiohttp")
-    return (asyncio.TimeoutError, OSError, ValueError) + ((aiohttp.ClientError,) if aiohttp is not None else ())
+    client_error = getattr(sys.modules.get("aiohttp"), "ClientError", None)  # None too while the SDK's thread imports it
+    return (asyncio.TimeoutError, OSError, ValueError) + ((client_error,) if client_error is not None else ())
 
 
 class HandshakeRefused(ConnectionError):
@@ -307,6 +307,11 @@ class DaytonaToolbox:
         if state != "started":
             return SandboxNotRunning(f"The sandbox {self.host.id} is {state}.")
         status = handshake_status(exc)
+        if status == 400:  # the proxy's "no IP ... is the Sandbox started?" (proxy.go): it ran again once the state was read
+            return SandboxNotRunning(
+                f"The sandbox {self.host.id} was not running when its interpreter was asked for (an auto-stop or a stop "
+                "from the dashboard), and has been started again since."
+            )
         if status in (401, 403):
             return AuthError(
                 f"Daytona refused to open the interpreter ({status}): check DAYTONA_API_KEY and DAYTONA_TARGET, "

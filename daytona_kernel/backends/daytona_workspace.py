@@ -48,6 +48,7 @@ log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
 
 
+GPU_MUST_BE_EPHEMERAL = "GPU sandboxes must be ephemeral"  # sandbox.service.ts about 525 and 867: a create's 400
 VOLUME_READY_TIMEOUT_S = 120.0
 VOLUME_POLL_S = 0.5
 LOADING_SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while the SDK loads in a thread (Python's default: 5 ms)
@@ -321,7 +322,20 @@ class WorkspaceSandboxes:
         gives a class that can pause auto-pause (with auto-stop off) and any other class auto-stop
         (CreateSandbox.autoPauseInterval), so nothing is refused; the configured minutes are set after."""
         self.idle_why = self.why_not_pause()
-        sandbox = await self._create_with(volume, progress, self._config.auto_stop_interval if self.idle_why else None)
+        try:
+            sandbox = await self._create_with(volume, progress, self._config.auto_stop_interval if self.idle_why else None)
+        except BackendError as exc:
+            if self.policy is SandboxPolicy.EPHEMERAL or not (is_refused(exc) and GPU_MUST_BE_EPHEMERAL in str(exc)):
+                raise
+            # The snapshot's GPU count was not known here (its lookup failed, check_gpu), and Daytona takes it from
+            # the snapshot (sandbox.service.ts about 520-526): it refused a GPU sandbox that is not ephemeral.
+            self.policy = SandboxPolicy.EPHEMERAL
+            self.notices.append(
+                f"Daytona says the snapshot {self._config.snapshot} has GPUs, and GPU sandboxes must be ephemeral: this "
+                "kernel gets a sandbox of its own, kept across restarts and deleted at shutdown (sandbox_policy 'reuse' "
+                "does not apply). Files on the volume stay.\n"
+            )
+            return await self.create(volume, progress)
         if not self.idle_why:
             await self._set_idle_interval(sandbox)
         return sandbox
