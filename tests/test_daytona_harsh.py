@@ -381,3 +381,20 @@ def test_a_gpu_snapshot_whose_lookup_fails_is_made_ephemeral_when_the_create_say
         (sandbox,) = live(emu, tmp_path)
         assert sandbox.spec["autoDeleteInterval"] == 0 and sandbox.labels["daytona-kernel-policy"] == "ephemeral"
     eventually(lambda: not live(emu, tmp_path))  # ephemeral: deleted at shutdown
+
+
+def test_a_restart_keeps_the_labels_another_client_wrote_meanwhile(emu: Any, tmp_path: Path) -> None:
+    """Labels are replaced all at once (replaceLabels): the restart's label for the next context must be written
+    over the labels as they are now, not over the copy this kernel read at its start."""
+    with Kernel("daytona", cwd=str(tmp_path)) as k:
+        assert k.execute("1").status == "ok"
+        (sandbox,) = live(emu, tmp_path)
+
+        async def label(client: Any) -> None:
+            found = await client.get(sandbox.id)
+            await found.set_labels(dict(found.labels, team="data"))  # another kernel, or the dashboard
+
+        sdk_call(emu, label)
+        k.restart()
+        assert sandbox.labels.get("team") == "data", sandbox.labels
+        assert sandbox.labels.get("daytona-kernel-next-context", "").startswith(sandbox.labels["daytona-kernel-kernel-id"])

@@ -272,8 +272,7 @@ class DaytonaSandbox(Sandbox):
         self._note_idle_mode()
         await self._prepare_workdir()
         if self._policy is SandboxPolicy.REUSE and self._sandbox.labels.get(LABEL_KERNEL) != self._kernel_id:
-            labels = dict(self._sandbox.labels, **{LABEL_KERNEL: self._kernel_id})
-            await self.api("label the sandbox with this kernel", lambda: self._sandbox.set_labels(labels))
+            await self._relabel(self._sandbox, "label the sandbox with this kernel", {LABEL_KERNEL: self._kernel_id})
 
     async def info(self) -> dict[str, str]:
         await self._settled()
@@ -389,12 +388,19 @@ class DaytonaSandbox(Sandbox):
         sandbox = await self.sdk_sandbox()
         context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
         await context.start_code(code, timeout)
-        labels = dict(sandbox.labels, **{LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
-        await self.api("name the next context in the sandbox's labels", lambda: sandbox.set_labels(labels))
+        await self._relabel(sandbox, "name the next context in the sandbox's labels", {LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
         self.toolbox.forget(context)
         if self._fingerprint:
             handoff = Handoff(self._kernel_id, sandbox.id, sandbox.toolbox_proxy_url, context.id, self._fingerprint, time.time(), self.volume_dir)
             write_handoff(handoff)
+
+    async def _relabel(self, sandbox: Any, what: str, changes: dict[str, str]) -> None:
+        """Set some labels. Daytona replaces all of them at once with no precondition (``replaceLabels``,
+        sandbox.service.ts), so they are read again just before: a copy cached since the start would undo what
+        another kernel sharing the sandbox (or the dashboard) wrote meanwhile."""
+        await self.api("read the sandbox's labels", lambda: sandbox.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
+        labels = dict(sandbox.labels, **changes)
+        await self.api(what, lambda: sandbox.set_labels(labels))
 
     async def take_next_context(self) -> Context | None:
         """Looked for once, at this process's first start: a later start (a context that died, a sandbox

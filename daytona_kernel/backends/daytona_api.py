@@ -146,8 +146,8 @@ def _unreachable_cause(exc: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         if isinstance(current, ConnectionRefusedError):
             return "connection refused"
-        aiohttp = sys.modules.get("aiohttp")  # its errors exist once it is loaded (with the SDK)
-        if isinstance(current, socket.gaierror) or (aiohttp is not None and isinstance(current, aiohttp.ClientConnectorDNSError)):
+        dns = getattr(sys.modules.get("aiohttp"), "ClientConnectorDNSError", None)  # once loaded (with the SDK), and whole
+        if isinstance(current, socket.gaierror) or (isinstance(dns, type) and isinstance(current, dns)):
             return "unknown host"
         seen.add(id(current))
         current = current.__cause__ or current.__context__

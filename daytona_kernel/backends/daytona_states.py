@@ -32,6 +32,8 @@ from .daytona_workspace import ApiCall
 
 log = logging.getLogger("daytona_kernel.daytona")
 DELETE_SETTLE_S = 180.0  # how long a delete refused with 409 is tried again while the sandbox's state changes
+# as the kernelspec's launch code: the notebook's folder (the kernel's cwd) is never on the import path
+REAP_CODE = "import sys; sys.path[0] == '' and sys.path.pop(0); from daytona_kernel.cli import main; sys.exit(main())"
 SETTLED_STATES = ("started", "stopped", "archived", "paused", *FAILED_STATES)  # no change of state under way
 
 
@@ -172,7 +174,7 @@ def hand_over_deletion(sandbox_id: str, api_url: str, target: str) -> None:
     """A sandbox whose state still changes when this process must end (Jupyter gives a kernel's shutdown 5 s): a
     process of its own (``daytona-kernel reap``, in a session of its own so that the kernel's end does not take it
     along) waits for the state to settle and deletes it. The key goes in its environment, never in its arguments."""
-    argv = [sys.executable, "-m", "daytona_kernel.cli", "reap", sandbox_id, "--api-url", api_url, "--target", target]
+    argv = [sys.executable, "-c", REAP_CODE, "reap", sandbox_id, "--api-url", api_url, "--target", target]
     subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # stderr: the kernel's log
     log.warning("sandbox %s is still changing state; a background process deletes it once Daytona allows", sandbox_id)
 

@@ -82,7 +82,7 @@ def socket_errors() -> tuple[type[BaseException], ...]:
     """What a broken websocket raises: OSError and timeouts from either client, and aiohttp's errors once it is
     loaded (with the SDK: before, no socket of its exists). Evaluated where it is caught, so that nothing imports
     aiohttp before the SDK."""
-    client_error = getattr(sys.modules.get("aiohttp"), "ClientError", None)  # None too while the SDK's thread imports it
+    client_error = loaded_error("ClientError")
     return (asyncio.TimeoutError, OSError, ValueError) + ((client_error,) if client_error is not None else ())
 
 
@@ -99,8 +99,15 @@ def handshake_status(exc: BaseException) -> int | None:
     """The HTTP status the toolbox refused the websocket's handshake with (None: it did not answer)."""
     if isinstance(exc, HandshakeRefused):
         return exc.status
-    aiohttp = sys.modules.get("aiohttp")
-    return exc.status if aiohttp is not None and isinstance(exc, aiohttp.WSServerHandshakeError) else None
+    refused = loaded_error("WSServerHandshakeError")
+    return getattr(exc, "status", None) if refused is not None and isinstance(exc, refused) else None
+
+
+def loaded_error(name: str) -> type[BaseException] | None:
+    """aiohttp's error class ``name`` once aiohttp is loaded (with the SDK), else None: also while the SDK's thread
+    is still importing it, when the module is there but half made."""
+    found = getattr(sys.modules.get("aiohttp"), name, None)
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
 
 
 class ToolboxHost(Protocol):
@@ -551,8 +558,8 @@ class DaytonaToolbox:
 
 def _disconnected(exc: BaseException) -> bool:
     """The toolbox closed the connection before it answered the handshake (Daytona's proxy when busy): try again."""
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None and isinstance(exc, aiohttp.ServerDisconnectedError):
+    disconnected = loaded_error("ServerDisconnectedError")
+    if disconnected is not None and isinstance(exc, disconnected):
         return True
     return isinstance(exc, ConnectionResetError)
 
