@@ -113,6 +113,7 @@ def quick_restarted(emu: Any, folder: Path, gate: Gate, between: Any = None) -> 
     gate.open()
     with Kernel("daytona", cwd=str(folder), env=gate.env) as k:
         k.execute("x = 1")
+        k.execute("%daytona status")  # it waits for the SDK: a first start runs its first cell before (daytona_early)
         sandbox = only_sandbox(emu, folder)
         gate.close()
         restart_in_two_steps(k, between)

@@ -32,6 +32,7 @@ brought back with ``recover()``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shlex
@@ -55,7 +56,15 @@ from .daytona_api import (
     quiet,
     status_of,
 )
-from .daytona_handoff import Handoff, interpreter_headers, proxied, settings_fingerprint, take_handoff, write_handoff
+from .daytona_handoff import (
+    Handoff,
+    acceptable_url,
+    interpreter_headers,
+    proxied,
+    settings_fingerprint,
+    take_handoff,
+    write_handoff,
+)
 from .daytona_states import StateLadder, StillChanging, hand_over_deletion
 from .daytona_status import status_lines
 from .daytona_toolbox import DaytonaContext, DaytonaToolbox, FoundSandbox
@@ -191,9 +200,9 @@ class DaytonaSandbox(Sandbox):
                 progress(f"sandbox {self.id} is gone; finding or creating another…")
                 self._sandbox = None
                 self.toolbox.contexts.clear()
-        elif not self._next_looked_for and self._quick_start():
+        elif not self._next_looked_for and (self._quick_start() or await self._early_start(progress)):
             return
-        await self._locate(progress)
+        await self._locate(progress, prefer=self._workspace.created_early)
 
     def _quick_start(self) -> bool:
         """The first start after a restart, when the old process left a handoff that fits: the sandbox is taken
@@ -225,6 +234,49 @@ class DaytonaSandbox(Sandbox):
         log.info("restart: running in context %s of sandbox %s while the daytona SDK loads", handoff.context_id, self.id)
         return True
 
+    async def _early_start(self, progress: ProgressCallback) -> bool:
+        """A new kernel's first start, when the workspace has no sandbox yet: created and started without the SDK
+        (``daytona_early``) while the SDK loads in its thread, then the first context made and left for the
+        runtime's install as a restart's is (``take_next_context``), through tornado's client; ``_loading`` then
+        fetches the sandbox with the SDK, as after a restart. False (the SDK's start) where that does not apply,
+        and after any failure: the SDK's path repeats the request and reports it as always."""
+        if not self._fingerprint or self._workspace.early_create_body("", "") is None:
+            return False
+        headers = interpreter_headers()
+        if headers is None or proxied(self.api_url):
+            return False
+        from .daytona_early import EarlyApi, NotEarly, create_early
+        from .daytona_handedover import HandedOverToolbox
+
+        loading = asyncio.ensure_future(self._workspace.open_client())  # the SDK's import, in its thread, meanwhile
+        loading.add_done_callback(_log_failure)
+        api = EarlyApi(self.api_url, headers)
+        try:
+            made = await create_early(api, self._workspace, progress)
+            toolbox_url = made.toolbox_url.rstrip("/")
+            if acceptable_url(toolbox_url, self.api_url) or proxied(toolbox_url):
+                raise NotEarly(f"the toolbox URL {toolbox_url} is not one to send the key to here")
+            handoff = Handoff(self._kernel_id, made.id, toolbox_url, "", self._fingerprint, time.time(), self._workspace.mount_path)
+            toolbox = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
+            try:
+                await toolbox.make_dir(self.workdir)
+                handoff = dataclasses.replace(handoff, context_id=await toolbox.create_context(self.workdir))
+            except BackendError as exc:
+                await toolbox.close()
+                raise NotEarly(str(exc)) from exc
+        except NotEarly as exc:
+            log.info("first start through the SDK: %s", exc)
+            return False
+        finally:
+            api.close()
+        self._handoff, self._handed_over, self._toolbox_url = handoff, toolbox, toolbox_url
+        self.id, self.volume_dir = made.id, handoff.volume_dir
+        self.generation += 1
+        self._loading = asyncio.ensure_future(self._locate(quiet, prefer=made.id))
+        self._loading.add_done_callback(_log_failure)
+        log.info("first start: sandbox %s created and context %s made while the daytona SDK loads", made.id, handoff.context_id)
+        return True
+
     async def _locate(self, progress: ProgressCallback, prefer: str = "") -> None:
         """Find (``prefer``: by its id, the sandbox a restart handed over) or create the sandbox, and start it."""
         self._load_failure = None
@@ -247,6 +299,8 @@ class DaytonaSandbox(Sandbox):
             try:
                 if found.id != prefer:
                     await self.api("check the sandbox", lambda: found.refresh_data(request_timeout=API_REQUEST_TIMEOUT_S))
+                elif found.id == self._workspace.created_early:  # made without the SDK: its idle interval now
+                    await self._workspace.created(found)
                 notice = drift_notice(self._config, self._workspace.mount_path, found, volume)
                 if notice:
                     self._notices.append(notice)

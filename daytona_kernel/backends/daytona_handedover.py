@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +138,19 @@ class HandedOverToolbox:
         if not isinstance(body, dict) or not isinstance(body.get("id"), str):
             raise BackendError(f"Could not create an interpreter context ({status}).")
         return str(body["id"])
+
+    async def make_dir(self, path: str) -> None:
+        """``mkdir -p path`` through the daemon's ``/process/execute`` (apps/daemon/pkg/toolbox/server.go; the SDK's
+        ``process.exec``), for a new sandbox's working directory. Raises BackendError."""
+        url = f"{self._sandbox_url}/process/execute"
+        body = json.dumps({"command": f"mkdir -p {shlex.quote(path)}", "timeout": int(API_REQUEST_TIMEOUT_S)})
+        status, raw = await self._fetch(f"make the working directory {path}", url, "POST", body)
+        try:
+            reply = json.loads(raw) if status == 200 else None
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or reply.get("exitCode") != 0:
+            raise BackendError(f"Could not make the working directory {path} ({status}).")
 
     async def delete_context(self, context_id: str) -> None:
         """Raises BackendError unless the daemon deleted it or no longer has it (404: apps/daemon/pkg/toolbox/

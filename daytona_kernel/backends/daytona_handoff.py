@@ -119,7 +119,8 @@ def take_handoff(
     """The handoff the previous process of this kernel left, deleted as it is read; None (with a debug line
     saying why) when there is none or it does not fit: another kernel's, too old, other settings, a file
     others could write, or a URL that ``acceptable_url`` refuses. A private record of this kernel refused only
-    for its age or settings goes to ``refused``: its context is one this kernel left and no process took."""
+    for its age, settings or toolbox URL goes to ``refused``: its context is one this kernel left and no process took
+    (deleted through the SDK, at the toolbox URL the API gives)."""
     path = handoff_path(kernel_id)
     if path is None:
         return None
@@ -144,7 +145,9 @@ def take_handoff(
     why = why_not(handoff, kernel_id, fingerprint, api_url, time.time() if now is None else now)
     if why:
         log.debug("restart handoff ignored: %s", why)
-        if refused is not None and handoff is not None and not why_not(handoff, kernel_id, handoff.fingerprint, api_url, handoff.written_at):
+        # its context is deleted through the SDK, at the toolbox URL the API gives (never at the record's): a record
+        # refused for its URL counts too (a first process restarts before its SDK has loaded: no label names it)
+        if refused is not None and handoff is not None and not why_not(handoff, kernel_id, handoff.fingerprint, api_url, handoff.written_at, url=False):
             refused.append(handoff)
         return None
     return handoff
@@ -164,8 +167,8 @@ def parse_handoff(raw: bytes) -> Handoff | None:
     return Handoff(**fields)
 
 
-def why_not(handoff: Handoff | None, kernel_id: str, fingerprint: str, api_url: str, now: float) -> str:
-    """Why ``handoff`` must not be used ("" when it may)."""
+def why_not(handoff: Handoff | None, kernel_id: str, fingerprint: str, api_url: str, now: float, url: bool = True) -> str:
+    """Why ``handoff`` must not be used ("" when it may); ``url=False`` leaves its toolbox URL unjudged."""
     if handoff is None:
         return "not a handoff record"
     if handoff.kernel_id != kernel_id:
@@ -179,7 +182,7 @@ def why_not(handoff: Handoff | None, kernel_id: str, fingerprint: str, api_url: 
         return "not a sandbox or context id"
     if handoff.volume_dir and not (handoff.volume_dir.startswith("/") and handoff.volume_dir.isprintable()):
         return "not a volume folder"
-    return acceptable_url(handoff.toolbox_url, api_url)
+    return acceptable_url(handoff.toolbox_url, api_url) if url else ""
 
 
 def acceptable_url(url: str, api_url: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import posixpath
 import secrets
 import sys
@@ -134,6 +135,8 @@ class WorkspaceSandboxes:
             self.notices.append(notice)
         self.idle_why = ""  # why the sandbox this kernel created stops rather than pauses
         self.unsettled: list[str] = []  # the names of creates sent whose answer has not come
+        self.retry_name = ""  # the early path's create failed: the SDK's create goes under the same name
+        self.created_early = ""  # the id of the sandbox the early path created (``daytona_early``)
 
     async def check_gpu(self) -> str:
         """Where a snapshot's GPU decides (``createFromSnapshot()`` in sandbox.service.ts takes cpu, memory, disk
@@ -244,6 +247,14 @@ class WorkspaceSandboxes:
             labels[LABEL_WORKER] = str(self._worker)
         return labels
 
+    @property
+    def volume_name(self) -> str:
+        return self._config.volume_name
+
+    def identity(self) -> dict[str, str]:
+        """The labels ``find`` looks for."""
+        return self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL)
+
     def _identity(self, mine: bool) -> dict[str, str]:
         """The labels that find this folder's sandbox, or (``mine``) the one this kernel created."""
         labels = self.labels()
@@ -280,7 +291,7 @@ class WorkspaceSandboxes:
         found = await self.by_id(sandbox_id) if sandbox_id else None
         if found is not None:
             return found
-        return await self._find_by(self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL))
+        return await self._find_by(self.identity())
 
     async def by_id(self, sandbox_id: str) -> Any:
         """The sandbox with this id, None when it no longer exists."""
@@ -336,9 +347,36 @@ class WorkspaceSandboxes:
                 "does not apply). Files on the volume stay.\n"
             )
             return await self.create(volume, progress)
+        await self.created(sandbox)
+        return sandbox
+
+    async def created(self, sandbox: Any) -> None:
+        """After a create (the SDK's, or the early one, ``daytona_early``): the configured idle interval."""
+        self.idle_why = self.why_not_pause()
         if not self.idle_why:
             await self._set_idle_interval(sandbox)
-        return sandbox
+
+    def early_create_body(self, volume_id: str, name: str) -> dict[str, Any] | None:
+        """The create's body for the early path (``daytona_early.create_body``), as ``_create_with`` would send it
+        through the SDK; None where only the SDK's path applies: an image or a snapshot of one's own (a GPU
+        snapshot decides the policy first), a GPU, or a ``%%daytona map`` worker."""
+        from .daytona_early import create_body
+
+        cfg = self._config
+        if self._worker is not None or cfg.image or cfg.snapshot or cfg.gpu:
+            return None
+        idle_why = self.why_not_pause()
+        return create_body(
+            name=name,
+            labels=self.labels(),
+            env=cfg.env,
+            target=cfg.target or os.environ.get("DAYTONA_TARGET", ""),
+            auto_stop_interval=cfg.auto_stop_interval if idle_why else None,
+            auto_archive_interval=cfg.auto_archive_interval,
+            auto_delete_interval=0 if self.policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
+            volume=(volume_id, self.mount_path, self.subpath),
+            network_block_all=cfg.network_block_all,
+        )
 
     async def _set_idle_interval(self, sandbox: Any) -> None:
         """Set the configured auto-pause minutes, or, on a sandbox Daytona gave auto-stop, the auto-stop minutes."""
@@ -361,7 +399,13 @@ class WorkspaceSandboxes:
 
         client = self._client_or_open()
         cfg = self._config
-        name = sandbox_name()
+        name, self.retry_name = self.retry_name or sandbox_name(), ""
+        if name in self.unsettled:  # the early path sent it and its answer never came: made all the same?
+            made = await self.named(name)
+            if made is not None:
+                self.unsettled.remove(name)
+                log.warning("the early create of %s was made although its answer was lost", name)
+                return made
         common: dict[str, Any] = dict(
             name=name,
             labels=self.labels(),
@@ -382,7 +426,8 @@ class WorkspaceSandboxes:
         # Create has no idempotency key, and the list is eventually consistent (sandbox.controller.ts): a create
         # whose answer was lost is found by its name (a read by name is not the list), and a retry that comes
         # while it is still being made is a 409 "already exists", never a second sandbox.
-        self.unsettled.append(name)  # until its answer comes: a shutdown looks it up (``made_anyway``)
+        if name not in self.unsettled:
+            self.unsettled.append(name)  # until its answer comes: a shutdown looks it up (``made_anyway``)
         try:
             sandbox = await call_api(
                 "create a sandbox",
