@@ -232,7 +232,7 @@ def test_a_rejected_key_fails_fast_with_the_fix_and_without_the_key(daytona_env,
         assert "DAYTONA_API_KEY" in err["evalue"]
         assert "dtn_wrong_key" not in str(run.messages) and "dtn_wrong_key" not in str(run.reply)
         assert k.request("kernel_info")["status"] == "ok"
-    assert daytona_env.count("GET /api/volumes/by-name/{name}") == 1
+    assert daytona_env.count("GET /api/volumes/by-name/{name}") == 2  # the early start's lookup, then the SDK's, which reports
 
 
 def test_reuse_finds_the_same_sandbox_across_kernels(daytona_env, folder: Path) -> None:  # type: ignore[no-untyped-def]

@@ -216,6 +216,7 @@ class Workspace:
     policy = None
     notices: list[str] = []
     mount_path = "/home/daytona/volume"
+    created_early = ""  # no early first start (daytona_early)
 
     async def open_client(self) -> None:
         return None

@@ -83,6 +83,7 @@ class Lookups:
 
     policy = None
     notices: list[str] = []
+    created_early = ""
 
     def __init__(self) -> None:
         self.finding = asyncio.Event()
@@ -92,6 +93,9 @@ class Lookups:
 
     async def check_gpu(self) -> str:
         return ""
+
+    def early_create_body(self, volume_id: str, name: str) -> None:
+        return None  # the SDK's start (daytona_early applies to none here)
 
     async def ready_volume(self, progress: Any) -> str:
         await self.finding.wait()

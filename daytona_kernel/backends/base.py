@@ -162,6 +162,12 @@ class Sandbox(abc.ABC):
         there is none (or it is gone)."""
         return None
 
+    async def first_start_settled(self) -> None:
+        """After the runtime's install in a first start that ran ahead of the backend's own client (Daytona's
+        ``_early_start``): wait until the backend has caught up (its settings and idle mode known), raising what
+        it failed with. Nothing to wait for by default."""
+        return None
+
     async def resume_if_paused(self, progress: ProgressCallback) -> bool:
         """Resume the sandbox if it is paused (or pausing, or resuming); True if it was. Its processes,
         and so every context's variables, carry on where they were frozen."""

@@ -112,6 +112,7 @@ class DaytonaSandbox(Sandbox):
         self._unclaimed: Handoff | None = None  # a handoff of this kernel refused: its context is deleted at the start
         self._loading: asyncio.Future[None] | None = None
         self._load_failure: BaseException | None = None  # what the last load failed with, until a start tries again
+        self._early = False  # an early first start whose SDK load the first cell has not waited for yet
         self._fingerprint = (
             settings_fingerprint(config, workspace_key, self.api_url, config.target or os.environ.get("DAYTONA_TARGET", ""))
             if worker is None
@@ -159,6 +160,17 @@ class DaytonaSandbox(Sandbox):
             if not loading.cancelled() and loading.exception() is not None:
                 self._load_failure = loading.exception()
         return None if loading.cancelled() else loading.exception()
+
+    async def first_start_settled(self) -> None:
+        """An early first start (``_early_start``): the runtime installed without the SDK; the first cell then waits for
+        the SDK's load and fetch (about as long as the raw SDK's import), so the sandbox's idle mode, its notices and
+        its intervals are known before any cell runs, as after a normal start. A restart's quick start does not wait."""
+        if not self._early:
+            return
+        self._early = False
+        failure = await self._settled()
+        if failure is not None:
+            raise failure
 
     def without_sdk(self) -> HandedOverToolbox | None:
         """After a restart's quick start, while the SDK loads: the toolbox without it (tornado's client)."""
@@ -270,6 +282,7 @@ class DaytonaSandbox(Sandbox):
         finally:
             api.close()
         self._handoff, self._handed_over, self._toolbox_url = handoff, toolbox, toolbox_url
+        self._early = True
         self.id, self.volume_dir = made.id, handoff.volume_dir
         self.generation += 1
         self._loading = asyncio.ensure_future(self._locate(quiet, prefer=made.id))

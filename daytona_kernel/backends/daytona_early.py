@@ -194,11 +194,9 @@ class EarlyApi:
 async def create_early(api: EarlyApi, workspace: WorkspaceSandboxes, progress: ProgressCallback) -> EarlySandbox:
     """The workspace's new sandbox, started: the volume and the lookup at once, then the create under a name kept
     for the SDK's retry. ``NotEarly`` when the SDK's path must take over."""
-    from .daytona_workspace import sandbox_name
-
     volume_name = workspace.volume_name
     volume_id, _ = await asyncio.gather(api.volume_id(volume_name), api.nothing_found(workspace.identity()))
-    name = sandbox_name()
+    name = workspace.new_name()
     body = workspace.early_create_body(volume_id, name)
     if body is None:
         raise NotEarly("this configuration needs the SDK")

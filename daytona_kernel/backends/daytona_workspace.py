@@ -251,6 +251,10 @@ class WorkspaceSandboxes:
     def volume_name(self) -> str:
         return self._config.volume_name
 
+    @staticmethod
+    def new_name() -> str:
+        return sandbox_name()
+
     def identity(self) -> dict[str, str]:
         """The labels ``find`` looks for."""
         return self._identity(mine=self.policy is SandboxPolicy.EPHEMERAL)
