@@ -305,7 +305,7 @@ def map_of_sleepers(name: str, reps: int, env: dict[str, str] | None = None) -> 
 def worker_creation(emu: DaytonaEmulator, n: int, reps: int) -> dict[str, float]:
     """What the pool does to create n workers, in this process: n worker sandboxes started at once (create,
     wait for started, working directory), next to a started main sandbox whose SDK client they share."""
-    from daytona_kernel.backends import open_sandbox, open_worker_sandbox
+    from daytona_kernel.backends import open_engine_sandbox, open_sandbox
     from daytona_kernel.config import DaytonaKernelConfig
 
     saved = {k: os.environ.get(k) for k in emu.env()}
@@ -318,7 +318,7 @@ def worker_creation(emu: DaytonaEmulator, n: int, reps: int) -> dict[str, float]
         await main.start(lambda text: None)
         samples = []
         for _ in range(reps):
-            workers = [open_worker_sandbox(config, folder, "bench-kernel", serial, main) for serial in range(n)]
+            workers = [open_engine_sandbox(config, folder, "bench-kernel", serial, main) for serial in range(n)]
             t0 = time.perf_counter()
             await asyncio.gather(*(w.start(lambda text: None) for w in workers))
             samples.append(time.perf_counter() - t0)
@@ -598,7 +598,7 @@ def raw_sdk_resume(emu: DaytonaEmulator, reps: int) -> dict[str, float]:
 
 
 def session_layer_noop(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float], dict[str, float]]:
-    """A cell through RuntimeSession (runtime wrapper, frames, mirror check) vs a bare run_code, one context."""
+    """A cell through SandboxSession (runtime wrapper, frames, mirror check) vs a bare run_code, one context."""
     import logging
 
     from daytona_kernel.cell import Cell, Recorder
@@ -845,9 +845,9 @@ def sync_figures(emu: DaytonaEmulator, quick: bool) -> list[Figure]:
 def _sync_figures(emu: DaytonaEmulator, quick: bool, scratch: Path) -> list[Figure]:
     import logging
 
-    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
     from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
-    from daytona_kernel.sync import WorkdirMirror
+    from daytona_kernel.mirror.mirror import WorkdirMirror
 
     figures = []
     tree = scratch / "tree"

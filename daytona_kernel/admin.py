@@ -161,7 +161,7 @@ async def find_orphans(
     deletes a paused sandbox, which holds its disk (billed, and counted against the quota) for good."""
     from daytona import ListSandboxesQuery
 
-    from .backends.daytona_api import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time, state_name
+    from .backends.daytona.api import LABEL_APP, LABEL_KERNEL, LABEL_OWNER, LABEL_POLICY, parse_time, state_name
 
     alive = running_kernel_ids()
     orphans: list[Orphan] = []
@@ -203,10 +203,10 @@ async def reclaim_sessions(client: Any, owner: str, config: DaytonaKernelConfig,
     from daytona import ListSandboxesQuery
     from daytona.common.errors import DaytonaError
 
-    from .attach import reclaim_detached
-    from .backends.daytona_api import LABEL_APP, LABEL_OWNER, api_url_of, state_name
-    from .backends.daytona_toolbox import DaytonaToolbox, FoundSandbox
+    from .backends.daytona.api import LABEL_APP, LABEL_OWNER, api_url_of, state_name
+    from .backends.daytona.toolbox import DaytonaToolbox, FoundSandbox
     from .config import SANDBOX_WORKDIR, DaytonaSettings, settings_from
+    from .journal import reclaim_detached
 
     api_url = api_url_of(settings_from(DaytonaSettings, config))
     holding = set()
@@ -255,7 +255,7 @@ async def gc_daytona(
     from daytona import AsyncDaytona
     from daytona.common.errors import DaytonaError
 
-    from .backends.daytona_api import client_config, translate_error
+    from .backends.daytona.api import client_config, translate_error
     from .config import DaytonaSettings, settings_from
     from .identity import owner_id
 
@@ -292,7 +292,7 @@ async def _reclaim_orphans(orphans: list[Orphan], dry_run: bool, out: Out, then:
     """Stop or delete each orphan by its action (or say what would be done); returns how many failed."""
     from daytona.common.errors import DaytonaError
 
-    from .backends.daytona_api import translate_error
+    from .backends.daytona.api import translate_error
 
     failed = 0
     for orphan in orphans:
@@ -357,7 +357,7 @@ def _remove(path: Path, what: str, dry_run: bool, out: Out) -> bool:
 def gc_local(older_than_s: float, volumes_older_than_s: float, dry_run: bool, out: Out, config: DaytonaKernelConfig) -> int:
     """The local backend's leftovers: ephemeral sandboxes and inbox/doctor folders of kernels that are
     gone, and working copies (with their mirror manifests) unused for ``volumes_older_than_s``."""
-    from .backends.local import local_root
+    from .backends.local.sandbox import local_root
 
     root = local_root()
     candidates: list[tuple[Path, str]] = []
@@ -434,7 +434,7 @@ async def _round_trip(config: DaytonaKernelConfig, checks: Checks) -> None:
     """Run one cell in a throwaway sandbox, the way a kernel does, and remove everything after."""
     import secrets
 
-    from .backends.local import local_root
+    from .backends.local.sandbox import local_root
     from .cell import Cell, Recorder
     from .compose import build_session
 
@@ -511,7 +511,7 @@ async def _check_daytona(config: DaytonaKernelConfig, checks: Checks) -> None:
     from daytona import AsyncDaytona, ListSandboxesQuery
     from daytona.common.errors import DaytonaError
 
-    from .backends.daytona_api import client_config, state_name, translate_error
+    from .backends.daytona.api import client_config, state_name, translate_error
     from .config import DaytonaSettings, settings_from
 
     then = "then run `daytona-kernel doctor` again"

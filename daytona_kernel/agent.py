@@ -41,9 +41,9 @@ from .agent_calls import INTERRUPT_RETRY_S, INTERRUPT_WAIT_S, Call, parse_status
 from .agent_results import RunResult, Variable, redact
 from .config import ENV_PREFIX
 from .errors import MirrorError
-from .localfs import LocalFolder, safe_relpath
-from .syncdown import local_landing
-from .syncplan import code_refusal
+from .mirror.down import local_landing
+from .mirror.localfs import LocalFolder, safe_relpath
+from .mirror.plan import code_refusal
 
 if TYPE_CHECKING:
     from .transcript import Transcript
@@ -229,7 +229,7 @@ class AsyncAgentKernel:
 
     async def download(self, path: str, dest: str | None = None) -> str:
         """Copy a file from the sandbox into the project (``%download``). Unlike a person's ``%download``, no
-        file the mirror would refuse as code this machine may run (``syncplan.code_refusal``: hidden names such
+        file the mirror would refuse as code this machine may run (``plan.code_refusal``: hidden names such
         as .vscode/, a .pth, AGENTS.md ...) is written: the agent's word is not the user's."""
         local = dest or (posixpath.basename(path) if path.startswith("/") else path)
         why = await asyncio.to_thread(download_refusal, self.folder, local)

@@ -181,7 +181,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_reap(args: argparse.Namespace) -> int:
     from . import admin
-    from .backends.daytona_states import reap
+    from .backends.daytona.states import reap
 
     return admin.run(reap(args.sandbox_id, args.api_url, args.target, lambda line: print(line, file=sys.stderr)))
 

@@ -14,15 +14,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from .attach import KernelIdentity
-from .backends import Sandbox, open_sandbox, open_worker_sandbox
+from .backends import Sandbox, open_engine_sandbox, open_sandbox
 from .comms import Publisher
 from .config import DaytonaKernelConfig, MirrorSettings, SessionSettings, settings_from
-from .fanout import Spawn, WorkerPool
+from .engines import EnginePool, Spawn
+from .journal import KernelIdentity
+from .mirror.mirror import WorkdirMirror, open_mirror
+from .mirror.project import project_root
 from .outputs import OutputPolicy
-from .project import project_root
-from .session import RuntimeSession
-from .sync import WorkdirMirror, open_mirror
+from .session import SandboxSession
 
 KERNEL_FILE_PREFIX = "kernel-"
 NOTEBOOK_ENV = "JPY_SESSION_NAME"  # jupyter_server gives a kernel its notebook's path here
@@ -35,7 +35,7 @@ def build_session(
     log: logging.Logger,
     mirror: bool = True,
     publisher: Publisher | None = None,
-) -> RuntimeSession:
+) -> SandboxSession:
     """The session for a notebook in ``folder``; ``mirror=False`` leaves the folder alone (doctor).
     With a ``publisher`` (the kernel's iopub), the session has a comm bridge: widgets work.
 
@@ -50,8 +50,8 @@ def build_session(
     settings = settings_from(SessionSettings, config)
     scratch = Path(tempfile.gettempdir()) / f"daytona-kernel-fanout-{os.getpid()}-{secrets.token_hex(4)}"
     spawn = worker_spawner(config, sandbox, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up)
-    pool = WorkerPool(spawn, settings, log, OutputPolicy(settings.output_trusted), start_in, scratch)
-    return RuntimeSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool, publisher)
+    pool = EnginePool(spawn, settings, log, OutputPolicy(settings.output_trusted), start_in, scratch)
+    return SandboxSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool, publisher)
 
 
 def worker_spawner(
@@ -70,7 +70,7 @@ def worker_spawner(
     mirror_settings = replace(settings_from(MirrorSettings, config), sync="up")
 
     def spawn(serial: int) -> tuple[Sandbox, WorkdirMirror | None]:
-        sandbox = open_worker_sandbox(config, root, kernel_id, serial, main)
+        sandbox = open_engine_sandbox(config, root, kernel_id, serial, main)
         mirror = WorkdirMirror(root, sandbox, mirror_settings, scratch / f"worker-{serial}.json", log, start_in) if files else None
         return sandbox, mirror
 

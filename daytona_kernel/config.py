@@ -117,7 +117,7 @@ class DaytonaKernelConfig(Configurable):
     mount_path = Unicode(
         DEFAULT_MOUNT_PATH,
         help=f"Where the volume is mounted in the sandbox. The cell's working directory ({SANDBOX_WORKDIR}) is on "
-        "the sandbox's own disk, not under it; the volume keeps a durable copy of it, written as whole files. "
+        "the sandbox's own disk, not under it; the volume keeps a volume copy of it, written as whole files. "
         f"A mount_path that is or contains {SANDBOX_WORKDIR} (where the volume used to be mounted) is replaced "
         "by the default, with a notice.",
     ).tag(config=True)

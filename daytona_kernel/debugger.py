@@ -13,6 +13,7 @@ renders (``richInspectVariables``' MIME bundle) passes the output policy.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import posixpath
@@ -133,8 +134,8 @@ class DebugRelay:
     def _shippable(self) -> str:
         if self._debugpy is None:
             try:
-                self._debugpy = ipython_bundle.metadata.version("debugpy")
-            except ipython_bundle.metadata.PackageNotFoundError:
+                self._debugpy = importlib.metadata.version("debugpy")
+            except importlib.metadata.PackageNotFoundError:
                 self._debugpy = ""
         return self._debugpy
 

@@ -36,7 +36,7 @@ def journal_key() -> str:
     """A private key (mode 0600, beside the owner id) for what the session journal keeps in the sandbox
     about this machine: keyed hashes of the host name and the notebook's path, and the kernel's pid sealed
     with it, so a cell can match them but not read them; and the keyed fingerprint of the settings in a
-    restart's handoff (``backends/daytona_handoff.py``). Unlike the owner id, it is never sent anywhere."""
+    restart's handoff (``backends/daytona/restart_handoff.py``). Unlike the owner id, it is never sent anywhere."""
     return _read_or_create(journal_key_path(), "the key", "")
 
 

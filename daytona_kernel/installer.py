@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from . import ipython_bundle
-from .attach import SessionJournal
 from .backends.base import Context, Sandbox
 from .cell import ProgressCallback
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError
+from .journal import SessionJournal
 from .protocol import Hello
 from .request import Request
 from .runtime import bootstrap_code

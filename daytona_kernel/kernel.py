@@ -1,6 +1,6 @@
 """DaytonaKernel: the Jupyter protocol adapter, and nothing else.
 
-Requests go to the RuntimeSession; its events come back here and become iopub
+Requests go to the SandboxSession; its events come back here and become iopub
 messages. Interrupt and shutdown arrive on the control thread and are handed
 to the shell loop, where the session and its backend live.
 """
@@ -31,7 +31,7 @@ from .errors import ConfigError, DaytonaKernelError
 from .history import History
 from .interactive import check_complete, daytona_cell, kernel_magic_lines
 from .runtime.calls import Complete, Inspect
-from .session import RuntimeSession
+from .session import SandboxSession
 
 SHUTDOWN_TIMEOUT_S = 60.0
 STATUS_ID_PREFIX = "daytona-kernel-status-"  # the display id of a status line (docs/status.md)
@@ -56,23 +56,23 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
         self._next_count = 1
         self._history = History()
         self._shell_loop: asyncio.AbstractEventLoop | None = None
-        self._runtime: RuntimeSession | None = None
+        self._session: SandboxSession | None = None
         self._terminating: asyncio.Future[None] | None = None
         self._comms: CommBridge | None = None
         self._publisher = IopubPublisher(self)
         self.shell_handlers.update(comm_open=self._comm, comm_msg=self._comm, comm_close=self._comm)
         if not self._problems:
             try:
-                self._runtime = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self._publisher)
+                self._session = build_session(self, os.getcwd(), self._kernel_id(), self.log, publisher=self._publisher)
             except DaytonaKernelError as exc:
                 self._problems.append(str(exc))
-        if self._runtime is not None:
-            self._comms = self._runtime.comms
-            self._runtime.debugger.publish = lambda event: self._messages.send(
+        if self._session is not None:
+            self._comms = self._session.comms
+            self._session.debugger.publish = lambda event: self._messages.send(
                 self.iopub_socket, "debug_event", event, self.get_parent(), ident=self._topic("debug_event")
             )
         self._debugging = DebugRequests(
-            self._runtime.debugger if self._runtime is not None else None, "; ".join(self._problems), self._on_shell_loop,
+            self._session.debugger if self._session is not None else None, "; ".join(self._problems), self._on_shell_loop,
             lambda stream, ident, parent, reply: self._messages.send(stream, "debug_reply", reply, parent, ident), self.log,
         )
 
@@ -90,7 +90,7 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]
-        version = (self._runtime and self._runtime.python_version) or platform.python_version()
+        version = (self._session and self._session.python_version) or platform.python_version()
         return {
             "name": "python",
             "version": version,
@@ -103,7 +103,7 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        where = self._runtime.sandbox.description if self._runtime else "not configured"
+        where = self._session.sandbox.description if self._session else "not configured"
         return f"Python (daytona-kernel {__version__}) on the {self.backend} backend: {where}\n"
 
     @property
@@ -117,7 +117,7 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
             "language_info": self.language_info,
             "banner": self.banner,
             "help_links": self.help_links,
-            "supported_features": ["debugger"] if self._runtime is not None else [],
+            "supported_features": ["debugger"] if self._session is not None else [],
         }
 
     # -- comms: the bridge to the sandbox's comms (comms.py) -------------------
@@ -161,8 +161,8 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
     def start(self) -> None:
         super().start()
         self._shell_loop = self.io_loop.asyncio_loop  # type: ignore[attr-defined]
-        if self._runtime is not None:
-            self._shell_loop.call_soon(self._runtime.start)
+        if self._session is not None:
+            self._shell_loop.call_soon(self._session.start)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             self._shell_loop.add_signal_handler(signum, self._on_terminate_signal, signum)
 
@@ -173,8 +173,8 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
 
     async def _terminate(self) -> None:
         try:
-            if self._runtime is not None:
-                await asyncio.wait_for(self._runtime.shutdown(), SHUTDOWN_TIMEOUT_S)
+            if self._session is not None:
+                await asyncio.wait_for(self._session.shutdown(), SHUTDOWN_TIMEOUT_S)
         except (DaytonaKernelError, asyncio.TimeoutError) as exc:
             self.log.error("could not release the sandbox: %s; its auto-stop interval bounds the cost", exc)
         finally:
@@ -188,9 +188,9 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
 
     async def interrupt_request(self, stream: Any, ident: Any, parent: Any) -> None:
         content: dict[str, Any] = {"status": "ok"}
-        if self._runtime is not None:
+        if self._session is not None:
             try:
-                await self._on_shell_loop(self._runtime.interrupt(), SHUTDOWN_TIMEOUT_S)
+                await self._on_shell_loop(self._session.interrupt(), SHUTDOWN_TIMEOUT_S)
             except (DaytonaKernelError, asyncio.TimeoutError) as exc:
                 self.log.error("interrupt failed: %s", exc)
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
@@ -199,13 +199,13 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """A restart keeps the sandbox running for the next kernel process (same kernel id, so it finds
         it again); a real shutdown releases it by policy."""
-        if self._runtime is not None:
+        if self._session is not None:
             try:
-                await self._on_shell_loop(self._runtime.shutdown(restart=restart), SHUTDOWN_TIMEOUT_S)
+                await self._on_shell_loop(self._session.shutdown(restart=restart), SHUTDOWN_TIMEOUT_S)
             except (DaytonaKernelError, asyncio.TimeoutError) as exc:
                 self.log.error(
                     "could not release the sandbox %s at shutdown: %s; its auto-stop interval bounds the cost",
-                    self._runtime.sandbox.id,
+                    self._session.sandbox.id,
                     exc,
                 )
         return {"status": "ok", "restart": restart}
@@ -239,8 +239,8 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
         if self._comms is not None:
             self._comms.note_request(parent)
         try:
-            if self._runtime is not None and not self._problems:
-                await self._runtime.attacher.auto_attach(frontend)  # attach='auto': continue the previous session first
+            if self._session is not None and not self._problems:
+                await self._session.attacher.auto_attach(frontend)  # attach='auto': continue the previous session first
                 self._adopt()
             count = self._next_count
             cell = Cell(code, count, silent, store_history, allow_stdin, dict(user_expressions or {}))
@@ -273,18 +273,18 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
             content = error_content(ConfigError.ename, "\n".join(self._problems))
             frontend.emit("error", content)
             return CellOutcome(error=content)
-        assert self._runtime is not None
+        assert self._session is not None
         magics = kernel_magic_lines(cell.code)
         if magics:
-            return CellOutcome(error=await self._runtime.kernel_magics(magics, frontend))
+            return CellOutcome(error=await self._session.kernel_magics(magics, frontend))
         mapped = daytona_cell(cell.code)
         if mapped is not None:
-            return await self._runtime.fan_out(mapped[0], mapped[1], replace(cell, code=mapped[1], allow_stdin=False, user_expressions={}), frontend)
-        return await self._runtime.execute(cell, frontend)
+            return await self._session.fan_out(mapped[0], mapped[1], replace(cell, code=mapped[1], allow_stdin=False, user_expressions={}), frontend)
+        return await self._session.execute(cell, frontend)
 
     def _adopt(self) -> None:
         """After an attach: go on from the attached session's execution count, with its inputs in the history."""
-        adopted = self._runtime.attacher.take_adopted() if self._runtime is not None else None
+        adopted = self._session.attacher.take_adopted() if self._session is not None else None
         if adopted is None:
             return
         self._history.prepend(adopted.inputs)
@@ -293,8 +293,8 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
-        if self._runtime is not None:
-            reply = await self._runtime.query(Complete(code=code, cursor=cursor_pos))
+        if self._session is not None:
+            reply = await self._session.query(Complete(code=code, cursor=cursor_pos))
         return {
             "status": "ok",
             "matches": [],
@@ -309,8 +309,8 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
     ) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         reply = None
-        if self._runtime is not None:
-            reply = await self._runtime.query(Inspect(code=code, cursor=cursor_pos, detail_level=detail_level))
+        if self._session is not None:
+            reply = await self._session.query(Inspect(code=code, cursor=cursor_pos, detail_level=detail_level))
         return {"status": "ok", "found": False, "data": {}, "metadata": {}, **(reply or {})}
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:

@@ -20,14 +20,15 @@ from typing import Any, Awaitable, Callable
 from .backends.base import IdleMode
 from .cell import Frontend, error_content, stderr, stdout
 from .config import SessionSettings
+from .engines import MAP_USAGE, EnginePool
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError, UsageError
-from .fanout import MAP_USAGE, WorkerPool
 from .idle import CHECKPOINT_FILE, checkpoint_path, resumed_notice
+from .mirror.mirror import WorkdirMirror, notify
+from .mirror.plan import SyncReport
 from .protocol import checkpointed, file_changes, restored
 from .runtime.calls import Checkpoint, ListFileChanges, Restore
 from .runtime.framing import KERNEL_MAGICS
 from .supervisor import ContextSupervisor, Live
-from .sync import SyncReport, WorkdirMirror, notify
 
 __all__ = ["KERNEL_MAGICS", "KernelMagics"]
 
@@ -42,7 +43,7 @@ class KernelMagics:
         settings: SessionSettings,
         log: logging.Logger,
         attach: Callable[[Frontend, list[str]], Awaitable[str]] | None = None,
-        pool: WorkerPool | None = None,
+        pool: EnginePool | None = None,
     ) -> None:
         self._supervisor = supervisor
         self._pool = pool  # %%daytona map's workers

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from .attach import SessionJournal
 from .backends.base import LOCAL_ATTACH, Sandbox
 from .cell import Frontend, stderr
 from .comms import CommBridge
 from .errors import BackendError, DaytonaKernelError, Interrupted, UsageError
+from .journal import SessionJournal
 from .protocol import Adopted, adopted, open_comms
 from .runtime.calls import Adopt, CommTable
 from .supervisor import ContextSupervisor, Live

@@ -16,19 +16,20 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from .attach import KernelIdentity, SessionJournal
 from .backends.base import IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
-from .comms import CommBridge, Publisher, WidgetPolicy
+from .comms import CommBridge, Publisher
 from .config import SessionSettings
 from .debugger import DebugRelay
 from .delivery import CommDelivery, comm_options
+from .engines import EnginePool, failed_cell, parse_map
 from .errors import BackendError, DaytonaKernelError, FolderNotSynced, SandboxNotRunning, SandboxPaused, UsageError
-from .fanout import WorkerPool, failed_cell, parse_map
 from .idle import IdleCheckpoint
 from .interrupts import Interrupts
+from .journal import KernelIdentity, SessionJournal
 from .ladder import RunEnd, settle
 from .magics import KernelMagics
+from .mirror.mirror import WorkdirMirror
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import completion, inspection, volume_synced
 from .reattach import Attacher
@@ -36,8 +37,8 @@ from .request import InFlight, InputBridge, Request, fetcher
 from .runtime import call_source
 from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, SyncVolume
 from .supervisor import ContextSupervisor, Live
-from .sync import WorkdirMirror
 from .upkeep import LivePulls, Upkeep
+from .widgetrules import WidgetPolicy
 
 GAVE_UP_QUEUED = (
     "This cell had not started: it waited behind a cell whose connection was cut, which still runs in the sandbox "
@@ -47,7 +48,7 @@ GAVE_UP_QUEUED = (
 STILL_STARTING = "The sandbox is still starting in the background; the next cell waits for it.\n"
 
 
-class RuntimeSession:
+class SandboxSession:
     """Runs cells in one sandbox, one context at a time. See the module docstring."""
 
     def __init__(
@@ -58,7 +59,7 @@ class RuntimeSession:
         mirror: WorkdirMirror | None = None,
         start_in: str = "",
         identity: KernelIdentity | None = None,
-        pool: WorkerPool | None = None,
+        pool: EnginePool | None = None,
         publisher: Publisher | None = None,
     ) -> None:
         self.sandbox = sandbox

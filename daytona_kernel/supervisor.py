@@ -14,16 +14,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from . import ipython_bundle
-from .attach import SessionJournal
 from .backends.base import Context, RunError, Sandbox
 from .cell import Frontend, ProgressCallback
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
 from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
+from .journal import SessionJournal
 from .protocol import Hello
 from .request import Request
-from .runtime import RUNTIME_MISSING, call_source, warmup_code
-from .runtime.calls import Call, RuntimeOptions
+from .runtime import call_source, warmup_code
+from .runtime.calls import RUNTIME_MISSING, Call, RuntimeOptions
 
 # A restart's head start for the next process is worth at most this long: Jupyter kills a kernel process
 # that has not ended 5 s after its shutdown request, and the old contexts must still be deleted (detach).

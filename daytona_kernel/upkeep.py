@@ -11,11 +11,11 @@ from .backends.base import Sandbox
 from .cell import Frontend, stderr
 from .errors import DaytonaKernelError, FolderNotSynced
 from .idle import IdleCheckpoint, resumed_notice
+from .mirror.mirror import WorkdirMirror, notify
+from .mirror.plan import MAX_REPORTED_PATHS
 from .protocol import FileChanges
 from .runtime.calls import Synced
 from .supervisor import ContextSupervisor, Live
-from .sync import WorkdirMirror, notify
-from .syncplan import MAX_REPORTED_PATHS
 
 AUTO_PAUSE_MARGIN_S = 60.0  # a cell this close to the sandbox's auto-pause checks for a pause first
 

@@ -7,7 +7,7 @@ Fidelity:
 - every request body is parsed with the SDK's own generated models; an unknown
   field or a wrong type is a 400, so a client bug fails loudly;
 - every response DTO is checked against the SDK's models before it is sent;
-- code runs in a worker that behaves like the daemon's (``local_worker.py``,
+- code runs in a worker that behaves like the daemon's (``local/worker.py``,
   driven by ``InterpreterWorker``: fd 1 is the protocol pipe, non-JSON lines are
   dropped, a 1 MiB line stops the reader, SIGINT then SIGKILL on timeout, a dead
   worker is replaced silently), over the interpreter websocket with the
@@ -152,7 +152,7 @@ from daytona_toolbox_api_client.models.interpreter_context import InterpreterCon
 from daytona_toolbox_api_client.models.list_contexts_response import ListContextsResponse
 from mounts3 import MountS3, fuse_missing
 
-from daytona_kernel.backends.local import Chunk, InterpreterWorker, WorkerEnd
+from daytona_kernel.backends.local.sandbox import Chunk, InterpreterWorker, WorkerEnd
 
 API_KEY = "dtn_emulator0123456789abcdefghij"
 ORG_ID = "emulator-org"

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from daytona_kernel.backends.local import LocalSandbox
+from daytona_kernel.backends.local.sandbox import LocalSandbox
 from daytona_kernel.cell import Cell, Recorder
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, SessionSettings, settings_from
 from daytona_kernel.runtime.calls import Complete, RuntimeOptions, Synced
-from daytona_kernel.session import RuntimeSession
+from daytona_kernel.session import SandboxSession
 
 pytestmark = pytest.mark.slow  # a local worker process
 
@@ -39,12 +39,12 @@ class BasicShellMirror:
         return Synced()
 
     async def push(self, progress: Any = None) -> Any:
-        from daytona_kernel.syncplan import SyncReport
+        from daytona_kernel.mirror.plan import SyncReport
 
         return SyncReport()
 
     async def pull(self, changes: dict[str, Any]) -> Any:
-        from daytona_kernel.syncplan import SyncReport
+        from daytona_kernel.mirror.plan import SyncReport
 
         return SyncReport()
 
@@ -55,7 +55,7 @@ def run_cells(tmp_path: Path, cells: list[str], answers: list[str] | None = None
     async def go() -> tuple[list[tuple[Any, Recorder]], Any]:
         config = DaytonaKernelConfig(backend="local", sandbox_policy="ephemeral")
         sandbox = LocalSandbox(settings_from(LocalSettings, config), "basic-" + tmp_path.name)
-        session = RuntimeSession(sandbox, SessionSettings(), LOG, BasicShellMirror())  # type: ignore[arg-type]
+        session = SandboxSession(sandbox, SessionSettings(), LOG, BasicShellMirror())  # type: ignore[arg-type]
         results = []
         try:
             for count, code in enumerate(cells, 1):

@@ -28,7 +28,7 @@ from daytona_kernel.runtime.calls import (
     output_limit_chars,
 )
 from daytona_kernel.runtime.runtime import Runtime
-from daytona_kernel.session import RuntimeSession
+from daytona_kernel.session import SandboxSession
 
 
 class Receiver:
@@ -68,7 +68,7 @@ def received(code: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict
 async def test_a_cells_flags_reach_the_runtime_under_their_own_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """Swapping two booleans on either side (silent and store_history) must not pass unnoticed."""
     sandbox = FakeSandbox([Run([])])
-    session = RuntimeSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
+    session = SandboxSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
     cell = Cell("x = 1", 7, silent=True, store_history=False, allow_stdin=False, user_expressions={"e": "x"})
     await session.execute(cell, Recorder())
     [(method, args)] = received(sandbox.codes[-1], monkeypatch)
@@ -155,7 +155,7 @@ async def test_a_call_returns_its_reply_typed_and_a_reply_that_does_not_fit_is_a
 
     sandbox = FakeSandbox([Run([]), Run([frame("reply", {"saved": ["x"], "skipped": [], "pickler": "pickle", "bytes": 12})]),
                            Run([frame("reply", {"saved": "x"})])])
-    session = RuntimeSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
+    session = SandboxSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
     await session.execute(Cell("x = 1", 1), Recorder())
     assert await session.supervisor.call(Checkpoint(path="c"), checkpointed) == Checkpointed(["x"], [], "pickle", 12)
     with pytest.raises(ProtocolError, match="saved"):

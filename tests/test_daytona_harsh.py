@@ -257,16 +257,16 @@ def test_a_wrong_key_throttled_to_429_is_reported_as_the_key_at_once(emu: Any, t
 
 
 def toolbox_of(emulator: Any, client: Any, sandbox: Any) -> Any:
-    from daytona_kernel.backends.daytona_toolbox import DaytonaToolbox, FoundSandbox
+    from daytona_kernel.backends.daytona.toolbox import DaytonaToolbox, FoundSandbox
 
     return DaytonaToolbox(FoundSandbox(sandbox, emulator.api_url), "/home/daytona")
 
 
 def test_one_path_that_cannot_come_down_fails_alone(daytona_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from daytona_kernel.backends import daytona_toolbox
     from daytona_kernel.backends.base import FileError
+    from daytona_kernel.backends.daytona import toolbox
 
-    monkeypatch.setattr(daytona_toolbox, "DOWNLOAD_STALL_S", 2.0)
+    monkeypatch.setattr(toolbox, "DOWNLOAD_STALL_S", 2.0)
 
     async def scenario(client: Any) -> tuple[dict[str, Any], Any]:
         from daytona import CreateSandboxFromSnapshotParams
@@ -293,10 +293,10 @@ def test_one_path_that_cannot_come_down_fails_alone(daytona_env: Any, monkeypatc
 
 
 def test_a_device_that_streams_forever_stops_at_the_byte_cap(daytona_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from daytona_kernel.backends import daytona_toolbox
     from daytona_kernel.backends.base import FileError
+    from daytona_kernel.backends.daytona import toolbox
 
-    monkeypatch.setattr(daytona_toolbox, "DOWNLOAD_MAX_BYTES", 4 * 1024 * 1024)
+    monkeypatch.setattr(toolbox, "DOWNLOAD_MAX_BYTES", 4 * 1024 * 1024)
 
     async def scenario(client: Any) -> dict[str, Any]:
         from daytona import CreateSandboxFromSnapshotParams

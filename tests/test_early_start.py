@@ -1,4 +1,4 @@
-"""A new kernel's first sandbox without the daytona SDK (daytona_kernel/backends/daytona_early.py): each request the
+"""A new kernel's first sandbox without the daytona SDK (daytona_kernel/backends/daytona/early.py): each request the
 early path sends is the one the installed SDK sends on the kernel's SDK path (method, URL, headers, body), the
 create leaves before the SDK's client exists, and what goes wrong ends as it does through the SDK."""
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from daytona_kernel.backends.daytona_api import call_api
-from daytona_kernel.backends.daytona_early import EarlyApi, Request
-from daytona_kernel.backends.daytona_handoff import interpreter_headers
-from daytona_kernel.backends.daytona_workspace import WorkspaceSandboxes
+from daytona_kernel.backends.daytona.api import call_api
+from daytona_kernel.backends.daytona.early import EarlyApi, Request
+from daytona_kernel.backends.daytona.restart_handoff import interpreter_headers
+from daytona_kernel.backends.daytona.workspace import WorkspaceSandboxes
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 
 API = "http://127.0.0.1:4000/api"
@@ -118,7 +118,7 @@ def volume_ready(daytona_env: Any) -> Any:
 def start_in_process(folder: Path, **changes: Any) -> tuple[Any, Any]:
     """A kernel's backend started in this process (its first start, as at a kernel's start); the sandbox and what
     the start raised (None when it started)."""
-    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
 
     sandbox = DaytonaSandbox(settings(**changes), f"early-{folder.name}", KERNEL)
 
@@ -162,7 +162,7 @@ def test_the_create_leaves_before_the_sdks_client_exists(volume_ready: Any, tmp_
 
 
 def test_a_wrong_key_ends_in_the_sdk_paths_message(volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
 
     daytona_env = volume_ready
     monkeypatch.setenv("DAYTONA_API_KEY", "dtn_wrong")

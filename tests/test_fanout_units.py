@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from daytona_kernel.cell import Recorder
+from daytona_kernel.engine_output import CellLines, EngineOutput
+from daytona_kernel.engines import EngineRun, MapSpec, combined_error, parse_map
 from daytona_kernel.errors import UsageError
-from daytona_kernel.fanout import MapSpec, WorkerRun, combined_error, parse_map
-from daytona_kernel.fanout_output import CellLines, WorkerOutput
 from daytona_kernel.interactive import daytona_cell, kernel_magic_lines
 from daytona_kernel.runtime import MODULES, call_source
 from daytona_kernel.runtime import fanout as sandbox_side
@@ -60,9 +60,9 @@ def test_the_sandbox_side_is_shipped_with_the_runtime() -> None:
     assert '"method":"prelude"' in code and '"rank":1,"world":4' in code
 
 
-def recorder() -> tuple[list[tuple[str, dict[str, Any]]], WorkerOutput]:
+def recorder() -> tuple[list[tuple[str, dict[str, Any]]], EngineOutput]:
     front = Recorder()
-    return front.outputs, WorkerOutput(2, CellLines(front))
+    return front.outputs, EngineOutput(2, CellLines(front))
 
 
 def test_each_stream_line_is_prefixed_with_its_stream_and_rank_and_shown_at_once() -> None:
@@ -85,7 +85,7 @@ def test_each_stream_line_is_prefixed_with_its_stream_and_rank_and_shown_at_once
 def test_another_workers_text_starts_its_own_line() -> None:
     front = Recorder()
     lines = CellLines(front)
-    zero, one = WorkerOutput(0, lines), WorkerOutput(1, lines)
+    zero, one = EngineOutput(0, lines), EngineOutput(1, lines)
     zero.emit("stream", {"name": "stdout", "text": "abc"})
     one.emit("stream", {"name": "stdout", "text": "xyz\n"})
     zero.emit("stream", {"name": "stdout", "text": "def\n"})
@@ -108,10 +108,10 @@ def rendered(text: str) -> list[str]:
 def test_a_worker_cannot_pass_for_another_with_a_carriage_return_or_a_backspace() -> None:
     front = Recorder()
     lines = CellLines(front)
-    WorkerOutput(1, lines).emit("stream", {"name": "stdout", "text": "\r[stdout:0] fake\n"})
-    WorkerOutput(1, lines).emit("stream", {"name": "stdout", "text": "\b" * 11 + "[stdout:0] fake too\n"})
-    WorkerOutput(1, lines).emit("stream", {"name": "stderr", "text": " 10%\r 20%\r"})
-    WorkerOutput(1, lines).emit("stream", {"name": "stderr", "text": " 30%\n"})
+    EngineOutput(1, lines).emit("stream", {"name": "stdout", "text": "\r[stdout:0] fake\n"})
+    EngineOutput(1, lines).emit("stream", {"name": "stdout", "text": "\b" * 11 + "[stdout:0] fake too\n"})
+    EngineOutput(1, lines).emit("stream", {"name": "stderr", "text": " 10%\r 20%\r"})
+    EngineOutput(1, lines).emit("stream", {"name": "stderr", "text": " 30%\n"})
     shown = rendered(front.text()) + rendered(front.text("stderr"))
     assert [line for line in shown if line] == [
         "[stdout:1] [stdout:0] fake", "[stdout:1] " + "\\x08" * 11 + "[stdout:0] fake too", "[stderr:1]  30%"
@@ -123,8 +123,8 @@ def test_a_worker_cannot_move_a_terminals_cursor_onto_another_workers_line() -> 
     start, erase) could rewrite another worker's line there. Colours (SGR, ``ESC[...m``) stay."""
     front = Recorder()
     lines = CellLines(front)
-    WorkerOutput(0, lines).emit("stream", {"name": "stdout", "text": "real\n"})
-    WorkerOutput(1, lines).emit("stream", {"name": "stdout", "text": "\x1b[1A\x1b[2K\x1b[G[stdout:0] fake \x1b[31mred\x1b[0m\n"})
+    EngineOutput(0, lines).emit("stream", {"name": "stdout", "text": "real\n"})
+    EngineOutput(1, lines).emit("stream", {"name": "stdout", "text": "\x1b[1A\x1b[2K\x1b[G[stdout:0] fake \x1b[31mred\x1b[0m\n"})
     assert front.text() == "[stdout:0] real\n[stdout:1] \\x1b[1A\\x1b[2K\\x1b[G[stdout:0] fake \x1b[31mred\x1b[0m\n"
 
 
@@ -149,8 +149,8 @@ def test_a_worker_may_not_clear_the_cell_and_its_error_is_kept_for_the_combined_
 
 def test_the_combined_error_names_each_failed_worker_and_its_exception() -> None:
     failed = [
-        WorkerRun(1, {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb1"]}),
-        WorkerRun(3, {"ename": "KeyError", "evalue": "'k'\nmore", "traceback": ["tb3"]}),
+        EngineRun(1, {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb1"]}),
+        EngineRun(3, {"ename": "KeyError", "evalue": "'k'\nmore", "traceback": ["tb3"]}),
     ]
     error = combined_error(failed, 4, interrupted=False)
     assert error["ename"] == "CompositeError"
@@ -162,7 +162,7 @@ def test_the_combined_error_names_each_failed_worker_and_its_exception() -> None
         "tb3",
     ]
     interrupted = combined_error(
-        [WorkerRun(0, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []})], 2, interrupted=True
+        [EngineRun(0, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []})], 2, interrupted=True
     )
     assert interrupted["ename"] == "KeyboardInterrupt" and "keep their variables" in interrupted["evalue"]
 
@@ -199,11 +199,11 @@ def test_scatter_then_prelude_gives_each_worker_its_chunk_rank_and_world(tmp_pat
     paths = [str(tmp_path / "t" / f"{rank}.pkl") for rank in range(2)]
     sandbox_side.scatter(main, ["xs", "word"], paths)
     assert "error" not in main.replies[0]
-    workers = [StandInRuntime(), StandInRuntime()]
-    for rank, worker in enumerate(workers):
-        sandbox_side.prelude(worker, rank, 2, paths[rank])
+    engines = [StandInRuntime(), StandInRuntime()]
+    for rank, engine in enumerate(engines):
+        sandbox_side.prelude(engine, rank, 2, paths[rank])
         assert not os.path.exists(paths[rank])  # read once, then removed
-    assert [(w.user_ns["rank"], w.user_ns["world"], w.user_ns["xs"], w.user_ns["word"]) for w in workers] == [
+    assert [(w.user_ns["rank"], w.user_ns["world"], w.user_ns["xs"], w.user_ns["word"]) for w in engines] == [
         (0, 2, [0, 1, 2], "abc"),
         (1, 2, [3, 4], "de"),
     ]
@@ -226,10 +226,10 @@ def test_a_scatter_that_cannot_be_done_says_which_variable_and_why(tmp_path: Pat
 def test_gather_makes_lists_in_rank_order_and_removes_the_files(tmp_path: Path) -> None:
     paths = []
     for rank in range(3):
-        worker = StandInRuntime(total=rank * 10, name=f"w{rank}")
+        engine = StandInRuntime(total=rank * 10, name=f"w{rank}")
         path = str(tmp_path / f"g{rank}.pkl")
-        sandbox_side.dump(worker, ["total", "name"], path)
-        assert "error" not in worker.replies[0]
+        sandbox_side.dump(engine, ["total", "name"], path)
+        assert "error" not in engine.replies[0]
         paths.append(path)
     main = StandInRuntime(other=1)
     sandbox_side.gather(main, ["total", "name"], paths)
@@ -239,17 +239,17 @@ def test_gather_makes_lists_in_rank_order_and_removes_the_files(tmp_path: Path) 
 
 
 def test_a_value_that_cannot_be_gathered_is_named(tmp_path: Path) -> None:
-    worker = StandInRuntime(lock=threading.Lock())
-    sandbox_side.dump(worker, ["lock"], str(tmp_path / "g.pkl"))
-    assert worker.replies[0]["error"].startswith("--gather could not pickle 'lock': TypeError")
-    sandbox_side.dump(worker, ["missing"], str(tmp_path / "g.pkl"))
-    assert "the worker has no variable 'missing'" in worker.replies[1]["error"]
+    engine = StandInRuntime(lock=threading.Lock())
+    sandbox_side.dump(engine, ["lock"], str(tmp_path / "g.pkl"))
+    assert engine.replies[0]["error"].startswith("--gather could not pickle 'lock': TypeError")
+    sandbox_side.dump(engine, ["missing"], str(tmp_path / "g.pkl"))
+    assert "the worker has no variable 'missing'" in engine.replies[1]["error"]
 
 
 def test_the_envelope_is_plain_pickle_around_each_values_own_pickle(tmp_path: Path) -> None:
-    worker = StandInRuntime(total=3)
+    engine = StandInRuntime(total=3)
     path = tmp_path / "g.pkl"
-    sandbox_side.dump(worker, ["total"], str(path))
+    sandbox_side.dump(engine, ["total"], str(path))
     assert pickle.loads(pickle.loads(path.read_bytes())["total"]) == 3
 
 
@@ -257,11 +257,11 @@ def pool_of(sandboxes: list[Any], **settings: Any) -> Any:
     import logging
 
     from daytona_kernel.config import SessionSettings
-    from daytona_kernel.fanout import WorkerPool
+    from daytona_kernel.engines import EnginePool
     from daytona_kernel.outputs import OutputPolicy
 
     made = iter(sandboxes)
-    return WorkerPool(
+    return EnginePool(
         lambda serial: (next(made), None), SessionSettings(**settings), logging.getLogger("test"), OutputPolicy(True)
     )
 
@@ -278,7 +278,7 @@ async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_del
         ]
     pool, front = pool_of(sandboxes), Recorder()
     await pool.resize(4, "a sandbox", front)
-    assert [w.sandbox for w in pool.workers] == sandboxes[:2]
+    assert [w.sandbox for w in pool.engines] == sandboxes[:2]
     lines = front.text("stderr").splitlines()
     assert front.statuses[0].startswith("starting 4 workers, each a sandbox: [0] starting")
     assert lines[0].startswith("daytona-kernel: started 2 workers; each is a sandbox.")
@@ -299,7 +299,7 @@ async def test_a_pool_that_cannot_start_any_worker_fails_with_the_reason() -> No
     pool = pool_of([sandbox])
     with pytest.raises(QuotaExceeded, match="Total CPU limit exceeded"):
         await pool.resize(1, "a sandbox", Recorder())
-    assert pool.workers == [] and sandbox.shut_down
+    assert pool.engines == [] and sandbox.shut_down
 
 
 async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest() -> None:
@@ -310,7 +310,7 @@ async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest(
     pool, front = pool_of(sandboxes), Recorder()
     await pool.resize(3, "a sandbox", front)
     await pool.resize(1, "a sandbox", front)
-    assert [w.sandbox for w in pool.workers] == sandboxes[:1] and [s.shut_down for s in sandboxes] == [False, True, True]
+    assert [w.sandbox for w in pool.engines] == sandboxes[:1] and [s.shut_down for s in sandboxes] == [False, True, True]
     assert await pool.close() == "closed 1 worker\n" and sandboxes[0].shut_down
 
 
@@ -325,7 +325,7 @@ async def test_pickles_in_transit_are_read_with_a_cap_the_sandbox_cannot_lift(mo
     PICKLE_MAX_BYTES of it, and the message names whose values and what to do."""
     from fakes import FakeSandbox
 
-    from daytona_kernel import fanout
+    from daytona_kernel import engines as fanout
 
     monkeypatch.setattr(fanout, "PICKLE_MAX_BYTES", 8)
     sandbox = FakeSandbox()

@@ -98,9 +98,9 @@ def local_mirror(tmp_path: Path):  # type: ignore[no-untyped-def]
     import logging
     import uuid
 
-    from daytona_kernel.backends.local import LocalSandbox
+    from daytona_kernel.backends.local.sandbox import LocalSandbox
     from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, settings_from
-    from daytona_kernel.sync import WorkdirMirror
+    from daytona_kernel.mirror.mirror import WorkdirMirror
 
     config = DaytonaKernelConfig()
     config.backend = "local"
@@ -124,7 +124,7 @@ def reported(workdir: Path, rels: list[str]):  # type: ignore[no-untyped-def]
 def test_a_flood_brings_down_a_capped_number_of_new_files_and_percent_sync_the_rest(tmp_path: Path) -> None:
     import asyncio
 
-    from daytona_kernel.syncdown import NEW_FILES_PER_CELL
+    from daytona_kernel.mirror.down import NEW_FILES_PER_CELL
 
     mirror, workdir = local_mirror(tmp_path)
     (workdir / "out").mkdir()
@@ -148,13 +148,13 @@ def test_a_download_stops_before_it_fills_the_disk(tmp_path: Path, monkeypatch: 
     import shutil
     from collections import namedtuple
 
-    from daytona_kernel import syncdown
+    from daytona_kernel.mirror import down
 
     mirror, workdir = local_mirror(tmp_path)
     (workdir / "model.bin").write_bytes(b"x" * 4096)
     usage = namedtuple("usage", "total used free")
     total = 100 * 1024**3
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(total, total - syncdown.disk_margin(total) - 1000, syncdown.disk_margin(total) + 1000))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(total, total - down.disk_margin(total) - 1000, down.disk_margin(total) + 1000))
     result = asyncio.run(mirror.pull(reported(workdir, ["model.bin"])))
     assert not (tmp_path / "proj" / "model.bin").exists()
     assert "less than 1024.0 MB free on this disk" in result.notices(), result.notices()
@@ -168,7 +168,7 @@ def test_an_edit_to_a_known_file_is_sent_even_when_the_scan_stops_early(tmp_path
     the user's own code reaches the sandbox, and a file deleted here is deleted there."""
     import asyncio
 
-    from daytona_kernel import sync
+    from daytona_kernel.mirror import mirror as sync
 
     mirror, workdir = local_mirror(tmp_path)
     project = tmp_path / "proj"
@@ -214,7 +214,7 @@ def test_a_flood_of_new_files_does_not_take_the_folder_hostage(kernel_name: str,
     fetch the rest, and an edit to the user's own code made afterwards still reaches the sandbox. On the Daytona
     backend (the emulator) 2,000 files, four times the cap: what differs there is the transfer, and 200,000 files
     there would double the test's minute."""
-    from daytona_kernel.syncdown import NEW_FILES_PER_CELL
+    from daytona_kernel.mirror.down import NEW_FILES_PER_CELL
 
     project = tmp_path / "proj"
     notebooks = user_project(project, git=True)
@@ -310,8 +310,8 @@ async def test_live_pulls_wait_for_each_other_and_hold_a_bounded_backlog() -> No
     import asyncio
 
     from daytona_kernel.cell import Recorder
+    from daytona_kernel.mirror.plan import MAX_REPORTED_PATHS, SyncReport
     from daytona_kernel.protocol import FileChanges
-    from daytona_kernel.syncplan import MAX_REPORTED_PATHS, SyncReport
     from daytona_kernel.upkeep import LivePulls
 
     pulled: list[FileChanges] = []

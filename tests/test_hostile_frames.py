@@ -20,13 +20,13 @@ import pytest
 from fakes import FakeSandbox, Run, frame, raw
 from kernels import Kernel
 
-from daytona_kernel.backends.local import LocalSandbox
+from daytona_kernel.backends.local.sandbox import LocalSandbox
 from daytona_kernel.cell import Cell, CellOutcome, Recorder
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, SessionSettings, settings_from
 from daytona_kernel.runtime import framing
 from daytona_kernel.runtime.calls import RuntimeOptions, Synced
 from daytona_kernel.runtime.framing import MARK, PIECE_CHARS, BadFrame, FrameDecoder, Text, encode_frame
-from daytona_kernel.session import RuntimeSession
+from daytona_kernel.session import SandboxSession
 
 LOG = logging.getLogger("test-hostile")
 PROTOCOL_ERROR = "SandboxProtocolError"
@@ -48,12 +48,12 @@ class MirrorSpy:
         return Synced()
 
     async def push(self, progress: Any = None) -> Any:
-        from daytona_kernel.syncplan import SyncReport
+        from daytona_kernel.mirror.plan import SyncReport
 
         return SyncReport()
 
     async def pull(self, changes: dict[str, Any], retry_failed: bool = False) -> Any:
-        from daytona_kernel.syncplan import SyncReport
+        from daytona_kernel.mirror.plan import SyncReport
 
         self.pulled.append(changes)
         return SyncReport()
@@ -61,7 +61,7 @@ class MirrorSpy:
 
 async def run_cells(*runs: Run, mirror: MirrorSpy | None = None) -> list[tuple[CellOutcome, Recorder]]:
     """Run one cell per scripted run, in one session; each cell's outcome and what its frontend got."""
-    session = RuntimeSession(FakeSandbox(list(runs)), SessionSettings(), LOG, mirror)  # type: ignore[arg-type]
+    session = SandboxSession(FakeSandbox(list(runs)), SessionSettings(), LOG, mirror)  # type: ignore[arg-type]
     results = []
     for count in range(1, len(runs) + 1):
         front = Recorder()
@@ -171,7 +171,7 @@ async def test_an_oversized_debug_message_is_refused(monkeypatch: pytest.MonkeyP
 
 
 async def test_a_debug_reply_nobody_waits_for_is_dropped_and_events_reach_the_frontend() -> None:
-    session = RuntimeSession(FakeSandbox([Run(["before\n", dap({"type": "response", "command": "source", "success": True}, answers=7),
+    session = SandboxSession(FakeSandbox([Run(["before\n", dap({"type": "response", "command": "source", "success": True}, answers=7),
                                                dap({"type": "event", "seq": 2, "event": "stopped", "body": {"threadId": 1}}), "after\n"])]),
                              SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     events: list[dict[str, Any]] = []
@@ -186,7 +186,7 @@ async def test_a_rich_inspection_passes_the_output_policy_and_the_kernel_reads_n
     reply = {"type": "response", "seq": 1, "request_seq": 1, "command": "richInspectVariables", "success": True,
              "body": {"data": {"text/html": "<b>x</b><script>steal()</script>", "text/plain": "x"}, "metadata": {}}}
     sandbox = FakeSandbox([Run([dap(reply, answers=1)])])
-    session = RuntimeSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    session = SandboxSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     got = await session.debugger.request({"type": "request", "seq": 1, "command": "richInspectVariables", "arguments": {"variableName": "x"}})
     assert got["success"] and got["body"]["data"]["text/plain"] == "x"
     assert "script" not in got["body"]["data"]["text/html"] and "<b>x</b>" in got["body"]["data"]["text/html"]
@@ -194,7 +194,7 @@ async def test_a_rich_inspection_passes_the_output_policy_and_the_kernel_reads_n
 
 
 async def test_a_debug_request_the_sandbox_does_not_answer_gets_a_failed_reply_at_once() -> None:
-    session = RuntimeSession(FakeSandbox([Run(["nothing\n"])]), SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    session = SandboxSession(FakeSandbox([Run(["nothing\n"])]), SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     got = await session.debugger.request({"type": "request", "seq": 5, "command": "stackTrace", "arguments": {"threadId": 1}})
     assert got == {"type": "response", "seq": 5, "request_seq": 5, "success": False, "command": "stackTrace",
                    "message": "the sandbox's debugger sent no usable reply (the kernel log says why)"}
@@ -237,7 +237,7 @@ async def test_a_file_of_large_strings_is_fetched_and_later_output_waits_for_it(
               "after\n", frame("display", {"data": {"text/plain": "next"}})])]
     )
     sandbox.files["/tmp/out-0"] = png.encode()
-    session = RuntimeSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    session = SandboxSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     front = Recorder()
     outcome = await session.execute(Cell("cell", 1), front)
     assert outcome.error is None, outcome.error
@@ -253,7 +253,7 @@ async def test_a_file_of_large_strings_that_is_not_there() -> None:
 async def test_a_file_of_large_strings_that_does_not_fit_its_frame() -> None:
     sandbox = FakeSandbox([Run(["before\n", blob_frame({"data": {"image/png": ""}}, "/etc/passwd", [[["data", "image/png"], 5]]), "after\n"])])
     sandbox.files["/etc/passwd"] = b"root:x:0:0"
-    session = RuntimeSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    session = SandboxSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     front = Recorder()
     outcome = await session.execute(Cell("cell", 1), front)
     assert outcome.error is not None and outcome.error["ename"] == PROTOCOL_ERROR

@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 from kernels import Kernel
 
-from daytona_kernel.backends.local import LocalSandbox
+from daytona_kernel.backends.local.sandbox import LocalSandbox
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, settings_from
 from daytona_kernel.errors import DaytonaKernelError, ProtocolError
+from daytona_kernel.mirror.mirror import WorkdirMirror
 from daytona_kernel.protocol import FileChanges, file_changes
 from daytona_kernel.runtime.calls import Synced
 from daytona_kernel.runtime.pathrules import MirrorRules, scan
-from daytona_kernel.sync import WorkdirMirror
 
 log = logging.getLogger("test_hostile_mirror")
 
@@ -176,7 +176,7 @@ def test_local_symlinked_folder_is_not_written_through(folder: Path, sandbox: Ho
 
 
 def test_without_dir_fd_support_a_symlinked_folder_is_still_not_written_through(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import daytona_kernel.localfs as localfs
+    import daytona_kernel.mirror.localfs as localfs
 
     monkeypatch.setattr(localfs, "_DIR_FD", False)  # as on a platform without openat()
     outside = tmp_path / "outside"
@@ -413,8 +413,8 @@ def test_git_ignore_files_from_outside_the_project_are_honoured_as_git_does(tmp_
     top, the repository's .git/info/exclude (where people list their own untracked notes and credentials) and
     the user's global excludes file (core.excludesFile), in that order of precedence. The mirror must not send
     a file git ignores; `git ls-files --cached --others --exclude-standard` is the oracle, also after they change."""
+    from daytona_kernel.mirror.mirror import git_global_excludes
     from daytona_kernel.runtime.pathrules import load_rules
-    from daytona_kernel.sync import git_global_excludes
 
     def git(*args: str, cwd: Path) -> str:
         return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
@@ -493,7 +493,7 @@ def test_many_small_files_cannot_fill_the_disk_in_one_go(folder: Path, sandbox: 
 
 def test_a_vanished_file_on_daytona_costs_only_that_file(daytona_env, folder: Path, config) -> None:  # type: ignore[no-untyped-def]
     from daytona_kernel.backends.base import FileError
-    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
     from daytona_kernel.config import DaytonaSettings
 
     config.backend = "daytona"
@@ -699,7 +699,7 @@ def test_a_manifest_kept_in_a_shared_folder_leaves_that_folder_alone(tmp_path: P
     """The manifest's own folder is made private when the mirror creates it, and an existing folder is never
     chmod-ed: a manifest kept directly in /tmp (as the benchmarks did) made /tmp 0700, and apt and every other
     user of /tmp failed after it."""
-    from daytona_kernel.manifest import SyncManifest
+    from daytona_kernel.mirror.manifest import SyncManifest
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -715,7 +715,8 @@ def test_a_manifest_kept_in_a_shared_folder_leaves_that_folder_alone(tmp_path: P
 
 
 def test_scanning_hashing_and_reading_run_off_the_event_loop(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from daytona_kernel import manifest, sync
+    from daytona_kernel.mirror import manifest
+    from daytona_kernel.mirror import mirror as sync
 
     for i in range(5):
         (folder / f"f{i}.txt").write_text(str(i))
@@ -797,7 +798,7 @@ def test_a_file_that_could_not_be_written_comes_back_with_sync(kernel_name: str,
 
 
 def test_the_local_backend_keeps_its_copies_private(tmp_path: Path) -> None:
-    from daytona_kernel.backends.local import local_root
+    from daytona_kernel.backends.local.sandbox import local_root
 
     with Kernel("daytona-local", cwd=str(tmp_path)) as k:
         k.execute("pass")
@@ -808,7 +809,7 @@ def test_the_local_backend_keeps_its_copies_private(tmp_path: Path) -> None:
 def test_the_local_backend_removes_its_input_inboxes_at_shutdown(tmp_path: Path) -> None:
     import glob
 
-    from daytona_kernel.backends.local import local_root
+    from daytona_kernel.backends.local.sandbox import local_root
 
     pattern = "**/daytona-kernel-inbox-*"
     tmp = tmp_path / "tmp"  # the kernel's own temporary folder: private to this test (the machine's is shared)
@@ -1035,7 +1036,7 @@ def test_a_hostile_cell_cannot_put_code_on_this_machine(kernel_name: str, tmp_pa
 def test_on_daytona_a_file_bigger_than_reported_is_stopped_and_not_written(daytona_env, folder: Path, config) -> None:  # type: ignore[no-untyped-def]
     """The Daytona backend streams a limited download into a private temporary file (the SDK's own streaming),
     measures what arrives and stops at the limit: the report's size is never trusted."""
-    from daytona_kernel.backends.daytona import DaytonaSandbox
+    from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
     from daytona_kernel.config import DaytonaSettings
 
     config.backend = "daytona"
@@ -1096,7 +1097,7 @@ def test_a_daytona_download_that_streams_past_its_limit_is_stopped_at_once() -> 
     is cut off as soon as one passes its limit (not after the whole stream), and the others come again."""
     from types import SimpleNamespace
 
-    from daytona_kernel.backends.daytona_toolbox import DaytonaToolbox
+    from daytona_kernel.backends.daytona.toolbox import DaytonaToolbox
 
     requests: list[list[str]] = []
 
@@ -1172,7 +1173,7 @@ def test_a_repository_started_with_its_head_gets_nothing_more(folder: Path, sand
 def test_a_case_split_repository_is_one_repository(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch, dir_fd: bool) -> None:  # type: ignore[no-untyped-def]
     """Item 3: Evil/HEAD beside evil/objects/ is one folder on a case-insensitive disk (macOS, Windows); the
     folders here are listed with and without openat() (``LocalFolder.listing``)."""
-    import daytona_kernel.localfs as localfs
+    import daytona_kernel.mirror.localfs as localfs
 
     monkeypatch.setattr(localfs, "_DIR_FD", dir_fd and localfs._DIR_FD)
     mark = tmp_path / "fsmonitor-ran"
@@ -1343,23 +1344,23 @@ def test_a_big_symlink_in_the_local_sandbox_is_neither_followed_nor_linked_here(
 def test_the_folders_here_are_keyed_once_however_many_siblings_a_report_names(folder: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """local_landing keys each local folder's names once: a report naming many sibling folders (runs/r0 ...
     runs/r299) costs a pass over runs/, not one pass per sibling (which was 90,000 keys for 300 runs)."""
-    import daytona_kernel.syncdown as syncdown
-    from daytona_kernel.localfs import LocalFolder
+    import daytona_kernel.mirror.down as down
+    from daytona_kernel.mirror.localfs import LocalFolder
 
     for i in range(300):
         (folder / "runs" / f"r{i}").mkdir(parents=True)
     (folder / "runs" / "r7" / "HEAD").write_text("ref: refs/heads/main\n")
     (folder / "runs" / "R7" / "objects").mkdir(parents=True)
     calls = 0
-    real = syncdown.name_key
+    real = down.name_key
 
     def counted(name: str) -> str:
         nonlocal calls
         calls += 1
         return real(name)
 
-    monkeypatch.setattr(syncdown, "name_key", counted)
-    landing = syncdown.local_landing(LocalFolder(folder), [f"runs/r{i}/metrics.csv" for i in range(300)])
+    monkeypatch.setattr(down, "name_key", counted)
+    landing = down.local_landing(LocalFolder(folder), [f"runs/r{i}/metrics.csv" for i in range(300)])
     assert landing.repos == {"runs/r7"}  # r7/HEAD beside R7/objects/: one folder on a case-insensitive disk
     assert calls < 3 * 300, calls
 

@@ -32,15 +32,15 @@ from daytona_kernel.outputs import NOTICE_SLACK_CHARS, sanitize_html, sanitize_m
 from daytona_kernel.protocol import IOPUB_TYPES
 from daytona_kernel.runtime.calls import Complete, Inspect
 from daytona_kernel.runtime.framing import MARK, Frame, FrameDecoder
-from daytona_kernel.session import RuntimeSession
+from daytona_kernel.session import SandboxSession
 
 LOG = logging.getLogger("test-hostile-output")
 SCRIPT = "<script>fetch('/api/terminals', {method: 'POST'})</script>"
 MB = 1024 * 1024
 
 
-def session(*runs: Run, **settings: Any) -> RuntimeSession:
-    return RuntimeSession(FakeSandbox(list(runs)), SessionSettings(**settings), LOG)  # type: ignore[arg-type]
+def session(*runs: Run, **settings: Any) -> SandboxSession:
+    return SandboxSession(FakeSandbox(list(runs)), SessionSettings(**settings), LOG)  # type: ignore[arg-type]
 
 
 async def run_cells(*runs: Run, **settings: Any) -> list[tuple[CellOutcome, Recorder]]:

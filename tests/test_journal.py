@@ -263,7 +263,7 @@ def forge(root: Path, name: str, meta_text: str, owner_text: str = "{}") -> Path
 
 
 def test_a_forged_journal_never_stops_the_scan_and_every_bad_value_is_refused(tmp_path: Path) -> None:
-    from daytona_kernel.attach import Detached, KernelIdentity
+    from daytona_kernel.journal import Detached, KernelIdentity
 
     rt, j = opened(tmp_path)
     root = Path(j.folder).parent
@@ -280,7 +280,7 @@ def test_a_forged_journal_never_stops_the_scan_and_every_bad_value_is_refused(tm
 
 
 def test_values_a_forged_journal_sends_are_bounded_before_they_are_shown(tmp_path: Path) -> None:
-    from daytona_kernel.attach import Detached, KernelIdentity
+    from daytona_kernel.journal import Detached, KernelIdentity
 
     meta = {"session": "ctx-2", "token": "0123456789abcdef", "pid": 5, "count": 3, "name": "\x1b[2Jnb\u202e.ipynb" * 50}
     session = Detached.parse({"meta": meta, "owner": {"kernel": "k\x00" * 100}, "alive": True}, 1e300, KernelIdentity("k", ""))
@@ -332,8 +332,8 @@ def test_the_journal_keeps_no_host_name_pid_or_local_path_readable_in_the_sandbo
 ) -> None:
     import socket
 
-    from daytona_kernel import attach
-    from daytona_kernel.attach import KernelIdentity
+    from daytona_kernel import journal as attach
+    from daytona_kernel.journal import KernelIdentity
 
     notebook = "/home/alice/clients/acme-merger/model.ipynb"
     identity = KernelIdentity("kid", notebook)
@@ -363,8 +363,8 @@ def test_a_session_the_daemon_no_longer_runs_is_not_announced(tmp_path: Path) ->
     import asyncio
     import logging
 
-    from daytona_kernel.attach import KernelIdentity, SessionJournal, _pad
     from daytona_kernel.config import SessionSettings
+    from daytona_kernel.journal import KernelIdentity, SessionJournal, _pad
     from daytona_kernel.outputs import OutputPolicy
 
     identity = KernelIdentity("k", "nb.ipynb")

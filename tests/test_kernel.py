@@ -117,7 +117,7 @@ def test_error_cell_has_one_error_output_showing_the_users_line(kernel: Kernel) 
     assert (err["ename"], err["evalue"]) == ("IndexError", "list index out of range")
     tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))  # IPython colours the failing expression
     assert "b[5]" in tb and "line 3" in tb
-    assert "daytona-kernel-runtime" not in tb and "local_worker" not in tb
+    assert "daytona-kernel-runtime" not in tb and "local/worker.py" not in tb
     assert run.reply["content"]["ename"] == "IndexError"
 
 

@@ -42,7 +42,7 @@ class BrokenSession:
 def kernel_with(runtime: Any) -> tuple[DaytonaKernel, Wire, Session]:
     session, wire = Session(key=b""), Wire()
     kernel = DaytonaKernel(backend="local", session=session, iopub_socket=wire, log=logging.getLogger("test-kernel"))
-    kernel._runtime = runtime
+    kernel._session = runtime
     return kernel, wire, session
 
 
@@ -74,7 +74,7 @@ def test_the_daytona_backend_has_pydantic_build_models_on_first_use(monkeypatch:
     start and restart)."""
     import pydantic
 
-    from daytona_kernel.backends.daytona_workspace import defer_model_builds
+    from daytona_kernel.backends.daytona.workspace import defer_model_builds
 
     monkeypatch.setattr(pydantic.BaseModel, "model_config", dict(pydantic.BaseModel.model_config))
     defer_model_builds()

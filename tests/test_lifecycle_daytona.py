@@ -113,7 +113,7 @@ def test_a_next_context_this_kernel_left_and_never_took_does_not_keep_the_sandbo
 
     from daytona import AsyncDaytona, DaytonaConfig
 
-    from daytona_kernel.backends.daytona_api import LABEL_NEXT
+    from daytona_kernel.backends.daytona.api import LABEL_NEXT
     from daytona_kernel.compose import kernel_id_of
 
     async def leave_a_context(sandbox_id: str, label: str) -> None:

@@ -10,13 +10,13 @@ from daytona_kernel.backends.base import RunError
 from daytona_kernel.cell import Recorder
 from daytona_kernel.config import SessionSettings
 from daytona_kernel.interactive import kernel_magic_lines
-from daytona_kernel.session import RuntimeSession
+from daytona_kernel.session import SandboxSession
 
 LOG = logging.getLogger("test-magics")
 
 
 async def run_magic(sandbox: FakeSandbox, line: str) -> tuple[dict | None, Recorder]:
-    session = RuntimeSession(sandbox, SessionSettings(backend="local"), LOG)
+    session = SandboxSession(sandbox, SessionSettings(backend="local"), LOG)
     front = Recorder()
     lines = kernel_magic_lines(line)
     assert lines is not None

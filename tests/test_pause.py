@@ -373,7 +373,7 @@ async def test_idle_time_is_counted_by_the_wall_clock_which_moves_on_while_a_lap
 
     from daytona_kernel.cell import Cell, Recorder
     from daytona_kernel.config import SessionSettings
-    from daytona_kernel.session import RuntimeSession
+    from daytona_kernel.session import SandboxSession
 
     done = frame("result", {"data": {"text/plain": "1"}, "metadata": {}, "execution_count": 1})
     sandbox = FakeSandbox([Run([done]), Run([done])])
@@ -385,7 +385,7 @@ async def test_idle_time_is_counted_by_the_wall_clock_which_moves_on_while_a_lap
         return False
 
     sandbox.resume_if_paused = resume_if_paused  # type: ignore[method-assign]
-    session = RuntimeSession(sandbox, SessionSettings(), logging.getLogger("test-pause"))
+    session = SandboxSession(sandbox, SessionSettings(), logging.getLogger("test-pause"))
     await session.execute(Cell("1", 1), Recorder())
     assert asked == []
     slept_until = time.time() + 3600  # the lid was closed for an hour: only the wall clock moved

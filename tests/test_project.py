@@ -219,7 +219,7 @@ def test_the_project_root_is_the_git_root_else_the_nearest_marked_folder(tmp_pat
     import pytest
 
     from daytona_kernel.errors import ConfigError
-    from daytona_kernel.project import PROJECT_MARKERS, project_root
+    from daytona_kernel.mirror.project import PROJECT_MARKERS, project_root
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "repo" / ".git").mkdir(parents=True)
@@ -297,7 +297,7 @@ def sandbox_copies(name: str) -> list[Path]:
 
 
 def test_big_files_on_the_local_backend_are_shared_not_copied(tmp_path: Path) -> None:
-    from daytona_kernel.backends.local import share_file
+    from daytona_kernel.backends.local.sandbox import share_file
 
     probe = tmp_path / "probe"
     probe.write_text("x")
@@ -340,7 +340,7 @@ def result_of(run: Run) -> str:
 
 
 def test_share_file_never_truncates_what_the_old_name_shared(tmp_path: Path) -> None:
-    from daytona_kernel.backends.local import share_file
+    from daytona_kernel.backends.local.sandbox import share_file
 
     original, linked, other = tmp_path / "original", tmp_path / "linked", tmp_path / "other"
     original.write_text("the user's data")
@@ -357,7 +357,7 @@ def test_share_file_never_truncates_what_the_old_name_shared(tmp_path: Path) -> 
 
 def test_big_files_are_placed_only_on_a_sandbox_on_this_disk() -> None:
     from daytona_kernel.config import MirrorSettings
-    from daytona_kernel.syncplan import UpPlan, choose_up
+    from daytona_kernel.mirror.plan import UpPlan, choose_up
 
     config = MirrorSettings(sync_max_file_mb=1)
     changed = [("small.csv", 10), ("big.csv", 2 * MB)]

@@ -1,4 +1,4 @@
-"""The restart's handoff record (daytona_kernel/backends/daytona_handoff.py): what the old kernel process tells
+"""The restart's handoff record (daytona_kernel/backends/daytona/restart_handoff.py): what the old kernel process tells
 the next one, and every reason the next one refuses it. Pure: no kernel, no emulator."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from daytona_kernel.backends.daytona_handoff import (
+from daytona_kernel.backends.daytona.restart_handoff import (
     HANDOFF_MAX_AGE_S,
     Handoff,
     acceptable_url,

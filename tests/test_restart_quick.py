@@ -20,7 +20,7 @@ import pytest
 from kernels import Kernel, result_text
 from test_lifecycle_daytona import end_context, only_sandbox
 
-from daytona_kernel.backends.daytona_handoff import handoff_path
+from daytona_kernel.backends.daytona.restart_handoff import handoff_path
 from daytona_kernel.compose import kernel_id_of
 
 pytestmark = pytest.mark.slow  # the emulator and kernels run as subprocesses
@@ -113,7 +113,7 @@ def quick_restarted(emu: Any, folder: Path, gate: Gate, between: Any = None) -> 
     gate.open()
     with Kernel("daytona", cwd=str(folder), env=gate.env) as k:
         k.execute("x = 1")
-        k.execute("%daytona status")  # it waits for the SDK: a first start runs its first cell before (daytona_early)
+        k.execute("%daytona status")  # it waits for the SDK: a first start runs its first cell before (early)
         sandbox = only_sandbox(emu, folder)
         gate.close()
         restart_in_two_steps(k, between)

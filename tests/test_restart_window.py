@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from daytona_kernel.backends.daytona import DaytonaSandbox
-from daytona_kernel.backends.daytona_handedover import HandedOverToolbox
-from daytona_kernel.backends.daytona_handoff import Handoff, write_handoff
+from daytona_kernel.backends.daytona.restart_handoff import Handoff, write_handoff
+from daytona_kernel.backends.daytona.restart_socket import HandedOverToolbox
+from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 from daytona_kernel.errors import BackendError, SandboxGone
 
@@ -116,7 +116,7 @@ def test_a_proxy_set_in_the_systems_settings_counts_where_urllib_reads_them(
     (which cannot) must not take the environment's silence for "no proxy"."""
     import urllib.request
 
-    from daytona_kernel.backends.daytona_handoff import proxied
+    from daytona_kernel.backends.daytona.restart_handoff import proxied
 
     proxy_env.setattr(sys, "platform", platform)
     proxy_env.setattr(urllib.request, "getproxies", lambda: {"https": "http://proxy.corp:3128"})
@@ -216,7 +216,7 @@ class Workspace:
     policy = None
     notices: list[str] = []
     mount_path = "/home/daytona/volume"
-    created_early = ""  # no early first start (daytona_early)
+    created_early = ""  # no early first start (early)
 
     async def open_client(self) -> None:
         return None
@@ -241,7 +241,7 @@ async def test_a_handed_over_sandbox_replaced_after_it_is_gone_is_a_new_generati
     box = sandbox()
     box._workspace = Workspace()  # type: ignore[assignment]
     box.generation = 1  # the quick start's
-    monkeypatch.setattr("daytona_kernel.backends.daytona.drift_notice", lambda *args: "")
+    monkeypatch.setattr("daytona_kernel.backends.daytona.sandbox.drift_notice", lambda *args: "")
 
     async def ensure_started(progress: Any) -> None:
         if box._sandbox.id == "A":

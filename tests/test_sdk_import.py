@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from daytona_kernel.backends.base import SandboxPolicy
-from daytona_kernel.backends.daytona import DaytonaSandbox
+from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
 from daytona_kernel.config import DaytonaKernelConfig, DaytonaSettings, settings_from
 
 SCRIPT = textwrap.dedent(
@@ -95,7 +95,7 @@ class Lookups:
         return ""
 
     def early_create_body(self, volume_id: str, name: str) -> None:
-        return None  # the SDK's start (daytona_early applies to none here)
+        return None  # the SDK's start (early applies to none here)
 
     async def ready_volume(self, progress: Any) -> str:
         await self.finding.wait()

@@ -15,13 +15,13 @@ from daytona_kernel.config import SessionSettings
 from daytona_kernel.errors import BackendError, ContextDied, ContextTimeout, SandboxNotRunning
 from daytona_kernel.runtime import HANDLE, RUNTIME_MISSING
 from daytona_kernel.runtime.calls import Complete
-from daytona_kernel.session import RuntimeSession
+from daytona_kernel.session import SandboxSession
 
 LOG = logging.getLogger("test-session")
 
 
-def session_for(sandbox: FakeSandbox, **settings: object) -> RuntimeSession:
-    return RuntimeSession(sandbox, SessionSettings(**settings), LOG)  # type: ignore[arg-type]
+def session_for(sandbox: FakeSandbox, **settings: object) -> SandboxSession:
+    return SandboxSession(sandbox, SessionSettings(**settings), LOG)  # type: ignore[arg-type]
 
 
 def result(text: str, count: int = 1) -> object:
@@ -248,7 +248,7 @@ def test_a_notice_queued_after_the_first_ones_were_shown_is_kept() -> None:
     assert supervisor.take_notices() == ["later\n"]
 
 
-async def restarting(events: list[str], volume_dir: str = "") -> RuntimeSession:
+async def restarting(events: list[str], volume_dir: str = "") -> SandboxSession:
     """A session after one cell whose restart logs, in ``events``, the next context's making (50 ms), the old
     context's deletion (50 ms: the daemon waits for the worker's exit) and the sandbox's detach."""
 

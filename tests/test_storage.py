@@ -1,4 +1,4 @@
-"""Storage: the working directory behaves like a disk, and the volume keeps a durable copy of it.
+"""Storage: the working directory behaves like a disk, and the volume keeps a volume copy of it.
 
 On Daytona the volume is mount-s3 (no rename, no append, no seek-back writes); the
 emulator mounts the same semantics with FUSE (tests/mounts3.py). These tests run
@@ -156,10 +156,10 @@ def test_checkpoints_survive_the_sandbox(kernel_name: str, emulator, tmp_path: P
 
 @pytest.mark.slow  # mounts a filesystem in a subprocess
 def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> None:
-    """DurableCopy against the emulated mount-s3 directly: copy, overwrite, delete, restore."""
+    """VolumeCopy against the emulated mount-s3 directly: copy, overwrite, delete, restore."""
     from mounts3 import MountS3, fuse_missing
 
-    from daytona_kernel.runtime.durable import DurableCopy
+    from daytona_kernel.runtime.durable import VolumeCopy
     from daytona_kernel.runtime.pathrules import load_rules, scan
 
     missing = fuse_missing()
@@ -172,8 +172,8 @@ def test_the_durable_copy_writes_only_what_mount_s3_allows(tmp_path: Path) -> No
     with MountS3(tmp_path / "bucket", tmp_path / "volume") as mount:
         volume = mount.mountpoint
 
-        def copier(workdir: Path) -> DurableCopy:
-            return DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))), notice=print)
+        def copier(workdir: Path) -> VolumeCopy:
+            return VolumeCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))), notice=print)
 
         first = copier(disk)
         assert first.restore() == (0, [])
@@ -305,14 +305,14 @@ def test_a_cloned_repository_comes_back_in_a_new_sandbox(kernel_name: str, tmp_p
 
 
 def fresh_durable_copy(tmp_path: Path) -> tuple[Any, Path, Path]:
-    """A DurableCopy of an empty sandbox working directory to an empty volume folder, restored: (copy, workdir, volume)."""
-    from daytona_kernel.runtime.durable import DurableCopy
+    """A VolumeCopy of an empty sandbox working directory to an empty volume folder, restored: (copy, workdir, volume)."""
+    from daytona_kernel.runtime.durable import VolumeCopy
     from daytona_kernel.runtime.pathrules import load_rules, scan
 
     workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
     workdir.mkdir(parents=True)
     volume.mkdir()
-    copy = DurableCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
+    copy = VolumeCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
     assert copy.restore() == (0, [])
     return copy, workdir, volume
 

@@ -11,8 +11,8 @@ import papermill
 import pytest
 from kernels import Kernel
 
+from daytona_kernel.mirror.plan import conflict_name
 from daytona_kernel.runtime.pathrules import PathRules, load_rules, scan
-from daytona_kernel.syncplan import conflict_name
 
 UPLOAD = "POST /toolbox/{sid}/files/bulk-upload"
 WS = "GET /toolbox/{sid}/process/interpreter/execute"
@@ -99,7 +99,7 @@ def test_conflict_names() -> None:
 
 def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: Path) -> None:
     from daytona_kernel.config import DaytonaKernelConfig
-    from daytona_kernel.sync import WorkdirMirror
+    from daytona_kernel.mirror.mirror import WorkdirMirror
 
     class NoRequests:
         workdir = "/remote"
@@ -134,7 +134,7 @@ def test_a_same_size_rewrite_that_keeps_the_mtime_is_seen_only_while_the_mtime_c
     its recording to tell a rewrite (``RACY_WINDOW_NS``); a deleted file is planned as deleted."""
     import os
 
-    from daytona_kernel.manifest import RACY_WINDOW_NS, SyncManifest
+    from daytona_kernel.mirror.manifest import RACY_WINDOW_NS, SyncManifest
 
     for name in ("a.txt", "b.txt", "c.txt"):
         (tmp_path / name).write_text("one")
@@ -163,7 +163,7 @@ def test_a_file_replaced_by_a_fifo_after_the_scan_does_not_hang_the_check(tmp_pa
     must not wait for a writer that never comes (the check runs before every cell)."""
     import os
 
-    from daytona_kernel.manifest import SyncManifest
+    from daytona_kernel.mirror.manifest import SyncManifest
 
     (tmp_path / "a.txt").write_text("one")
     manifest = SyncManifest(tmp_path / "m.json", tmp_path, logging.getLogger())
@@ -184,7 +184,7 @@ def test_a_deleted_file_is_planned_as_deleted_beside_a_new_one(tmp_path: Path) -
     import asyncio
 
     from daytona_kernel.config import DaytonaKernelConfig
-    from daytona_kernel.sync import WorkdirMirror
+    from daytona_kernel.mirror.mirror import WorkdirMirror
 
     class NoRequests:
         workdir = "/remote"
@@ -388,7 +388,7 @@ def test_a_character_device_in_a_files_place_is_not_read_forever(tmp_path: Path)
     import os
     import stat
 
-    from daytona_kernel.manifest import SyncManifest
+    from daytona_kernel.mirror.manifest import SyncManifest
 
     (tmp_path / "a.txt").write_text("one")
     manifest = SyncManifest(tmp_path / "m.json", tmp_path, logging.getLogger())

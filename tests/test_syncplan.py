@@ -1,11 +1,9 @@
-"""The mirror's planning (syncplan.py): pure decisions on a change report and a scan, in-process."""
+"""The mirror's planning (mirror/plan.py): pure decisions on a change report and a scan, in-process."""
 
 from __future__ import annotations
 
 from daytona_kernel.config import MirrorSettings
-from daytona_kernel.protocol import FileChanges
-from daytona_kernel.runtime.pathrules import MirrorRules
-from daytona_kernel.syncplan import (
+from daytona_kernel.mirror.plan import (
     MAX_REPORTED_PATHS,
     MB,
     Landing,
@@ -18,6 +16,8 @@ from daytona_kernel.syncplan import (
     reported_paths,
     why_not_down,
 )
+from daytona_kernel.protocol import FileChanges
+from daytona_kernel.runtime.pathrules import MirrorRules
 
 RULES = MirrorRules("/nonexistent-notebook-folder", gitignore=False)
 

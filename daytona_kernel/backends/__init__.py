@@ -17,7 +17,7 @@ __all__ = [
     "Sandbox",
     "SandboxPolicy",
     "open_sandbox",
-    "open_worker_sandbox",
+    "open_engine_sandbox",
     "workspace_key",
     "workspace_key_for",
 ]
@@ -39,23 +39,23 @@ def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sa
     """The configured backend's sandbox for the notebook in ``folder``."""
     key = workspace_key(config, folder)
     if config.backend == "local":
-        from .local import LocalSandbox
+        from .local.sandbox import LocalSandbox
 
         return LocalSandbox(settings_from(LocalSettings, config), key)
-    from .daytona import DaytonaSandbox
+    from .daytona.sandbox import DaytonaSandbox
 
     return DaytonaSandbox(settings_from(DaytonaSettings, config), key, kernel_id)
 
 
-def open_worker_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str, serial: int, main: Sandbox) -> Sandbox:
+def open_engine_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str, serial: int, main: Sandbox) -> Sandbox:
     """A ``%%daytona map`` worker for the notebook in ``folder``: a sandbox made like the ``main`` one,
     ephemeral, without the volume (its working directory is a copy, never kept)."""
     if config.backend == "local":
-        from .local import LocalSandbox
+        from .local.sandbox import LocalSandbox
 
         settings = replace(settings_from(LocalSettings, config), sandbox_policy=SandboxPolicy.EPHEMERAL.value)
         return LocalSandbox(settings, workspace_key(config, folder), volume=False)
-    from .daytona import DaytonaSandbox
+    from .daytona.sandbox import DaytonaSandbox
 
     lender = main if isinstance(main, DaytonaSandbox) else None
     return DaytonaSandbox(settings_from(DaytonaSettings, config), workspace_key(config, folder), kernel_id, worker=serial, main=lender)

@@ -102,7 +102,7 @@ class Sandbox(abc.ABC):
     """A place to run code: a Daytona sandbox, or a local directory.
 
     ``workdir`` is the cell's working directory, on the sandbox's own disk;
-    ``volume_dir`` is where the volume keeps its durable copy ("" for none).
+    ``volume_dir`` is where the volume keeps its volume copy ("" for none).
     """
 
     id: str
@@ -139,7 +139,7 @@ class Sandbox(abc.ABC):
         return False
 
     def volume_relpath(self) -> str:
-        """What the runtime needs for the durable copy: the volume folder, relative to the working directory ("" for none)."""
+        """What the runtime needs for the volume copy: the volume folder, relative to the working directory ("" for none)."""
         return posixpath.relpath(self.volume_dir, self.workdir) if self.volume_dir else ""
 
     def take_notices(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""The durable copy of the working directory on the volume, and its restore.
+"""The volume copy of the working directory on the volume, and its restore.
 
 Standard library only, Python 3.9+: it runs in the sandbox, sent with the runtime.
 
@@ -58,7 +58,7 @@ def _stat_key(path):
     return [st.st_size, st.st_mtime_ns]
 
 
-class DurableCopy(object):
+class VolumeCopy(object):
     """See the module docstring. ``scan()`` returns ({rel: (size, mtime_ns, ...)}, complete)."""
 
     def __init__(self, workdir, volume, scan, always=(), notice=None, link=False):

@@ -334,7 +334,7 @@ def _file_digest(path):
 
 
 def open_volume(workdir, options, notice):
-    """(the volume's DurableCopy or None, the notice for the first cell): a new sandbox's files come back from the volume."""
+    """(the volume's VolumeCopy or None, the notice for the first cell): a new sandbox's files come back from the volume."""
     volume = options.volume_dir
     if not volume:
         return None, ""
@@ -347,7 +347,7 @@ def open_volume(workdir, options, notice):
         return _pathrules.scan(workdir, _pathrules.MirrorRules(workdir, excludes, options.sync_includes, secrets=()))
 
     link = options.volume_link
-    durable = _durable.DurableCopy(workdir, volume, scan, always=(CHECKPOINT_FILE,), notice=notice, link=link)
+    durable = _durable.VolumeCopy(workdir, volume, scan, always=(CHECKPOINT_FILE,), notice=notice, link=link)
     restored, problems = durable.restore(RESTORE_BUDGET_S)
     text = ""
     if restored:

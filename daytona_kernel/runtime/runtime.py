@@ -73,7 +73,7 @@ current = None  # this process's Runtime, set by the bootstrap
 
 
 def _copy_at_exit():
-    """The interpreter's last act: the volume's copy takes what the exit wrote (``DurableCopy.last_pass``).
+    """The interpreter's last act: the volume's copy takes what the exit wrote (``VolumeCopy.last_pass``).
 
     A shutdown or restart has the copy finished by a runtime call first, while the interpreter lives; the daemon
     then deletes the context and answers only once the worker has exited. Registered when this module loads,
@@ -168,7 +168,7 @@ class Runtime(object):
             self.outside = _files.OutsideTheMirror(self.workdir, local_root, excludes, includes)
         if threading.current_thread() is threading.main_thread():
             # Python's own SIGINT handler, as under ipykernel: the worker's (a Python function) would
-            # add its frame (local_worker.py on_sigint, the daemon's sigint_handler) to the cell's traceback.
+            # add its frame (worker.py on_sigint, the daemon's sigint_handler) to the cell's traceback.
             signal.signal(signal.SIGINT, signal.default_int_handler)
         builtins.get_ipython = lambda: self.ipython  # type: ignore[attr-defined]  # as IPython puts it there
         builtins.input = self.input

@@ -1,8 +1,8 @@
 """The Daytona backend's lifecycle: cells run in a Daytona sandbox through the async SDK.
 
 ``DaytonaSandbox`` takes a sandbox from whatever state Daytona reports to ``started`` and lets it
-go at the end; the SDK calls go through ``daytona_api.call_api`` (retries, error translation),
-finding and creating through ``daytona_workspace``, and files, processes and interpreter contexts
+go at the end; the SDK calls go through ``api.call_api`` (retries, error translation),
+finding and creating through ``workspace``, and files, processes and interpreter contexts
 through the ``DaytonaToolbox`` it holds.
 
 The lifecycle follows the control plane (``apps/api/src/sandbox/services/
@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from daytona.common.errors import DaytonaNotFoundError
 
-from ..config import SANDBOX_WORKDIR, DaytonaSettings
-from ..errors import BackendError, ContextDied, SandboxGone, SandboxNotRunning
-from .base import Context, ExecResult, FileError, IdleMode, ProgressCallback, Sandbox, SandboxPolicy
-from .daytona_api import (
+from ...config import SANDBOX_WORKDIR, DaytonaSettings
+from ...errors import BackendError, ContextDied, SandboxGone, SandboxNotRunning
+from ..base import Context, ExecResult, FileError, IdleMode, ProgressCallback, Sandbox, SandboxPolicy
+from .api import (
     API_REQUEST_TIMEOUT_S,
     LABEL_KERNEL,
     LABEL_NEXT,
@@ -56,7 +56,7 @@ from .daytona_api import (
     quiet,
     status_of,
 )
-from .daytona_handoff import (
+from .restart_handoff import (
     Handoff,
     acceptable_url,
     interpreter_headers,
@@ -65,13 +65,13 @@ from .daytona_handoff import (
     take_handoff,
     write_handoff,
 )
-from .daytona_states import StateLadder, StillChanging, hand_over_deletion
-from .daytona_status import status_lines
-from .daytona_toolbox import DaytonaContext, DaytonaToolbox, FoundSandbox
-from .daytona_workspace import WorkspaceSandboxes, drift_notice
+from .states import StateLadder, StillChanging, hand_over_deletion
+from .status import status_lines
+from .toolbox import DaytonaContext, DaytonaToolbox, FoundSandbox
+from .workspace import WorkspaceSandboxes, drift_notice
 
 if TYPE_CHECKING:
-    from .daytona_handedover import HandedOverToolbox
+    from .restart_socket import HandedOverToolbox
 
 log = logging.getLogger("daytona_kernel.daytona")
 T = TypeVar("T")
@@ -218,7 +218,7 @@ class DaytonaSandbox(Sandbox):
 
     def _quick_start(self) -> bool:
         """The first start after a restart, when the old process left a handoff that fits: the sandbox is taken
-        as started, the first cell runs in the next context through tornado's client (``daytona_handedover``), and
+        as started, the first cell runs in the next context through tornado's client (``restart_socket``), and
         the SDK loads meanwhile (``_loading``). False (with a debug line saying why) for the normal start: also
         when the environment names a proxy for the toolbox, which the SDK's sessions honour and tornado's
         client cannot."""
@@ -233,7 +233,7 @@ class DaytonaSandbox(Sandbox):
                 log.debug("restart handoff not used: %s", proxy or "the credentials are not in the environment")
             self._unclaimed = refused[0] if refused else handoff  # its context: deleted once the normal start has the sandbox
             return False
-        from .daytona_handedover import HandedOverToolbox
+        from .restart_socket import HandedOverToolbox
 
         self._handoff = handoff
         self._handed_over = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
@@ -248,7 +248,7 @@ class DaytonaSandbox(Sandbox):
 
     async def _early_start(self, progress: ProgressCallback) -> bool:
         """A new kernel's first start, when the workspace has no sandbox yet: created and started without the SDK
-        (``daytona_early``) while the SDK loads in its thread, then the first context made and left for the
+        (``early``) while the SDK loads in its thread, then the first context made and left for the
         runtime's install as a restart's is (``take_next_context``), through tornado's client; ``_loading`` then
         fetches the sandbox with the SDK, as after a restart. False (the SDK's start) where that does not apply,
         and after any failure: the SDK's path repeats the request and reports it as always."""
@@ -257,8 +257,8 @@ class DaytonaSandbox(Sandbox):
         headers = interpreter_headers()
         if headers is None or proxied(self.api_url):
             return False
-        from .daytona_early import EarlyApi, NotEarly, create_early
-        from .daytona_handedover import HandedOverToolbox
+        from .early import EarlyApi, NotEarly, create_early
+        from .restart_socket import HandedOverToolbox
 
         loading = asyncio.ensure_future(self._workspace.open_client())  # the SDK's import, in its thread, meanwhile
         loading.add_done_callback(_log_failure)
@@ -442,7 +442,7 @@ class DaytonaSandbox(Sandbox):
         """A restart: the next process's context, created now with ``code`` (importing IPython) left running
         in it, and named in the sandbox's labels for the next process of this kernel (``detach`` keeps it); the
         handoff tells that process where its interpreter is, so its first cell need not wait for the SDK. A
-        restart that comes before this process's SDK has loaded does it without the SDK (``daytona_handedover``),
+        restart that comes before this process's SDK has loaded does it without the SDK (``restart_socket``),
         without the label."""
         quick = self.without_sdk()
         if quick is not None:

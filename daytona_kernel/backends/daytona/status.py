@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..config import DaytonaSettings
-from .base import IdleMode, SandboxPolicy
-from .daytona_api import PAUSED_STATES, parse_time
+from ...config import DaytonaSettings
+from ..base import IdleMode, SandboxPolicy
+from .api import PAUSED_STATES, parse_time
 
 # What the sandbox holds and is billed for in each state (usage.service.ts: a paused sandbox's usage periods record
 # its disk only; its memory and processes are kept but not billed).

@@ -32,9 +32,9 @@ from daytona.common.errors import (
     DaytonaTimeoutError,
 )
 
-from ..config import DaytonaSettings
-from ..errors import AuthError, BackendError, QuotaExceeded
-from .base import ProgressCallback
+from ...config import DaytonaSettings
+from ...errors import AuthError, BackendError, QuotaExceeded
+from ..base import ProgressCallback
 
 if TYPE_CHECKING:
     from daytona import DaytonaConfig

@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 
 from jupyter_core.paths import jupyter_data_dir
 
-from ..config import DaytonaSettings
-from ..errors import ConfigError
-from ..identity import journal_key
+from ...config import DaytonaSettings
+from ...errors import ConfigError
+from ...identity import journal_key
 
 log = logging.getLogger("daytona_kernel.daytona")
 

@@ -26,11 +26,11 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .base import ProgressCallback
-from .daytona_api import API_REQUEST_TIMEOUT_S, GONE_STATES
+from ..base import ProgressCallback
+from .api import API_REQUEST_TIMEOUT_S, GONE_STATES
 
 if TYPE_CHECKING:
-    from .daytona_workspace import WorkspaceSandboxes
+    from .workspace import WorkspaceSandboxes
 
 log = logging.getLogger("daytona_kernel.daytona")
 

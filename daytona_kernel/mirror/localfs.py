@@ -13,7 +13,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from .errors import MirrorError
+from ..errors import MirrorError
 
 NAME_MAX_BYTES = 255
 PATH_MAX_CHARS = 4096

@@ -1,5 +1,5 @@
 """What the mirror moves, decided without touching a file: pure functions of the change report, the
-scan and the settings, tested in-process. ``WorkdirMirror`` (sync.py) does the reading and writing.
+scan and the settings, tested in-process. ``WorkdirMirror`` (mirror/mirror.py) does the reading and writing.
 
 ``why_not_down`` is the one place that decides whether a path the sandbox reports may be written
 into the notebook's folder.
@@ -13,11 +13,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .config import MirrorSettings
-from .errors import MirrorError
+from ..config import MirrorSettings
+from ..errors import MirrorError
+from ..protocol import FileChanges
+from ..runtime.pathrules import SECRET_REASON, MirrorRules, path_key
 from .localfs import safe_relpath, shown
-from .protocol import FileChanges
-from .runtime.pathrules import SECRET_REASON, MirrorRules, path_key
 
 Stat = tuple[int, int, int]  # size, mtime in ns, permission bits
 MB = 1024 * 1024

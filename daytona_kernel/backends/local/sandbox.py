@@ -1,6 +1,6 @@
 """The embedded local backend: a directory plus one worker process per context.
 
-Each context is a ``local_worker.py`` subprocess that speaks the same plain-exec
+Each context is a ``local/worker.py`` subprocess that speaks the same plain-exec
 protocol as Daytona's interpreter worker, so whatever works here works the
 same on Daytona. It needs no account and no network. It is NOT a security
 boundary: cells run as the user, on the user's machine.
@@ -9,7 +9,7 @@ Layout, under ``jupyter_data_dir()/daytona-kernel/``, the same as on Daytona:
 - ``sandboxes/<id>/workspace/``: the working directory, on the sandbox's "disk".
   An ephemeral sandbox's folder is deleted at shutdown.
 - ``volumes/<volume>/<workspace key>/``: the volume, a plain folder. The runtime
-  keeps the same durable copy of the working directory there as on a Daytona
+  keeps the same volume copy of the working directory there as on a Daytona
   volume and restores a new sandbox from it, so both backends run one code path.
 """
 
@@ -33,11 +33,11 @@ from typing import Callable
 import orjson
 from jupyter_core.paths import jupyter_data_dir
 
-from ..config import SECRET_ENV_VARS, LocalSettings
-from ..errors import BackendError, ContextDied, ContextTimeout
-from .base import Context, ExecResult, FileError, NotShared, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
+from ...config import SECRET_ENV_VARS, LocalSettings
+from ...errors import BackendError, ContextDied, ContextTimeout
+from ..base import Context, ExecResult, FileError, NotShared, OutputCallback, ProgressCallback, RunError, Sandbox, SandboxPolicy
 
-WORKER_SCRIPT = Path(__file__).with_name("local_worker.py")
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PRIVATE_DIR_MODE = 0o700
 PIPE_READ_BYTES = 64 * 1024
 PIPE_BYTES = 1024 * 1024  # the worker's stdout pipe: a whole 384 KiB stream line fits, so the worker need not wait for us
@@ -442,7 +442,7 @@ class LocalSandbox(Sandbox):
     blob_chars = 64 * 1024  # a file on this machine costs less than a JSON pass over 64 KiB (docs/benchmarks.md)
 
     def __init__(self, config: LocalSettings, workspace_key: str, volume: bool = True) -> None:
-        """``volume=False``: no durable copy of the working directory (a ``%%daytona map`` worker)."""
+        """``volume=False``: no volume copy of the working directory (a ``%%daytona map`` worker)."""
         self._config = config
         self._policy = SandboxPolicy(config.sandbox_policy)
         root = local_root()

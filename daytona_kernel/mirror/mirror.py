@@ -1,7 +1,7 @@
 """WorkdirMirror: a two-way mirror between the notebook's folder and the sandbox's working directory.
 
-This module does the mirror's I/O; what moves is decided in ``syncplan.py`` (pure), the local
-folder is written through ``localfs.py``, and ``manifest.py`` remembers what was last synced.
+This module does the mirror's I/O; what moves is decided in ``mirror/plan.py`` (pure), the local
+folder is written through ``mirror/localfs.py``, and ``mirror/manifest.py`` remembers what was last synced.
 
 - Up: before a cell runs, local files that changed since the last sync are
   uploaded in bulk (batched ``upload`` calls, never one request per file).
@@ -44,26 +44,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .backends.base import ProgressCallback, Sandbox
-from .cell import Frontend
-from .config import DaytonaKernelConfig, MirrorSettings, settings_from
-from .errors import MirrorError
+from ..backends.base import ProgressCallback, Sandbox
+from ..cell import Frontend
+from ..config import DaytonaKernelConfig, MirrorSettings, settings_from
+from ..errors import MirrorError
+from ..protocol import FileChanges
+from ..runtime.calls import RuntimeOptions, Synced
+from ..runtime.pathrules import MirrorRules, file_stat, load_rules, scan
+from .down import BATCH_FILES, MirrorDown
 from .localfs import NOFOLLOW, LocalFolder
 from .manifest import SyncManifest
+from .plan import Stat, SyncReport, UpPlan, choose_up, describe_up, not_yet_synced, size_text
 from .project import home_mirror
-from .protocol import FileChanges
-from .runtime.calls import RuntimeOptions, Synced
-from .runtime.pathrules import MirrorRules, file_stat, load_rules, scan
-from .syncdown import BATCH_FILES, MirrorDown
-from .syncplan import (
-    Stat,
-    SyncReport,
-    UpPlan,
-    choose_up,
-    describe_up,
-    not_yet_synced,
-    size_text,
-)
 
 BATCH_BYTES = 64 * 1024 * 1024
 SHOW_PROGRESS_FILES = 50
@@ -82,7 +74,7 @@ def open_mirror(
     """
     from jupyter_core.paths import jupyter_data_dir
 
-    from .backends import workspace_key
+    from ..backends import workspace_key
 
     key = f"{config.backend}-{config.volume_name}-{workspace_key(config, folder)}"
     manifest = Path(jupyter_data_dir()) / "daytona-kernel" / "manifests" / f"{key}.json"
@@ -260,7 +252,7 @@ class WorkdirMirror:
 
     # -- down ----------------------------------------------------------------
 
-    # -- down: MirrorDown (syncdown.py) ----------------------------------------
+    # -- down: MirrorDown (mirror/down.py) ----------------------------------------
 
     async def pull(self, changes: FileChanges, retry_failed: bool = False) -> SyncReport:
         """Download what a cell changed, as the runtime reported it (``MirrorDown.pull``)."""

@@ -9,7 +9,7 @@ What the SDK's own sessions would do, this does too, or the restart has the norm
 against the system's certificates (the SDK's ``ssl.create_default_context()``; tornado's client default), no
 redirect followed (the key stays with the toolbox's host), no ``~/.netrc`` (tornado never reads it; the SDK's
 requests carry their own Authorization, which aiohttp does not mix with one). A proxy in the environment, which
-the SDK's sessions honour and tornado's client cannot, means no quick start (``daytona_handoff.proxied``).
+the SDK's sessions honour and tornado's client cannot, means no quick start (``restart_handoff.proxied``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.simple_httpclient import HTTPTimeoutError
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
-from ..errors import BackendError
-from .daytona_api import API_REQUEST_TIMEOUT_S
-from .daytona_toolbox import WS_BINARY, WS_CLOSE, WS_TEXT, HandshakeRefused
+from ...errors import BackendError
+from .api import API_REQUEST_TIMEOUT_S
+from .toolbox import WS_BINARY, WS_CLOSE, WS_TEXT, HandshakeRefused
 
 WS_ABNORMAL = 1006  # RFC 6455: the connection ended without a close frame
 NO_RESPONSE = 599  # tornado's code for a request that got no answer (a timeout, the connection closed)
@@ -34,7 +34,7 @@ NO_RESPONSE = 599  # tornado's code for a request that got no answer (a timeout,
 
 @dataclass(frozen=True)
 class Message:
-    """One message of the socket, numbered as aiohttp's ``WSMessage`` (``daytona_toolbox.WS_TEXT`` ...)."""
+    """One message of the socket, numbered as aiohttp's ``WSMessage`` (``toolbox.WS_TEXT`` ...)."""
 
     type: int
     data: Any
@@ -80,7 +80,7 @@ class HandedOverSocket:
 
 class HandedOverToolbox:
     """What the kernel process does in the sandbox before the SDK has loaded: the sandbox's toolbox URL from the
-    old process's handoff (``daytona_handoff``), the headers from this process's own credentials, as the SDK
+    old process's handoff (``restart_handoff``), the headers from this process's own credentials, as the SDK
     sends them. The interpreter websocket (the daemon takes the context's id in the request's first message:
     apps/daemon/pkg/toolbox/process/interpreter/controller.go, lines 104-150, as with the SDK's socket), and, for
     a restart that comes before the SDK has loaded, creating and deleting a context (the daemon's routes:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .localfs import NOFOLLOW
-from .syncplan import Stat
+from .plan import Stat
 
 RACY_WINDOW_NS = 2 * 1_000_000_000  # an mtime this close to a sync cannot tell a same-second rewrite
 PRIVATE_DIR_MODE = 0o700

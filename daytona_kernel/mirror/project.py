@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 PROJECT_MARKERS = (
     "pyproject.toml",

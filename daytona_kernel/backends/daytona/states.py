@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 from daytona.common.errors import DaytonaConflictError, DaytonaNotFoundError
 
-from ..errors import BackendError, SandboxGone
-from .base import ProgressCallback
-from .daytona_api import (
+from ...errors import BackendError, SandboxGone
+from ..base import ProgressCallback
+from .api import (
     API_REQUEST_TIMEOUT_S,
     FAILED_STATES,
     GONE_STATES,
@@ -28,7 +28,7 @@ from .daytona_api import (
     state_name,
     status_of,
 )
-from .daytona_workspace import ApiCall
+from .workspace import ApiCall
 
 log = logging.getLogger("daytona_kernel.daytona")
 DELETE_SETTLE_S = 180.0  # how long a delete refused with 409 is tried again while the sandbox's state changes

@@ -1,10 +1,10 @@
 """The workdir mirror's down half: what a cell changed in the sandbox, written here (and ``%download``).
 
-The sandbox's change report is untrusted: ``syncplan`` decides what comes down (``plan_down``, and
+The sandbox's change report is untrusted: ``plan`` decides what comes down (``plan_down``, and
 ``why_not_down`` asked again by the writer with the folders as they are now); files are written through
 ``LocalFolder`` (never following a symlink), a file changed on both sides keeps both versions (a conflict
 copy beside it), and a notebook is never downloaded over a local file. What was handled is acknowledged
-to the runtime on its next call (``take_handled``). See ``sync.py`` for the whole mirror.
+to the runtime on its next call (``take_handled``). See ``mirror/mirror.py`` for the whole mirror.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import shutil
 import stat
 from typing import Any
 
-from .backends.base import FileError, NotShared, Sandbox
-from .config import MirrorSettings
-from .errors import DaytonaKernelError, MirrorError
+from ..backends.base import FileError, NotShared, Sandbox
+from ..config import MirrorSettings
+from ..errors import DaytonaKernelError, MirrorError
+from ..protocol import FileChanges
+from ..runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, name_key, path_key
 from .localfs import LocalFolder, safe_relpath, shown
 from .manifest import SyncManifest
-from .protocol import FileChanges
-from .runtime.pathrules import NEVER_REASON, MirrorRules, file_stat, name_key, path_key
-from .syncplan import (
+from .plan import (
     MARKER_FOLDERS,
     MARKERS,
     MB,

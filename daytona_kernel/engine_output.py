@@ -1,16 +1,16 @@
 """A map cell's output as ipyparallel's ``%%px`` shows it (docs/fanout.md, "Output").
 
-``CellLines`` is the cell's one output area: every worker's stream text goes out at once, each
+``CellLines`` is the cell's one output area: every engine's stream text goes out at once, each
 line prefixed ``[stdout:R] `` or ``[stderr:R] ``, a line still without its newline included (a
 progress bar shows live). At most one such open line exists; anything else shown first ends it
-with a newline, and the worker's next text starts a new prefixed line, so a client that merges
-consecutive stream outputs never shows one worker's text after another's prefix.
+with a newline, and the engine's next text starts a new prefixed line, so a client that merges
+consecutive stream outputs never shows one engine's text after another's prefix.
 
-A worker cannot pass for another: a carriage return in its text (which a client honours by
+An engine cannot pass for another: a carriage return in its text (which a client honours by
 writing the rest of the line over its start) is followed by its own prefix again; a backspace
 (which JupyterLab honours by deleting the character before it) and an escape sequence other than
 a colour (which a terminal running ``jupyter console`` honours by moving its cursor, to another
-worker's line, say) are shown escaped, as text.
+engine's line, say) are shown escaped, as text.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class CellLines:
         self._open: tuple[str, int] | None = None  # (stream, rank) of the line shown without its newline
 
     def stream(self, name: str, rank: int, text: str) -> None:
-        """Worker ``rank``'s stream text, shown now."""
+        """Engine ``rank``'s stream text, shown now."""
         text = ESCAPED.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
         if not text:
             return
@@ -52,7 +52,7 @@ class CellLines:
         self._frontend.emit("stream", {"name": name, "text": shown})
 
     def end_line(self, rank: int | None = None) -> None:
-        """End the open line (only worker ``rank``'s, if given) with a newline."""
+        """End the open line (only engine ``rank``'s, if given) with a newline."""
         if self._open is not None and rank in (None, self._open[1]):
             name = self._open[0]
             self._open = None
@@ -69,10 +69,10 @@ class CellLines:
         self._frontend.notice(text)
 
 
-class WorkerOutput:
-    """One worker's outputs as the cell shows them: stream text through the cell's ``CellLines``,
+class EngineOutput:
+    """One engine's outputs as the cell shows them: stream text through the cell's ``CellLines``,
     rich outputs after a header line with ``worker: R`` in their metadata, results shown as
-    displays (one cell has one result), the worker's error kept for the cell's combined error."""
+    displays (one cell has one result), the engine's error kept for the cell's combined error."""
 
     def __init__(self, rank: int, lines: CellLines) -> None:
         self.rank = rank
@@ -93,16 +93,16 @@ class WorkerOutput:
             self._lines.emit("display_data", shown)
         elif msg_type == "update_display_data":
             self._lines.emit("update_display_data", dict(content, metadata=self._tagged(content)))
-        # "error" is the worker's error: the cell shows one combined error instead. "clear_output" would
-        # clear every worker's output, so a worker may not clear the cell.
+        # "error" is the engine's error: the cell shows one combined error instead. "clear_output" would
+        # clear every engine's output, so an engine may not clear the cell.
 
     def _tagged(self, content: dict[str, Any]) -> dict[str, Any]:
         return {**content.get("metadata", {}), "worker": self.rank}
 
     def flush(self) -> None:
-        """The worker is done: end its line if it has one open."""
+        """The engine is done: end its line if it has one open."""
         self._lines.end_line(self.rank)
 
     def notice(self, text: str) -> None:
-        """A line about this worker (on stderr, with its rank)."""
+        """A line about this engine (on stderr, with its rank)."""
         self._lines.stream("stderr", self.rank, text if text.endswith("\n") else text + "\n")

@@ -2,7 +2,7 @@
 sandbox offers them (``apps/daemon/pkg/toolbox``).
 
 These calls need a started sandbox; which sandbox that is, and what to make of a failure (did the
-sandbox stop? was it deleted?), is the lifecycle's business (``daytona.py``). The toolbox reaches it
+sandbox stop? was it deleted?), is the lifecycle's business (``daytona/sandbox.py``). The toolbox reaches it
 through ``ToolboxHost``, so it does not import the lifecycle class.
 """
 
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from daytona.common.errors import DaytonaConnectionError, DaytonaError, DaytonaRateLimitError
 
-from ..config import masked
-from ..errors import (
+from ...config import masked
+from ...errors import (
     AuthError,
     BackendError,
     ConnectionLost,
@@ -35,14 +35,14 @@ from ..errors import (
     SandboxNotRunning,
     SandboxPaused,
 )
-from .base import Context, ExecResult, FileError, OutputCallback, RunError
-from .daytona_api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, call_api
-from .daytona_states import StateLadder
+from ..base import Context, ExecResult, FileError, OutputCallback, RunError
+from .api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, call_api
+from .states import StateLadder
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from .daytona_handedover import HandedOverToolbox
+    from .restart_socket import HandedOverToolbox
 
 log = logging.getLogger("daytona_kernel.daytona")
 WS_CLOSE_WAIT_S = 1.0  # websocket.go: the reader that answers a close starts when the job leaves the queue
@@ -63,7 +63,7 @@ WS_TEXT, WS_BINARY, WS_CLOSE = 0x1, 0x2, 0x8  # a message's type: aiohttp's WSMs
 
 class InterpreterSocket(Protocol):
     """The interpreter websocket as a context reads it: aiohttp's (the SDK's session, ``open_interpreter_socket``)
-    or, while the SDK loads after a restart, tornado's (``daytona_handedover.HandedOverSocket``)."""
+    or, while the SDK loads after a restart, tornado's (``restart_socket.HandedOverSocket``)."""
 
     @property
     def closed(self) -> bool: ...
@@ -88,7 +88,7 @@ def socket_errors() -> tuple[type[BaseException], ...]:
 
 class HandshakeRefused(ConnectionError):
     """The toolbox answered the websocket's handshake with ``status`` instead of switching protocols: nothing ran
-    (tornado's client, ``daytona_handedover``; aiohttp's is ``WSServerHandshakeError``)."""
+    (tornado's client, ``restart_socket``; aiohttp's is ``WSServerHandshakeError``)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
@@ -118,7 +118,7 @@ class ToolboxHost(Protocol):
         quick start, every SDK call waits here for the SDK's load (``DaytonaSandbox``)."""
 
     def without_sdk(self) -> HandedOverToolbox | None:
-        """While the SDK loads after a restart, the sandbox's toolbox without it (``daytona_handedover``); else None."""
+        """While the SDK loads after a restart, the sandbox's toolbox without it (``restart_socket``); else None."""
 
     async def api(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T:
         """Run an SDK call through the one retry loop and error translation."""

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Protocol, 
 
 from daytona.common.errors import DaytonaConflictError, DaytonaError, DaytonaNotFoundError
 
-from ..config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
-from ..errors import BackendError
-from ..identity import owner_id
-from .base import IdleMode, ProgressCallback, SandboxPolicy
-from .daytona_api import (
+from ...config import DEFAULT_MOUNT_PATH, SANDBOX_WORKDIR, DaytonaSettings
+from ...errors import BackendError
+from ...identity import owner_id
+from ..base import IdleMode, ProgressCallback, SandboxPolicy
+from .api import (
     GONE_STATES,
     LABEL_APP,
     LABEL_KERNEL,
@@ -79,7 +79,7 @@ def volume_mount_path(configured: str) -> tuple[str, str]:
     return DEFAULT_MOUNT_PATH, (
         f"mount_path={configured} would put the working directory on the volume, where renames, appends and "
         f"seeks fail. The working directory is now {SANDBOX_WORKDIR} on the sandbox's disk and the volume, which "
-        f"keeps a durable copy of it, is mounted at {DEFAULT_MOUNT_PATH}. Remove mount_path from your configuration.\n"
+        f"keeps a volume copy of it, is mounted at {DEFAULT_MOUNT_PATH}. Remove mount_path from your configuration.\n"
     )
 
 
@@ -136,7 +136,7 @@ class WorkspaceSandboxes:
         self.idle_why = ""  # why the sandbox this kernel created stops rather than pauses
         self.unsettled: list[str] = []  # the names of creates sent whose answer has not come
         self.retry_name = ""  # the early path's create failed: the SDK's create goes under the same name
-        self.created_early = ""  # the id of the sandbox the early path created (``daytona_early``)
+        self.created_early = ""  # the id of the sandbox the early path created (``early``)
 
     async def check_gpu(self) -> str:
         """Where a snapshot's GPU decides (``createFromSnapshot()`` in sandbox.service.ts takes cpu, memory, disk
@@ -355,16 +355,16 @@ class WorkspaceSandboxes:
         return sandbox
 
     async def created(self, sandbox: Any) -> None:
-        """After a create (the SDK's, or the early one, ``daytona_early``): the configured idle interval."""
+        """After a create (the SDK's, or the early one, ``early``): the configured idle interval."""
         self.idle_why = self.why_not_pause()
         if not self.idle_why:
             await self._set_idle_interval(sandbox)
 
     def early_create_body(self, volume_id: str, name: str) -> dict[str, Any] | None:
-        """The create's body for the early path (``daytona_early.create_body``), as ``_create_with`` would send it
+        """The create's body for the early path (``early.create_body``), as ``_create_with`` would send it
         through the SDK; None where only the SDK's path applies: an image or a snapshot of one's own (a GPU
         snapshot decides the policy first), a GPU, or a ``%%daytona map`` worker."""
-        from .daytona_early import create_body
+        from .early import create_body
 
         cfg = self._config
         if self._worker is not None or cfg.image or cfg.snapshot or cfg.gpu:

@@ -1,0 +1,1 @@
+"""The local backend: the ``Sandbox`` interface with a worker process on this machine per context."""
