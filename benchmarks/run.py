@@ -158,10 +158,7 @@ def interrupt_latency(k: Kernel, reps: int) -> dict[str, float]:
     return ms(stats(samples))
 
 
-SLIDER = (
-    "import time, ipywidgets as w\ns = w.IntSlider()\n"
-    "s.observe(lambda change: print(time.time(), flush=True), 'value')\ns"
-)
+SLIDER = "import time, ipywidgets as w\ns = w.IntSlider()\ns.observe(lambda change: print(time.time(), flush=True), 'value')\ns"
 STOP_LOOP = "clicked.clear()\nwhile not clicked:\n    await asyncio.sleep(0.005)\nprint(time.time(), flush=True)"
 
 
@@ -176,7 +173,9 @@ def slider_to_observer(k: Kernel, reps: int) -> dict[str, float]:
     for i in range(reps + 2):
         time.sleep(0.1)  # one update, as after a pause: not held by the 50 ms spacing of the one before
         t0 = time.perf_counter()
-        sent = k.comm("comm_msg", {"comm_id": slider, "data": {"method": "update", "state": {"value": i + 1}, "buffer_paths": []}})
+        sent = k.comm(
+            "comm_msg", {"comm_id": slider, "data": {"method": "update", "state": {"value": i + 1}, "buffer_paths": []}}
+        )
         k.wait_for(lambda m, sent=sent: m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == sent)
         if i >= 2:
             samples.append(time.perf_counter() - t0)
@@ -185,16 +184,30 @@ def slider_to_observer(k: Kernel, reps: int) -> dict[str, float]:
 
 def click_to_awaiting_loop(k: Kernel, reps: int) -> dict[str, float]:
     """From a Button click to the awaiting loop in the running cell seeing it (its print's timestamp)."""
-    button = _widget_id(k.execute("import asyncio, time, ipywidgets as w\nclicked = []\nb = w.Button()\nb.on_click(clicked.append)\nb"))
+    button = _widget_id(
+        k.execute("import asyncio, time, ipywidgets as w\nclicked = []\nb = w.Button()\nb.on_click(clicked.append)\nb")
+    )
     samples = []
     for i in range(reps + 1):
         msg_id = k.kc.execute(STOP_LOOP)
-        k.wait_for(lambda m, msg_id=msg_id: m["msg_type"] == "status" and m["content"]["execution_state"] == "busy" and m["parent_header"].get("msg_id") == msg_id)
+        k.wait_for(
+            lambda m, msg_id=msg_id: (
+                m["msg_type"] == "status"
+                and m["content"]["execution_state"] == "busy"
+                and m["parent_header"].get("msg_id") == msg_id
+            )
+        )
         time.sleep(0.2)  # the loop is awaiting
         clicked_at = time.time()
         k.comm("comm_msg", {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}})
         seen = k.wait_for(lambda m, msg_id=msg_id: m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == msg_id)
-        k.wait_for(lambda m, msg_id=msg_id: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" and m["parent_header"].get("msg_id") == msg_id)
+        k.wait_for(
+            lambda m, msg_id=msg_id: (
+                m["msg_type"] == "status"
+                and m["content"]["execution_state"] == "idle"
+                and m["parent_header"].get("msg_id") == msg_id
+            )
+        )
         if i >= 1:
             samples.append(float(seen["content"]["text"].split()[0]) - clicked_at)
     return ms(stats(samples))
@@ -212,14 +225,47 @@ def widget_figures(stock: Kernel, local: Kernel, remote: Kernel, raw_noop: dict[
     loops = few * 5  # a loop is 10-20 ms, where one scheduling delay is the whole difference: more samples, cheaply
     base_tqdm = tqdm_notebook_loop(stock, loops)
     return [
-        Figure("slider update to its observer, daytona (emulator) vs one raw run_code", "ms", slider_to_observer(remote, few * 2), raw_noop,
-               "AsyncSandbox.code_interpreter.run_code('pass')", "≤ baseline + 50 ms",
-               note="while idle, a batch of frontend messages is one short call of its own"),
-        Figure("Button click to an awaiting loop, daytona-local vs ipykernel", "ms", click_to_awaiting_loop(local, few), base_click, "ipykernel", "≤ 200 ms",
-               note="while a cell runs, a batch is one file upload to the runtime's inbox, polled every 20 ms"),
-        Figure("Button click to an awaiting loop, daytona (emulator) vs ipykernel", "ms", click_to_awaiting_loop(remote, few), base_click, "ipykernel"),
-        Figure("tqdm.notebook loop of 10,000 iterations, daytona-local vs ipykernel", "s", tqdm_notebook_loop(local, loops), base_tqdm, "ipykernel", "≤ 1.5×"),
-        Figure("tqdm.notebook loop of 10,000 iterations, daytona (emulator) vs ipykernel", "s", tqdm_notebook_loop(remote, loops), base_tqdm, "ipykernel", "≤ 1.5×"),
+        Figure(
+            "slider update to its observer, daytona (emulator) vs one raw run_code",
+            "ms",
+            slider_to_observer(remote, few * 2),
+            raw_noop,
+            "AsyncSandbox.code_interpreter.run_code('pass')",
+            "≤ baseline + 50 ms",
+            note="while idle, a batch of frontend messages is one short call of its own",
+        ),
+        Figure(
+            "Button click to an awaiting loop, daytona-local vs ipykernel",
+            "ms",
+            click_to_awaiting_loop(local, few),
+            base_click,
+            "ipykernel",
+            "≤ 200 ms",
+            note="while a cell runs, a batch is one file upload to the runtime's inbox, polled every 20 ms",
+        ),
+        Figure(
+            "Button click to an awaiting loop, daytona (emulator) vs ipykernel",
+            "ms",
+            click_to_awaiting_loop(remote, few),
+            base_click,
+            "ipykernel",
+        ),
+        Figure(
+            "tqdm.notebook loop of 10,000 iterations, daytona-local vs ipykernel",
+            "s",
+            tqdm_notebook_loop(local, loops),
+            base_tqdm,
+            "ipykernel",
+            "≤ 1.5×",
+        ),
+        Figure(
+            "tqdm.notebook loop of 10,000 iterations, daytona (emulator) vs ipykernel",
+            "s",
+            tqdm_notebook_loop(remote, loops),
+            base_tqdm,
+            "ipykernel",
+            "≤ 1.5×",
+        ),
     ]
 
 
@@ -515,7 +561,9 @@ START_STAGES = {  # stage -> the emulator's "METHOD /route" that marks it ("" fo
 }
 
 
-def cold_start_stages(emu: DaytonaEmulator, env: dict[str, str], cwd: str, reps: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def cold_start_stages(
+    emu: DaytonaEmulator, env: dict[str, str], cwd: str, reps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """The kernel's cold start (a new sandbox) and the raw SDK's create-and-run, in turns, each from its process's
     spawn: the first result, and the stages on the way (kernel_info answered, first API request, create, first
     context), from the emulator's request log."""
@@ -544,15 +592,35 @@ def start_figures(emu: DaytonaEmulator, env: dict[str, str], cwd: str, reps: int
     raw_name = "a new Python process: import daytona, create, run_code"
     figures = [
         Figure("start to first result, daytona (emulator), cold: new sandbox, vs ipykernel", "s", cold, base_start, "ipykernel"),
-        Figure("start to first result, daytona (emulator), cold, vs the raw SDK creating a sandbox and running print(1 + 1)", "s", cold,
-               raw_start, raw_name, "≤ 0.8×", note="taken in turns with its baseline; the stages below are from the same runs"),
-        Figure("start stage: kernel_info answered, daytona (emulator), cold", "s", stats(ours["kernel_info answered (the client's wait_for_ready)"]),
-               note="from the kernel process's spawn to the client's wait_for_ready"),
+        Figure(
+            "start to first result, daytona (emulator), cold, vs the raw SDK creating a sandbox and running print(1 + 1)",
+            "s",
+            cold,
+            raw_start,
+            raw_name,
+            "≤ 0.8×",
+            note="taken in turns with its baseline; the stages below are from the same runs",
+        ),
+        Figure(
+            "start stage: kernel_info answered, daytona (emulator), cold",
+            "s",
+            stats(ours["kernel_info answered (the client's wait_for_ready)"]),
+            note="from the kernel process's spawn to the client's wait_for_ready",
+        ),
     ]
     for stage in START_STAGES:
         base = stats(raw[stage]) if stage in raw else None
         name = f"start stage: {stage}, daytona (emulator), cold" + (", vs the raw SDK's" if base else "")
-        figures.append(Figure(name, "s", stats(ours[stage]), base, raw_name if base else "", note="from the process's spawn, by the emulator's request log"))
+        figures.append(
+            Figure(
+                name,
+                "s",
+                stats(ours[stage]),
+                base,
+                raw_name if base else "",
+                note="from the process's spawn, by the emulator's request log",
+            )
+        )
     return figures
 
 
@@ -562,7 +630,9 @@ def raw_sdk_start(emu: DaytonaEmulator, reps: int) -> dict[str, float]:
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", RAW_START], env={**os.environ, **emu.env()}, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RAW_START], env={**os.environ, **emu.env()}, stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None
         first = proc.stdout.readline()
         samples.append(time.perf_counter() - t0)
@@ -648,7 +718,9 @@ def session_layer_png(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float]
         session = build_session(config, tempfile.mkdtemp(), "bench", logging.getLogger())
         await session.ready()
         lines = build_session(config, tempfile.mkdtemp(), "bench-lines", logging.getLogger())
-        lines.supervisor._runtime_options = dataclasses.replace(lines.supervisor._runtime_options, blob_chars=0)  # every byte through the daemon's lines
+        lines.supervisor._runtime_options = dataclasses.replace(
+            lines.supervisor._runtime_options, blob_chars=0
+        )  # every byte through the daemon's lines
         await lines.ready()
         plain = await session.sandbox.create_context()
         for s in (session, lines):
@@ -720,7 +792,11 @@ POOL_CREATING_S = 1.0  # how long creating a sandbox takes in the pool figure
 def run(quick: bool) -> Report:
     reps = 15 if quick else 200
     few = 2 if quick else 5
-    report = Report(f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), quick)
+    report = Report(
+        f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})",
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        quick,
+    )
     add = report.figures.append
     data_dir = tempfile.mkdtemp(prefix="daytona-kernel-bench-")
     os.environ["JUPYTER_DATA_DIR"] = data_dir
@@ -730,7 +806,10 @@ def run(quick: bool) -> Report:
     emu_env = emu.env()
     work = Path(tempfile.mkdtemp(prefix="bench-nb-"))
     try:
-        stock, local = Kernel("python3", cwd=str(work)), Kernel("daytona-local", cwd=str(work), env={"DAYTONA_KERNEL_OUTPUT_LIMIT_MB": "0"})
+        stock, local = (
+            Kernel("python3", cwd=str(work)),
+            Kernel("daytona-local", cwd=str(work), env={"DAYTONA_KERNEL_OUTPUT_LIMIT_MB": "0"}),
+        )
         remote = Kernel("daytona", cwd=str(work), env={**emu_env, "DAYTONA_KERNEL_OUTPUT_LIMIT_MB": "0"})
         for k in (stock, local, remote):
             k.execute("pass")
@@ -740,86 +819,302 @@ def run(quick: bool) -> Report:
         emu.reset_counts()
         remote_noop = noop_latency(remote, reps)
         requests = sum(emu.counts.values()) / (reps + 3)
-        add(Figure("no-op cell, daytona (emulator) vs raw run_code", "ms", remote_noop, raw_noop, "AsyncSandbox.code_interpreter.run_code('pass')", "≤ 1.2× + 2 ms",
-                   note="end to end through jupyter_client: includes the Jupyter protocol round trip, which is what stock ipykernel's whole no-op costs"))
+        add(
+            Figure(
+                "no-op cell, daytona (emulator) vs raw run_code",
+                "ms",
+                remote_noop,
+                raw_noop,
+                "AsyncSandbox.code_interpreter.run_code('pass')",
+                "≤ 1.2× + 2 ms",
+                note="end to end through jupyter_client: includes the Jupyter protocol round trip, which is what stock ipykernel's whole no-op costs",
+            )
+        )
         layer, raw_layer = session_layer_noop(emu, reps)
-        add(Figure("no-op cell at the session layer vs raw run_code, same context", "ms", layer, raw_layer, "the backend's run_code('pass')", "≤ 1.2× + 2 ms",
-                   note="our own cost per cell: wrapping, framing, sync check, decoding"))
-        add(Figure("requests per plain cell (emulator)", "requests", {"median": requests, "min": requests, "max": requests, "n": reps + 3}, goal="exactly 1"))
+        add(
+            Figure(
+                "no-op cell at the session layer vs raw run_code, same context",
+                "ms",
+                layer,
+                raw_layer,
+                "the backend's run_code('pass')",
+                "≤ 1.2× + 2 ms",
+                note="our own cost per cell: wrapping, framing, sync check, decoding",
+            )
+        )
+        add(
+            Figure(
+                "requests per plain cell (emulator)",
+                "requests",
+                {"median": requests, "min": requests, "max": requests, "n": reps + 3},
+                goal="exactly 1",
+            )
+        )
         n_first = max(5, reps // 10)
         base_first = first_output_latency(stock, n_first)
-        add(Figure("first output, daytona-local vs ipykernel", "ms", first_output_latency(local, n_first), base_first, "ipykernel", "≤ 50 ms"))
-        add(Figure("first output, daytona (emulator) vs raw run_code", "ms", first_output_latency(remote, n_first), raw_first, "raw run_code on_stdout", "≤ 50 ms"))
+        add(
+            Figure(
+                "first output, daytona-local vs ipykernel",
+                "ms",
+                first_output_latency(local, n_first),
+                base_first,
+                "ipykernel",
+                "≤ 50 ms",
+            )
+        )
+        add(
+            Figure(
+                "first output, daytona (emulator) vs raw run_code",
+                "ms",
+                first_output_latency(remote, n_first),
+                raw_first,
+                "raw run_code on_stdout",
+                "≤ 50 ms",
+            )
+        )
         mb = 5 if quick else 50
         base_tp = throughput(stock, mb, 1 if quick else 2)
-        add(Figure(f"stream throughput, {mb} MB in 1 KB lines, daytona-local vs ipykernel", "MB/s", throughput(local, mb, 1 if quick else 2), base_tp, "ipykernel", "≥ 0.5×"))
-        add(Figure(f"stream throughput, {mb} MB in 1 KB lines, daytona (emulator) vs ipykernel", "MB/s", throughput(remote, mb, 1 if quick else 2), base_tp, "ipykernel", "≥ 0.5×"))
+        add(
+            Figure(
+                f"stream throughput, {mb} MB in 1 KB lines, daytona-local vs ipykernel",
+                "MB/s",
+                throughput(local, mb, 1 if quick else 2),
+                base_tp,
+                "ipykernel",
+                "≥ 0.5×",
+            )
+        )
+        add(
+            Figure(
+                f"stream throughput, {mb} MB in 1 KB lines, daytona (emulator) vs ipykernel",
+                "MB/s",
+                throughput(remote, mb, 1 if quick else 2),
+                base_tp,
+                "ipykernel",
+                "≥ 0.5×",
+            )
+        )
         base_png = rich_display(stock, few * 2)
-        add(Figure("2 MB PNG display, daytona-local vs ipykernel", "ms", rich_display(local, few * 2), base_png, "ipykernel", "≤ 1.5×"))
+        add(
+            Figure(
+                "2 MB PNG display, daytona-local vs ipykernel",
+                "ms",
+                rich_display(local, few * 2),
+                base_png,
+                "ipykernel",
+                "≤ 1.5×",
+            )
+        )
         remote_png = rich_display(remote, few * 2)
         add(Figure("2 MB PNG display, daytona (emulator) vs ipykernel", "ms", remote_png, base_png, "ipykernel"))
-        add(Figure("2 MB PNG display, daytona (emulator) vs raw run_code printing the same bytes", "ms", remote_png, raw_sdk_print(emu, few * 2),
-                   "run_code printing the 2.7 MB of base64 in 256 KiB pieces", "≤ 1.3×",
-                   note="the raw run_code pays no Jupyter message: the kernel's own JSON encoding and signing of the 2.7 MB display, and the client's decoding, are in ours only"))
+        add(
+            Figure(
+                "2 MB PNG display, daytona (emulator) vs raw run_code printing the same bytes",
+                "ms",
+                remote_png,
+                raw_sdk_print(emu, few * 2),
+                "run_code printing the 2.7 MB of base64 in 256 KiB pieces",
+                "≤ 1.3×",
+                note="the raw run_code pays no Jupyter message: the kernel's own JSON encoding and signing of the 2.7 MB display, and the client's decoding, are in ours only",
+            )
+        )
         png_file, png_lines, png_raw = session_layer_png(emu, few * 2)
-        add(Figure("2 MB PNG display at the session layer (its string in a file, one download) vs raw run_code printing the same bytes", "ms",
-                   png_file, png_raw, "the backend's run_code printing them in a plain context", "≤ 1.3×",
-                   note="what the kernel adds before Jupyter: the runtime, the file, the download, the output policy"))
-        add(Figure("2 MB PNG display at the session layer, through the daemon's lines (blob_chars 0) vs a file and one download", "ms",
-                   png_lines, png_file, "the same display through a file"))
+        add(
+            Figure(
+                "2 MB PNG display at the session layer (its string in a file, one download) vs raw run_code printing the same bytes",
+                "ms",
+                png_file,
+                png_raw,
+                "the backend's run_code printing them in a plain context",
+                "≤ 1.3×",
+                note="what the kernel adds before Jupyter: the runtime, the file, the download, the output policy",
+            )
+        )
+        add(
+            Figure(
+                "2 MB PNG display at the session layer, through the daemon's lines (blob_chars 0) vs a file and one download",
+                "ms",
+                png_lines,
+                png_file,
+                "the same display through a file",
+            )
+        )
         base_int = interrupt_latency(stock, few)
-        add(Figure("interrupt to error reply, daytona-local vs ipykernel", "ms", interrupt_latency(local, few), base_int, "ipykernel", "≤ 1 s"))
-        add(Figure("interrupt to error reply, daytona (emulator) vs ipykernel", "ms", interrupt_latency(remote, few), base_int, "ipykernel", "≤ 1 s"))
-        loop_int, base_loop_int = in_turns(lambda n: printing_loop_interrupt(local, n), lambda n: printing_loop_interrupt(stock, n), reps=few)
-        add(Figure("interrupt a printing loop to error reply, daytona-local vs ipykernel", "ms", loop_int, base_loop_int, "ipykernel", "≤ 1.5×",
-                   note="taken in turns with its baseline"))
+        add(
+            Figure(
+                "interrupt to error reply, daytona-local vs ipykernel",
+                "ms",
+                interrupt_latency(local, few),
+                base_int,
+                "ipykernel",
+                "≤ 1 s",
+            )
+        )
+        add(
+            Figure(
+                "interrupt to error reply, daytona (emulator) vs ipykernel",
+                "ms",
+                interrupt_latency(remote, few),
+                base_int,
+                "ipykernel",
+                "≤ 1 s",
+            )
+        )
+        loop_int, base_loop_int = in_turns(
+            lambda n: printing_loop_interrupt(local, n), lambda n: printing_loop_interrupt(stock, n), reps=few
+        )
+        add(
+            Figure(
+                "interrupt a printing loop to error reply, daytona-local vs ipykernel",
+                "ms",
+                loop_int,
+                base_loop_int,
+                "ipykernel",
+                "≤ 1.5×",
+                note="taken in turns with its baseline",
+            )
+        )
         comp_reps = max(10, reps // 4)
         stock.execute("alpha_value = 1")
         local.execute("alpha_value = 1")
         base_comp = ms(timed(lambda: stock.request("complete", "alpha_v", 7), comp_reps))
-        add(Figure("complete_request, daytona-local vs ipykernel", "ms", ms(timed(lambda: local.request("complete", "alpha_v", 7), comp_reps)), base_comp, "ipykernel", "≤ 30 ms"))
+        add(
+            Figure(
+                "complete_request, daytona-local vs ipykernel",
+                "ms",
+                ms(timed(lambda: local.request("complete", "alpha_v", 7), comp_reps)),
+                base_comp,
+                "ipykernel",
+                "≤ 30 ms",
+            )
+        )
         base_isc = ms(timed(lambda: stock.request("is_complete", "for i in x:"), comp_reps))
-        add(Figure("is_complete_request, daytona-local vs ipykernel", "ms", ms(timed(lambda: local.request("is_complete", "for i in x:"), comp_reps)), base_isc, "ipykernel", "≤ 5 ms"))
+        add(
+            Figure(
+                "is_complete_request, daytona-local vs ipykernel",
+                "ms",
+                ms(timed(lambda: local.request("is_complete", "for i in x:"), comp_reps)),
+                base_isc,
+                "ipykernel",
+                "≤ 5 ms",
+            )
+        )
         rss = {}
         for i in range(100 if quick else 1000):
             local.execute(f"v{i % 10} = [{i}] * 100\nprint({i})")
             if i + 1 in (100, 1000):
                 rss[i + 1] = rss_kb(local)
-        endurance = {"median": rss.get(1000, rss[100]) / 1024, "min": rss[100] / 1024, "max": rss.get(1000, rss[100]) / 1024, "n": len(rss)}
-        add(Figure("kernel RSS after 100 cells (min) and after 1,000 cells (median, max)", "MB", endurance, goal="within 20% of cell 100"))
+        endurance = {
+            "median": rss.get(1000, rss[100]) / 1024,
+            "min": rss[100] / 1024,
+            "max": rss.get(1000, rss[100]) / 1024,
+            "n": len(rss),
+        }
+        add(
+            Figure(
+                "kernel RSS after 100 cells (min) and after 1,000 cells (median, max)",
+                "MB",
+                endurance,
+                goal="within 20% of cell 100",
+            )
+        )
         base_restart = restart_to_first_result(stock, few)
-        add(Figure("restart to first result, daytona-local vs ipykernel", "s", restart_to_first_result(local, few), base_restart, "ipykernel"))
-        after, base_after = in_turns(lambda n: after_restart_to_first_result(local, n), lambda n: after_restart_to_first_result(stock, n), reps=few)
-        add(Figure("first cell after a restart, from kernel_info answered, daytona-local vs ipykernel", "s", after, base_after, "ipykernel",
-                   "≤ 1.5×", note="taken in turns with its baseline; the restart itself is the figure above"))
+        add(
+            Figure(
+                "restart to first result, daytona-local vs ipykernel",
+                "s",
+                restart_to_first_result(local, few),
+                base_restart,
+                "ipykernel",
+            )
+        )
+        after, base_after = in_turns(
+            lambda n: after_restart_to_first_result(local, n), lambda n: after_restart_to_first_result(stock, n), reps=few
+        )
+        add(
+            Figure(
+                "first cell after a restart, from kernel_info answered, daytona-local vs ipykernel",
+                "s",
+                after,
+                base_after,
+                "ipykernel",
+                "≤ 1.5×",
+                note="taken in turns with its baseline; the restart itself is the figure above",
+            )
+        )
         emu.transition_s.update(stopping=STOPPING_S, starting=STARTING_S)  # a restart that stopped its sandbox would pay these
         check_context_lock()
-        add(Figure("restart to first result, daytona (emulator), reused sandbox", "s", restart_to_first_result(remote, few), base_restart, "ipykernel", "≤ 1 s",
-                   note=f"the emulator's stop takes {STOPPING_S:g} s and its start {STARTING_S:g} s, as on Daytona: a restart keeps the sandbox running; "
-                   "its contexts are made and deleted under the daemon's per-sandbox lock (interpreter/manager.go), checked before the figure"))
+        add(
+            Figure(
+                "restart to first result, daytona (emulator), reused sandbox",
+                "s",
+                restart_to_first_result(remote, few),
+                base_restart,
+                "ipykernel",
+                "≤ 1 s",
+                note=f"the emulator's stop takes {STOPPING_S:g} s and its start {STARTING_S:g} s, as on Daytona: a restart keeps the sandbox running; "
+                "its contexts are made and deleted under the daemon's per-sandbox lock (interpreter/manager.go), checked before the figure",
+            )
+        )
         emu.transition_s.update(stopping=TRANSITION_S, starting=TRANSITION_S)
         report.figures += widget_figures(stock, local, remote, raw_noop, few)
         for k in (stock, local, remote):
             k.close()
         base_start = start_to_first_result("python3", few)
-        add(Figure("start to first result, daytona-local vs ipykernel", "s", start_to_first_result("daytona-local", few), base_start, "ipykernel", "≤ 2 s"))
-        first, base_first_cell = in_turns(lambda n: ready_to_first_result("daytona-local", n), lambda n: ready_to_first_result("python3", n), reps=few)
-        add(Figure("first cell of a new kernel, from kernel_info answered, daytona-local vs ipykernel", "s", first, base_first_cell, "ipykernel",
-                   "≤ 1.5×", note="taken in turns with its baseline: what a user waits after JupyterLab shows the kernel idle"))
+        add(
+            Figure(
+                "start to first result, daytona-local vs ipykernel",
+                "s",
+                start_to_first_result("daytona-local", few),
+                base_start,
+                "ipykernel",
+                "≤ 2 s",
+            )
+        )
+        first, base_first_cell = in_turns(
+            lambda n: ready_to_first_result("daytona-local", n), lambda n: ready_to_first_result("python3", n), reps=few
+        )
+        add(
+            Figure(
+                "first cell of a new kernel, from kernel_info answered, daytona-local vs ipykernel",
+                "s",
+                first,
+                base_first_cell,
+                "ipykernel",
+                "≤ 1.5×",
+                note="taken in turns with its baseline: what a user waits after JupyterLab shows the kernel idle",
+            )
+        )
         cold_env = {**emu_env, "DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}
         starts = start_figures(emu, cold_env, str(work), few * 2, base_start)
         report.figures += starts
         cold = starts[0].ours
-        add(Figure("start to first result, daytona (emulator), cold, IPython shipped to a sandbox without it", "s",
-                   shipped_ipython_start(few, Path(data_dir)), cold, "cold start with IPython in the sandbox", "≤ baseline + 2 s"))
+        add(
+            Figure(
+                "start to first result, daytona (emulator), cold, IPython shipped to a sandbox without it",
+                "s",
+                shipped_ipython_start(few, Path(data_dir)),
+                cold,
+                "cold start with IPython in the sandbox",
+                "≤ baseline + 2 s",
+            )
+        )
         warm = start_to_first_result("daytona", few, emu_env, str(work))
         add(Figure("start to first result, daytona (emulator), warm: reused sandbox", "s", warm, base_start, "ipykernel"))
         emu.sandbox_class = "linux-vm"  # a class that pauses
         paused_nb = tempfile.mkdtemp(prefix="bench-paused-nb-")
         raw_resume = raw_sdk_resume(emu, few)
-        add(Figure("resume to first result after a pause, daytona (emulator), vs the raw SDK's start() and run_code", "s",
-                   resume_to_first_result(emu, emu_env, paused_nb, few), raw_resume, "SDK start() of the paused sandbox, then run_code", "≤ baseline + 0.3 s",
-                   note=f"the emulator's resuming takes {TRANSITION_S:g} s; both learn it ended from the Socket.IO state event"))
+        add(
+            Figure(
+                "resume to first result after a pause, daytona (emulator), vs the raw SDK's start() and run_code",
+                "s",
+                resume_to_first_result(emu, emu_env, paused_nb, few),
+                raw_resume,
+                "SDK start() of the paused sandbox, then run_code",
+                "≤ baseline + 0.3 s",
+                note=f"the emulator's resuming takes {TRANSITION_S:g} s; both learn it ended from the Socket.IO state event",
+            )
+        )
         emu.sandbox_class = "container"
         report.figures += sync_figures(emu, quick)
         report.figures += fanout_figures(emu, emu_env, few)
@@ -899,7 +1194,11 @@ def _sync_figures(emu: DaytonaEmulator, quick: bool, scratch: Path) -> list[Figu
     mb = 1000 * 10 / 1024
     ours = {"median": mb / elapsed, "min": mb / elapsed, "max": mb / elapsed, "n": 1}
     base = {"median": mb / raw, "min": mb / raw, "max": mb / raw, "n": 1}
-    figures.append(Figure(f"first sync, 1,000 × 10 KB files ({uploads} bulk request(s))", "MB/s", ours, base, "one raw upload_files", "≥ 0.5×"))
+    figures.append(
+        Figure(
+            f"first sync, 1,000 × 10 KB files ({uploads} bulk request(s))", "MB/s", ours, base, "one raw upload_files", "≥ 0.5×"
+        )
+    )
     return figures
 
 
@@ -946,19 +1245,46 @@ def fanout_figures(emu: DaytonaEmulator, env: dict[str, str], few: int) -> list[
     """``%%daytona map``: parallel work once the pool exists, and what making a pool of 8 costs."""
     one_sleeper = {"median": 3.0, "min": 3.0, "max": 3.0, "n": 1}
     figures = [
-        Figure("%%daytona map 4 of 3 s sleeps, pool existing, daytona-local", "s", map_of_sleepers("daytona-local", few), one_sleeper,
-               "one 3 s sleep", "≤ 4 s"),
-        Figure("%%daytona map 4 of 3 s sleeps, pool existing, daytona (emulator)", "s", map_of_sleepers("daytona", few, env), one_sleeper,
-               "one 3 s sleep", "≤ 4 s"),
+        Figure(
+            "%%daytona map 4 of 3 s sleeps, pool existing, daytona-local",
+            "s",
+            map_of_sleepers("daytona-local", few),
+            one_sleeper,
+            "one 3 s sleep",
+            "≤ 4 s",
+        ),
+        Figure(
+            "%%daytona map 4 of 3 s sleeps, pool existing, daytona (emulator)",
+            "s",
+            map_of_sleepers("daytona", few, env),
+            one_sleeper,
+            "one 3 s sleep",
+            "≤ 4 s",
+        ),
     ]
     emu.transition_s.update(creating=POOL_CREATING_S)  # a create that takes time, as on Daytona, so a queue would show
-    figures.append(Figure("creating 8 worker sandboxes at once vs 1, daytona (emulator)", "s", worker_creation(emu, 8, few),
-                          worker_creation(emu, 1, few), "creating 1", "≤ 1.5×",
-                          note=f"the emulator's creating takes {POOL_CREATING_S:g} s; create, wait for started, working directory"))
-    figures.append(Figure("first %%daytona map 8 vs map 1, daytona (emulator)", "s", pool_creation(emu, env, 8, few),
-                          pool_creation(emu, env, 1, few), "map 1",
-                          note="includes starting IPython in each worker: on the emulator the 8 workers' processes share this "
-                          "machine's cores, where on Daytona each sandbox has its own"))
+    figures.append(
+        Figure(
+            "creating 8 worker sandboxes at once vs 1, daytona (emulator)",
+            "s",
+            worker_creation(emu, 8, few),
+            worker_creation(emu, 1, few),
+            "creating 1",
+            "≤ 1.5×",
+            note=f"the emulator's creating takes {POOL_CREATING_S:g} s; create, wait for started, working directory",
+        )
+    )
+    figures.append(
+        Figure(
+            "first %%daytona map 8 vs map 1, daytona (emulator)",
+            "s",
+            pool_creation(emu, env, 8, few),
+            pool_creation(emu, env, 1, few),
+            "map 1",
+            note="includes starting IPython in each worker: on the emulator the 8 workers' processes share this "
+            "machine's cores, where on Daytona each sandbox has its own",
+        )
+    )
     emu.transition_s.update(creating=TRANSITION_S)
     return figures
 
@@ -1034,9 +1360,19 @@ def write_page(report: Report, page: Path, load: tuple[float, float]) -> None:
     chart(report, image)
     cores = os.cpu_count() or 1
     busy = f"The machine's 1-minute load average was {load[0]:.1f} at the start and {load[1]:.1f} at the end ({cores} cores)"
-    busy += ": other work loaded it, so absolute times are inflated; the ratios compare figures taken moments apart." if max(load) > 0.5 * cores else "."
-    stopped = f"**The run stopped before its last figure** ({report.stopped}); the figures after it are missing.\n\n" if report.stopped else ""
-    block = "\n".join([BEGIN, "", table(report), "", stopped + busy, "", f"![every ratio against its goal]({image.name})", "", END])
+    busy += (
+        ": other work loaded it, so absolute times are inflated; the ratios compare figures taken moments apart."
+        if max(load) > 0.5 * cores
+        else "."
+    )
+    stopped = (
+        f"**The run stopped before its last figure** ({report.stopped}); the figures after it are missing.\n\n"
+        if report.stopped
+        else ""
+    )
+    block = "\n".join(
+        [BEGIN, "", table(report), "", stopped + busy, "", f"![every ratio against its goal]({image.name})", "", END]
+    )
     text = page.read_text() if page.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text or END not in text:
         raise ValueError(f"{page} has no {BEGIN} … {END} block to replace")
@@ -1045,11 +1381,16 @@ def write_page(report: Report, page: Path, load: tuple[float, float]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test of the suite")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="where to write the JSON")
-    parser.add_argument("--page", help="the page to write the table and chart into (default: docs/benchmarks.md for a full "
-                        "run; beside --out for --quick, so a smoke run never touches the docs)")
+    parser.add_argument(
+        "--page",
+        help="the page to write the table and chart into (default: docs/benchmarks.md for a full "
+        "run; beside --out for --quick, so a smoke run never touches the docs)",
+    )
     args = parser.parse_args(argv)
     page = Path(args.page) if args.page else Path(args.out).with_suffix(".md") if args.quick else ROOT / "docs" / "benchmarks.md"
     load_start = os.getloadavg()[0]

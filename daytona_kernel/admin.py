@@ -153,7 +153,11 @@ def running_kernel_ids() -> set[str]:
 
 
 async def find_orphans(
-    client: Any, older_than_s: float, owner: str, delete_stopped: bool = False, paused_older_than_s: float | None = PAUSED_MAX_AGE_S
+    client: Any,
+    older_than_s: float,
+    owner: str,
+    delete_stopped: bool = False,
+    paused_older_than_s: float | None = PAUSED_MAX_AGE_S,
 ) -> tuple[list[Orphan], list[Skipped]]:
     """This installation's kernel sandboxes whose kernel is gone, or idle past the threshold; with
     ``delete_stopped``, also stopped or archived ones idle past it (they count against the disk quota);
@@ -494,7 +498,10 @@ async def doctor(out: Out, round_trip: bool = True) -> int:
                 "run `daytona-kernel install --user` (or the install command you used) again",
             )
         elif os.path.isabs(spec["spec"]["argv"][0]) and not os.path.exists(spec["spec"]["argv"][0]):
-            checks.fail(f"kernelspec {name} points at a missing Python {spec['spec']['argv'][0]}", "run `daytona-kernel install --user` again")
+            checks.fail(
+                f"kernelspec {name} points at a missing Python {spec['spec']['argv'][0]}",
+                "run `daytona-kernel install --user` again",
+            )
         else:
             checks.ok(f"kernelspec {name} ({spec['resource_dir']})")
     if config.backend == "daytona" and not has_credentials():
@@ -527,7 +534,9 @@ async def _check_daytona(config: DaytonaKernelConfig, checks: Checks) -> None:
                 break
             checks.ok(f"API reachable at {masked(config.api_url or os.environ.get('DAYTONA_API_URL') or DEFAULT_API_URL)}")
         except DaytonaError as exc:
-            checks.fail(f"API: {translate_error(exc, 'list sandboxes', then)}", "check DAYTONA_API_KEY, DAYTONA_API_URL and your network")
+            checks.fail(
+                f"API: {translate_error(exc, 'list sandboxes', then)}", "check DAYTONA_API_KEY, DAYTONA_API_URL and your network"
+            )
             return
         if config.snapshot:
             try:

@@ -234,7 +234,9 @@ class AsyncAgentKernel:
         local = dest or (posixpath.basename(path) if path.startswith("/") else path)
         why = await asyncio.to_thread(download_refusal, self.folder, local)
         if why is not None:
-            raise PermissionError(f"download: {local} is not written here: {why}. A person can fetch it with %download in a notebook.")
+            raise PermissionError(
+                f"download: {local} is not written here: {why}. A person can fetch it with %download in a notebook."
+            )
         return await self._magic("download", path, dest)
 
     async def _magic(self, name: str, path: str, dest: str | None) -> str:
@@ -378,4 +380,3 @@ class AgentKernel:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-

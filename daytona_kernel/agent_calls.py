@@ -89,7 +89,9 @@ class Execution:
 class Call:
     """See the module docstring."""
 
-    def __init__(self, kc: AsyncKernelClient, interrupt: Callable[[], Awaitable[None]], alive: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(
+        self, kc: AsyncKernelClient, interrupt: Callable[[], Awaitable[None]], alive: Callable[[], Awaitable[bool]]
+    ) -> None:
         self._kc = kc
         self._interrupt = interrupt
         self._alive = alive

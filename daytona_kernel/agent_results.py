@@ -161,7 +161,11 @@ class Outputs:
             tb = [redact(strip_ansi(str(line))) for line in content.get("traceback", [])]
             self.error = CellError(str(content.get("ename", "")), redact(str(content.get("evalue", ""))), tb)
             return {"output_type": "error", "ename": self.error.name, "evalue": self.error.value, "traceback": tb}
-        out: dict[str, Any] = {"output_type": msg_type, "data": _redacted(content.get("data", {})), "metadata": content.get("metadata", {})}
+        out: dict[str, Any] = {
+            "output_type": msg_type,
+            "data": _redacted(content.get("data", {})),
+            "metadata": content.get("metadata", {}),
+        }
         if msg_type == "execute_result":
             out["execution_count"] = content.get("execution_count")
         if display_id:
@@ -215,4 +219,6 @@ def bundle_text(data: dict[str, Any]) -> str:
 
 
 def _redacted(data: dict[str, Any]) -> dict[str, Any]:
-    return {mime: redact(value) if isinstance(value, str) and not mime.startswith("image/") else value for mime, value in data.items()}
+    return {
+        mime: redact(value) if isinstance(value, str) and not mime.startswith("image/") else value for mime, value in data.items()
+    }

@@ -19,7 +19,18 @@ from typing import Any, Protocol
 
 from .backends.base import ProgressCallback
 
-__all__ = ["NOTICE_METADATA", "Cell", "CellOutcome", "Frontend", "Notice", "ProgressCallback", "Recorder", "error_content", "stderr", "stdout"]
+__all__ = [
+    "NOTICE_METADATA",
+    "Cell",
+    "CellOutcome",
+    "Frontend",
+    "Notice",
+    "ProgressCallback",
+    "Recorder",
+    "error_content",
+    "stderr",
+    "stdout",
+]
 
 # The message metadata of a kernel notice, so a client (the agent API) can tell the kernel's own words from the cell's stderr.
 NOTICE_METADATA = {"daytona_kernel_notice": True}

@@ -33,9 +33,9 @@ def _install_epilog() -> str:
 
     return f"""\
 where the specs go (as with `jupyter kernelspec install`):
-  (default)      system-wide: {Path(SYSTEM_JUPYTER_PATH[0]) / 'kernels'} (needs write access)
-  --user         {Path(jupyter_data_dir()) / 'kernels'}
-  --sys-prefix   {Path(sys.prefix) / 'share' / 'jupyter' / 'kernels'}
+  (default)      system-wide: {Path(SYSTEM_JUPYTER_PATH[0]) / "kernels"} (needs write access)
+  --user         {Path(jupyter_data_dir()) / "kernels"}
+  --sys-prefix   {Path(sys.prefix) / "share" / "jupyter" / "kernels"}
   --prefix P     P/share/jupyter/kernels
 
 `pip install daytona-kernel` already puts `daytona` and `daytona-local` into this environment's
@@ -94,7 +94,10 @@ def cmd_install(args: argparse.Namespace) -> int:
         return 2
     shadow = kernelspec.shadows(args.name or "")
     if shadow and not args.replace_kernel:
-        print(f"error: {shadow}. Nothing was installed. Pick another --name, or add --replace-kernel if you mean it.", file=sys.stderr)
+        print(
+            f"error: {shadow}. Nothing was installed. Pick another --name, or add --replace-kernel if you mean it.",
+            file=sys.stderr,
+        )
         return 2
     if shadow:
         print(f"warning: {shadow}.", file=sys.stderr)
@@ -243,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="daytona-kernel", description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
     parser.add_argument("--version", action="version", version=_version())
     parser.add_argument(
-        "--generate-config", action="store_true",
+        "--generate-config",
+        action="store_true",
         help="write a commented daytona_kernel_config.py into the Jupyter config folder (same as `config --generate`)",
     )
     yes_help = "answer yes to questions (remove kernelspecs, overwrite the config file)"
@@ -255,9 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_parser = functools.partial(sub.add_parser, parents=[common])
 
     p = add_parser(
-        "install", help="install kernelspecs (default: daytona and daytona-local)",
+        "install",
+        help="install kernelspecs (default: daytona and daytona-local)",
         description="Install the kernelspecs `daytona` and `daytona-local`, or one named spec.",
-        epilog=_install_epilog(), formatter_class=raw,
+        epilog=_install_epilog(),
+        formatter_class=raw,
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
@@ -265,14 +271,25 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--prefix", help="install into this prefix")
     p.add_argument("--name", help="install one spec with this name instead of the two defaults")
     p.add_argument("--display-name", help="the name shown in Jupyter")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment for the kernel, e.g. DAYTONA_KERNEL_SNAPSHOT=gpu (repeatable; no secrets)")
-    p.add_argument("--replace-kernel", action="store_true",
-                   help="allow a --name that takes the place of ipykernel's own kernel (python3): refused without it")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for the kernel, e.g. DAYTONA_KERNEL_SNAPSHOT=gpu (repeatable; no secrets)",
+    )
+    p.add_argument(
+        "--replace-kernel",
+        action="store_true",
+        help="allow a --name that takes the place of ipykernel's own kernel (python3): refused without it",
+    )
     p.set_defaults(func=cmd_install)
 
-    p = add_parser("uninstall", help="remove daytona-kernel kernelspecs (asks first)",
-                       description="Remove kernelspecs of this kernel (default: all of them). Asks before deleting.")
+    p = add_parser(
+        "uninstall",
+        help="remove daytona-kernel kernelspecs (asks first)",
+        description="Remove kernelspecs of this kernel (default: all of them). Asks before deleting.",
+    )
     p.add_argument("names", nargs="*", metavar="NAME")
     p.set_defaults(func=cmd_uninstall)
 
@@ -280,30 +297,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     p = add_parser(
-        "gc", help="clean up after kernels that are gone",
+        "gc",
+        help="clean up after kernels that are gone",
         description="Daytona backend: stop (or delete, if ephemeral) this installation's sandboxes whose kernel is "
         "gone or that sat idle, and paused ones idle past --paused-older-than; sandboxes in a transition are left alone. Local backend "
         "(--local, DAYTONA_KERNEL_BACKEND=local, or no DAYTONA_API_KEY): remove leftover sandboxes, input() inboxes and old "
         "working copies.",
     )
-    p.add_argument("--older-than", type=_duration, default=3600.0, metavar="AGE",
-                   help="idle time that makes a running sandbox or a leftover an orphan (default 1h; e.g. 30m, 2d)")
-    p.add_argument("--volumes-older-than", type=_duration, default=30 * 86400.0, metavar="AGE",
-                   help="local backend: remove working copies unused this long (default 30d); files only there "
-                   "(over sync_max_file_mb, or with sync off) go with them")
-    p.add_argument("--delete-stopped", action="store_true",
-                   help="Daytona: also delete stopped or archived sandboxes idle longer than --older-than (e.g. "
-                   "--older-than 7d); they count against the disk quota. Their own disk goes; the volume stays")
-    p.add_argument("--paused-older-than", type=_duration_or_never, default=7 * 86400.0, metavar="AGE",
-                   help="Daytona: stop paused sandboxes idle this long (default 7d; 'never' keeps them). Daytona "
-                   "never archives or deletes a paused sandbox, and its disk is billed and counts against the quota; "
-                   "stopping keeps its files (then auto-archive applies) but loses its variables")
+    p.add_argument(
+        "--older-than",
+        type=_duration,
+        default=3600.0,
+        metavar="AGE",
+        help="idle time that makes a running sandbox or a leftover an orphan (default 1h; e.g. 30m, 2d)",
+    )
+    p.add_argument(
+        "--volumes-older-than",
+        type=_duration,
+        default=30 * 86400.0,
+        metavar="AGE",
+        help="local backend: remove working copies unused this long (default 30d); files only there "
+        "(over sync_max_file_mb, or with sync off) go with them",
+    )
+    p.add_argument(
+        "--delete-stopped",
+        action="store_true",
+        help="Daytona: also delete stopped or archived sandboxes idle longer than --older-than (e.g. "
+        "--older-than 7d); they count against the disk quota. Their own disk goes; the volume stays",
+    )
+    p.add_argument(
+        "--paused-older-than",
+        type=_duration_or_never,
+        default=7 * 86400.0,
+        metavar="AGE",
+        help="Daytona: stop paused sandboxes idle this long (default 7d; 'never' keeps them). Daytona "
+        "never archives or deletes a paused sandbox, and its disk is billed and counts against the quota; "
+        "stopping keeps its files (then auto-archive applies) but loses its variables",
+    )
     p.add_argument("--dry-run", action="store_true", help="only list what would be done")
     p.add_argument("--local", action="store_true", help="clean up only the local backend's leftovers (no Daytona key needed)")
     p.set_defaults(func=cmd_gc)
 
     p = add_parser(
-        "reap", help="delete one sandbox once its change of state has ended (a kernel's shutdown hands it over)",
+        "reap",
+        help="delete one sandbox once its change of state has ended (a kernel's shutdown hands it over)",
     )
     p.add_argument("sandbox_id", help="the sandbox's id or name")
     p.add_argument("--api-url", required=True, help="the Daytona API the sandbox is in")
@@ -317,7 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("config", help="show the effective configuration and where each value came from")
     p.add_argument("--generate", action="store_true", help="write a commented daytona_kernel_config.py instead")
     p.add_argument("--help-all", action="store_true", help="list every setting of the kernel with its help")
-    p.add_argument("--kernel", metavar="NAME", help="show the settings a kernel started from this kernelspec gets (e.g. daytona-local)")
+    p.add_argument(
+        "--kernel", metavar="NAME", help="show the settings a kernel started from this kernelspec gets (e.g. daytona-local)"
+    )
     p.set_defaults(func=cmd_config)
 
     p = add_parser("example", help="copy the example notebook (quickstart.ipynb) to a folder")
@@ -325,13 +364,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_example)
 
     p = add_parser(
-        "mcp", help="serve a sandboxed Python kernel to a coding agent (MCP over stdio)",
+        "mcp",
+        help="serve a sandboxed Python kernel to a coding agent (MCP over stdio)",
         description="A Model Context Protocol server over stdio: the agent runs Python in a daytona-kernel started "
         "in --folder and shut down when the agent disconnects. Needs: pip install 'daytona-kernel[mcp]'. Settings "
         "come from the kernel's own config (daytona-kernel config). See docs/agents.md.",
     )
-    p.add_argument("--kernel", default="daytona", metavar="NAME",
-                   help="the kernelspec: daytona (the default: a Daytona sandbox) or daytona-local (this machine: not isolation)")
+    p.add_argument(
+        "--kernel",
+        default="daytona",
+        metavar="NAME",
+        help="the kernelspec: daytona (the default: a Daytona sandbox) or daytona-local (this machine: not isolation)",
+    )
     p.add_argument("--folder", default=".", help="the project folder the kernel starts in (default: the current folder)")
     p.add_argument("--notebook", metavar="PATH", help="append every run to this .ipynb, a transcript a person can open")
     p.set_defaults(func=cmd_mcp)

@@ -136,7 +136,9 @@ class CommBridge:
     """See the module docstring. The kernel sets ``request_parent`` for each request and hands
     frontend messages to ``from_frontend``; requests hand the sandbox's comm events to ``from_sandbox``."""
 
-    def __init__(self, publisher: Publisher, policy: WidgetPolicy, log: logging.Logger, transport: Transport | None = None) -> None:
+    def __init__(
+        self, publisher: Publisher, policy: WidgetPolicy, log: logging.Logger, transport: Transport | None = None
+    ) -> None:
         self._publisher = publisher
         self.policy = policy
         self._log = log
@@ -249,7 +251,11 @@ class CommBridge:
             return content, buffers
         state = self.policy.state(opened.shadow, data["state"])
         paths = data.get("buffer_paths") if isinstance(data.get("buffer_paths"), list) else []
-        keep = [i for i, path in enumerate(paths) if i < len(buffers) and isinstance(path, list) and path and self.policy.shown_key(opened.shadow, path[0])]
+        keep = [
+            i
+            for i, path in enumerate(paths)
+            if i < len(buffers) and isinstance(path, list) and path and self.policy.shown_key(opened.shadow, path[0])
+        ]
         data = dict(data, state=state, buffer_paths=[paths[i] for i in keep])
         return dict(content, data=data), [buffers[i] for i in keep]
 
@@ -264,7 +270,10 @@ class CommBridge:
             if opened is None or not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
                 continue
             names = opened.shadow.identity
-            if names is None or (entry.get("model_module"), entry.get("model_module_version"), entry.get("model_name")) != names[:3]:
+            if (
+                names is None
+                or (entry.get("model_module"), entry.get("model_module_version"), entry.get("model_name")) != names[:3]
+            ):
                 continue  # the frontend makes the model from these names, not from the state's
             kept[model_id] = dict(entry, state=self.policy.state(opened.shadow, entry["state"], whole=True))
         paths = data.get("buffer_paths") if isinstance(data.get("buffer_paths"), list) else []
@@ -315,7 +324,9 @@ class CommBridge:
                 return None
             state = (content.get("data") or {}).get("state")
             policed = not self.policy.trusted and target == WIDGET_TARGET
-            self.comms[comm_id] = OpenComm(target, shadow_of(state if isinstance(state, dict) else {}, policed), from_frontend=True)
+            self.comms[comm_id] = OpenComm(
+                target, shadow_of(state if isinstance(state, dict) else {}, policed), from_frontend=True
+            )
             self._frontend_ids[comm_id] = None
             while len(self._frontend_ids) > MAX_OPEN_COMMS:
                 self._frontend_ids.popitem(last=False)

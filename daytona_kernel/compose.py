@@ -49,7 +49,9 @@ def build_session(
     identity = KernelIdentity(kernel_id, os.environ.get(NOTEBOOK_ENV, ""))
     settings = settings_from(SessionSettings, config)
     scratch = Path(tempfile.gettempdir()) / f"daytona-kernel-fanout-{os.getpid()}-{secrets.token_hex(4)}"
-    spawn = worker_spawner(config, sandbox, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up)
+    spawn = worker_spawner(
+        config, sandbox, root, kernel_id, start_in, scratch, log, workdir_mirror is not None and workdir_mirror.syncs_up
+    )
     pool = EnginePool(spawn, settings, log, OutputPolicy(settings.output_trusted), start_in, scratch)
     return SandboxSession(sandbox, settings, log, workdir_mirror, start_in, identity, pool, publisher)
 
@@ -71,7 +73,9 @@ def worker_spawner(
 
     def spawn(serial: int) -> tuple[Sandbox, WorkdirMirror | None]:
         sandbox = open_engine_sandbox(config, root, kernel_id, serial, main)
-        mirror = WorkdirMirror(root, sandbox, mirror_settings, scratch / f"worker-{serial}.json", log, start_in) if files else None
+        mirror = (
+            WorkdirMirror(root, sandbox, mirror_settings, scratch / f"worker-{serial}.json", log, start_in) if files else None
+        )
         return sandbox, mirror
 
     return spawn

@@ -187,9 +187,7 @@ class DaytonaKernelConfig(Configurable):
         help="Daytona API URL (empty: DAYTONA_API_URL, else https://app.daytona.io/api).",
     ).tag(config=True)
 
-    target = Unicode("", help="Daytona target region (empty: DAYTONA_TARGET, else the organization's default).").tag(
-        config=True
-    )
+    target = Unicode("", help="Daytona target region (empty: DAYTONA_TARGET, else the organization's default).").tag(config=True)
 
     sync = Enum(
         ["both", "up", "down", "off"],
@@ -240,9 +238,9 @@ class DaytonaKernelConfig(Configurable):
         "file stays on the other side.",
     ).tag(config=True)
 
-    sync_max_file_mb = FiniteFloat(100.0, min=0.0, max=MAX_FILE_MB, help="Files larger than this (MB) are not mirrored; a notice says so.").tag(
-        config=True
-    )
+    sync_max_file_mb = FiniteFloat(
+        100.0, min=0.0, max=MAX_FILE_MB, help="Files larger than this (MB) are not mirrored; a notice says so."
+    ).tag(config=True)
 
     sync_max_total_mb = FiniteFloat(
         1024.0, min=0.0, max=MAX_TOTAL_MB, help="At most this much (MB) is uploaded in one sync; the rest waits, with a notice."
@@ -274,8 +272,7 @@ class DaytonaKernelConfig(Configurable):
         3.0,
         min=0.1,
         max=3600.0,
-        help="Seconds to wait for a cell to yield to an interrupt before the context is "
-        "restarted (which loses its variables).",
+        help="Seconds to wait for a cell to yield to an interrupt before the context is restarted (which loses its variables).",
     ).tag(config=True)
 
     output_limit_mb = FiniteFloat(
@@ -349,8 +346,7 @@ class DaytonaKernelConfig(Configurable):
     def validate(self, check_credentials: bool = True) -> list[str]:
         """Every problem with the configuration, each with what to set."""
         problems = [
-            f"{msg}. Fix it with --DaytonaKernel.{name}=..., {ENV_PREFIX}{name.upper()}, "
-            "or daytona_kernel_config.py."
+            f"{msg}. Fix it with --DaytonaKernel.{name}=..., {ENV_PREFIX}{name.upper()}, or daytona_kernel_config.py."
             for name, msg in sorted(self.config_problems.items())
         ]
         if check_credentials and self.backend == "daytona" and not has_credentials():
@@ -360,9 +356,7 @@ class DaytonaKernelConfig(Configurable):
                 "'Python (Daytona local)' kernel / DAYTONA_KERNEL_BACKEND=local to run locally."
             )
         if self.snapshot and self.image:
-            problems.append(
-                "Both snapshot and image are set; choose one (DAYTONA_KERNEL_SNAPSHOT or DAYTONA_KERNEL_IMAGE)."
-            )
+            problems.append("Both snapshot and image are set; choose one (DAYTONA_KERNEL_SNAPSHOT or DAYTONA_KERNEL_IMAGE).")
         if not self.mount_path.startswith("/"):
             problems.append(f"mount_path must be an absolute path, got {self.mount_path!r}.")
         return problems

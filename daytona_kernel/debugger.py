@@ -44,7 +44,14 @@ SendReply = Callable[[Any, Any, dict[str, Any], dict[str, Any]], Any]  # stream,
 def failed(request: dict[str, Any], message: str) -> dict[str, Any]:
     """A DAP response that says ``message``, as debugpy words a failure."""
     seq = request.get("seq", 0)
-    return {"type": "response", "seq": seq, "request_seq": seq, "success": False, "command": request.get("command", ""), "message": message}
+    return {
+        "type": "response",
+        "seq": seq,
+        "request_seq": seq,
+        "success": False,
+        "command": request.get("command", ""),
+        "message": message,
+    }
 
 
 class DebugRelay:
@@ -103,7 +110,11 @@ class DebugRelay:
 
     async def request(self, message: Any) -> dict[str, Any]:
         """One debug_request's content (a DAP request) to its debug_reply's content."""
-        if not isinstance(message, dict) or not isinstance(message.get("command"), str) or len(message["command"]) > MAX_COMMAND_CHARS:
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("command"), str)
+            or len(message["command"]) > MAX_COMMAND_CHARS
+        ):
             return failed(message if isinstance(message, dict) else {}, "a debug request needs a DAP command")
         try:
             live = await self._supervisor.ready()
@@ -114,7 +125,11 @@ class DebugRelay:
         if not isinstance(folder, str) or reply.get("success") is not False:
             return reply
         problem = await self._ship(live, folder)  # a sandbox without debugpy (Daytona's default image): then ask again
-        return await self._relay(live, message) if not problem else failed(message, f"debugpy could not be installed in the sandbox: {problem}")
+        return (
+            await self._relay(live, message)
+            if not problem
+            else failed(message, f"debugpy could not be installed in the sandbox: {problem}")
+        )
 
     async def _relay(self, live: Live, message: dict[str, Any]) -> dict[str, Any]:
         self._next_id += 1
@@ -207,7 +222,9 @@ class DebugRequests:
     control loop once the sandbox has answered, so an interrupt or a shutdown never queues behind a request
     to a debugger stopped in a cell. The relay runs on the shell loop, where the session lives."""
 
-    def __init__(self, relay: DebugRelay | None, unavailable: str, on_shell_loop: OnShellLoop, send: SendReply, log: logging.Logger) -> None:
+    def __init__(
+        self, relay: DebugRelay | None, unavailable: str, on_shell_loop: OnShellLoop, send: SendReply, log: logging.Logger
+    ) -> None:
         self._relay = relay
         self._unavailable = unavailable  # why there is no session (the kernel's configuration problems)
         self._on_shell_loop = on_shell_loop

@@ -83,7 +83,9 @@ class EngineOutput:
             name = content["name"] if content["name"] in ("stdout", "stderr") else "stdout"
             self._lines.stream(name, self.rank, content["text"])
         elif msg_type in ("display_data", "execute_result"):
-            header = f"Out[{self.rank}:{content.get('execution_count')}]:" if msg_type == "execute_result" else f"[output:{self.rank}]"
+            header = (
+                f"Out[{self.rank}:{content.get('execution_count')}]:" if msg_type == "execute_result" else f"[output:{self.rank}]"
+            )
             self._lines.emit("stream", stdout(header + "\n"))
             shown = {
                 "data": content.get("data", {}),

@@ -213,7 +213,9 @@ class EnginePool:
         if len(failed) < missing:  # said once they run: before, the status line says it (docs/status.md)
             started = missing - len(failed)
             plural = "s" if started > 1 else ""
-            frontend.notice(f"daytona-kernel: started {started} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n")
+            frontend.notice(
+                f"daytona-kernel: started {started} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
+            )
         reports = [r for r in results if isinstance(r, SyncReport)]
         if reports and reports[0].notices():  # every engine gets the same files: said once
             frontend.notice(reports[0].notices())
@@ -416,6 +418,7 @@ class MapCell:
 
     async def _gather(self, runs: list[EngineRun], main: ContextSupervisor) -> None:
         """Bring each engine's pickled values into the main sandbox, where they become lists in rank order."""
+
         def values_of(rank: int) -> Callable[[int], str]:
             return lambda _: f"--gather: worker {rank}'s values"
 

@@ -106,15 +106,18 @@ class RuntimeInstaller:
         """
         self._report("installing IPython in the sandbox (once per sandbox)…")
         started = time.monotonic()
-        reason, size = await ipython_bundle.ship(self._sandbox, context, hello.python, hello.ipython_cache, RUNTIME_CALL_TIMEOUT_S)
+        reason, size = await ipython_bundle.ship(
+            self._sandbox, context, hello.python, hello.ipython_cache, RUNTIME_CALL_TIMEOUT_S
+        )
         if reason:
             self._log.warning("could not install IPython in the sandbox: %s", reason)
-            self._notice(
-                f"daytona-kernel: could not install IPython in the sandbox ({reason}); cells run on a basic shell.\n"
-            )
+            self._notice(f"daytona-kernel: could not install IPython in the sandbox ({reason}); cells run on a basic shell.\n")
             return False
         self._log.info(
-            "IPython %s installed in the sandbox: %.1f MB in %.1f s", ipython_bundle.ipython_version(), size / 1e6, time.monotonic() - started
+            "IPython %s installed in the sandbox: %.1f MB in %.1f s",
+            ipython_bundle.ipython_version(),
+            size / 1e6,
+            time.monotonic() - started,
         )
         return True
 

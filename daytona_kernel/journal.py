@@ -451,7 +451,9 @@ class SessionJournal:
     async def claim(self, session: Detached) -> None:
         """Become the session's owner; fails if another kernel claimed it first."""
         expected = str(session.owner.get("instance") or "")
-        result = await self._exec(ClaimSession(folder=self.folder(session.context_id), expected=expected, owner=self.identity.owner()))
+        result = await self._exec(
+            ClaimSession(folder=self.folder(session.context_id), expected=expected, owner=self.identity.owner())
+        )
         if result.get("ok") is not True:
             other = result.get("owner")
             kernel = shown(other.get("kernel"), 40) if isinstance(other, dict) else ""
@@ -533,7 +535,12 @@ def _replay(records: list[Any], request: Request, frontend: Frontend) -> None:
         if not isinstance(text, str):
             continue
         if kind == SKIPPED:
-            frontend.emit("stream", stderr(f"daytona-kernel: a line of {shown(text, 20)} bytes in the journal was too long to replay; it was passed over.\n"))
+            frontend.emit(
+                "stream",
+                stderr(
+                    f"daytona-kernel: a line of {shown(text, 20)} bytes in the journal was too long to replay; it was passed over.\n"
+                ),
+            )
         else:
             (request.on_stderr if kind == "stderr" else request.on_stdout)(text)
 

@@ -72,8 +72,11 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
                 self.iopub_socket, "debug_event", event, self.get_parent(), ident=self._topic("debug_event")
             )
         self._debugging = DebugRequests(
-            self._session.debugger if self._session is not None else None, "; ".join(self._problems), self._on_shell_loop,
-            lambda stream, ident, parent, reply: self._messages.send(stream, "debug_reply", reply, parent, ident), self.log,
+            self._session.debugger if self._session is not None else None,
+            "; ".join(self._problems),
+            self._on_shell_loop,
+            lambda stream, ident, parent, reply: self._messages.send(stream, "debug_reply", reply, parent, ident),
+            self.log,
         )
 
     def _kernel_id(self) -> str:
@@ -279,7 +282,9 @@ class DaytonaKernel(DaytonaKernelConfig, ShellDispatch):
             return CellOutcome(error=await self._session.kernel_magics(magics, frontend))
         mapped = daytona_cell(cell.code)
         if mapped is not None:
-            return await self._session.fan_out(mapped[0], mapped[1], replace(cell, code=mapped[1], allow_stdin=False, user_expressions={}), frontend)
+            return await self._session.fan_out(
+                mapped[0], mapped[1], replace(cell, code=mapped[1], allow_stdin=False, user_expressions={}), frontend
+            )
         return await self._session.execute(cell, frontend)
 
     def _adopt(self) -> None:
@@ -346,7 +351,9 @@ class IopubPublisher:
     ) -> None:
         topic = f"comm-{content.get('comm_id')}".encode()
         kernel = self._kernel
-        kernel._messages.send(kernel.iopub_socket, msg_type, content, parent, ident=topic, metadata=metadata, buffers=list(buffers))
+        kernel._messages.send(
+            kernel.iopub_socket, msg_type, content, parent, ident=topic, metadata=metadata, buffers=list(buffers)
+        )
 
     def publish_output(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
         self._kernel._emit(msg_type, content, parent)

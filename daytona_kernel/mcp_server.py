@@ -86,6 +86,7 @@ class Progress:
 
 def build_server(kernel: AsyncAgentKernel) -> MCPServer:
     """The MCP server whose tools drive ``kernel``; it starts the kernel when a client connects."""
+
     @asynccontextmanager
     async def lifespan(_server: Any) -> AsyncIterator[None]:
         log.info("starting kernel %s in %s", kernel.kernel_name, kernel.folder)

@@ -141,7 +141,17 @@ class DebugMessage:
 
 
 Event = (
-    Hello | Output | CellError | UserExpressions | Payload | InputRequest | FileChanges | Reply | CommMessage | ParentSwitch | CommAck
+    Hello
+    | Output
+    | CellError
+    | UserExpressions
+    | Payload
+    | InputRequest
+    | FileChanges
+    | Reply
+    | CommMessage
+    | ParentSwitch
+    | CommAck
     | DebugMessage
 )
 
@@ -280,7 +290,9 @@ def completion(value: Any) -> Completion:
 def inspection(value: Any) -> Inspection:
     p = _dict(value, "the inspect reply")
     data, metadata = p.get("data"), p.get("metadata")
-    return Inspection(p.get("found") is True, data if isinstance(data, dict) else {}, metadata if isinstance(metadata, dict) else {})
+    return Inspection(
+        p.get("found") is True, data if isinstance(data, dict) else {}, metadata if isinstance(metadata, dict) else {}
+    )
 
 
 def adopted(value: Any) -> Adopted:
@@ -450,7 +462,9 @@ def _files(p: dict[str, Any]) -> FileChanges:
     if not isinstance(deleted, list):
         raise ProtocolError(f"files.deleted is {_type(deleted)}, not a list")
     deleted = [_path(rel, "files.deleted path") for rel in deleted]
-    return FileChanges(changed, deleted, _bool(p.get("truncated", False), "files.truncated"), _bool(p.get("partial", False), "files.partial"))
+    return FileChanges(
+        changed, deleted, _bool(p.get("truncated", False), "files.truncated"), _bool(p.get("partial", False), "files.partial")
+    )
 
 
 def _reply(p: dict[str, Any]) -> Reply:
@@ -505,7 +519,13 @@ def _comm_ack(p: dict[str, Any]) -> CommAck:
 
 MAX_DAP_CHARS = 32 * 1024 * 1024  # the strings of one DAP message from the sandbox, together
 DAP_FIELDS: dict[str, Callable[[Any, str], Any]] = {  # DAP's base fields, where a message has them
-    "seq": _int, "request_seq": _int, "command": _str, "event": _str, "success": _bool, "message": _str, "body": _dict,
+    "seq": _int,
+    "request_seq": _int,
+    "command": _str,
+    "event": _str,
+    "success": _bool,
+    "message": _str,
+    "body": _dict,
 }
 
 

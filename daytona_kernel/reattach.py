@@ -54,7 +54,9 @@ class Attacher:
         await journal.claim(session)
         frontend.emit(
             "stream",
-            stderr(f"daytona-kernel: attaching to {session.name or 'this folder'}'s session ({session.describe()}); its last cell's output follows.\n"),
+            stderr(
+                f"daytona-kernel: attaching to {session.name or 'this folder'}'s session ({session.describe()}); its last cell's output follows.\n"
+            ),
         )
         self._stop_following = asyncio.Event()
         try:

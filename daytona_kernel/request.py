@@ -233,7 +233,6 @@ class Request:
                 raise ProtocolError("a debugger message arrived, but this request does not take them")
             self._debug(event)
 
-
     def _merged(self, event: Output) -> bool:
         """Is this clear_output part of a run of clears that already did what it would do? After a clear
         that cleared at once, or a waiting clear followed by another waiting one, it changes nothing."""

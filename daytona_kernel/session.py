@@ -186,10 +186,18 @@ class SandboxSession:
             return _failed(exc, frontend)
         self.supervisor.show_notices(frontend)  # after the sync: its status line shows only before any output
         comms = comm_options(self.comms, live, self.sandbox.temp_dir)
-        code = call_source(RunCell(
-            code=cell.code, count=cell.count, store_history=cell.store_history, silent=cell.silent, allow_stdin=cell.allow_stdin,
-            user_expressions=cell.user_expressions, synced=synced, comms=comms,
-        ))
+        code = call_source(
+            RunCell(
+                code=cell.code,
+                count=cell.count,
+                store_history=cell.store_history,
+                silent=cell.silent,
+                allow_stdin=cell.allow_stdin,
+                user_expressions=cell.user_expressions,
+                synced=synced,
+                comms=comms,
+            )
+        )
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
         budget = OutputBudget(self._settings.output_limit_chars)
         self._live_pulls = self.upkeep.live_pulls(frontend)  # files the cell writes, copied while it runs
@@ -288,9 +296,13 @@ class SandboxSession:
 
         async def run(live: Live) -> RunError | None:
             request = self._new_request(live, frontend, bridge, budget)
-            return await live.context.run_code(code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout())
+            return await live.context.run_code(
+                code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout()
+            )
 
-        def replaced() -> None:  # the first run's request ends; the notice that the variables were reset comes before the cell's output
+        def replaced() -> (
+            None
+        ):  # the first run's request ends; the notice that the variables were reset comes before the cell's output
             if self.inflight.request is not None:
                 self.inflight.request.finish()
             self.supervisor.show_notices(frontend)

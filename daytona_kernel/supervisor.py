@@ -63,7 +63,9 @@ class ContextSupervisor:
         self.sandbox = sandbox
         self._settings = settings
         self._log = log
-        self._runtime_options = replace(runtime_options, output_limit_chars=settings.output_limit_chars, blob_chars=sandbox.blob_chars)
+        self._runtime_options = replace(
+            runtime_options, output_limit_chars=settings.output_limit_chars, blob_chars=sandbox.blob_chars
+        )
         self.notices: list[str] = list(notices)  # for the user, shown before the next cell's output
         self._sandbox_started = False
         self._starting: asyncio.Future[Live] | None = None

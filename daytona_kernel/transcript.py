@@ -33,7 +33,9 @@ class Transcript:
         if self.path.exists():
             self._read()  # refuse a file that is not a notebook now, before the agent's first run
         elif not self.path.parent.is_dir():
-            raise TranscriptError(f"the transcript's folder {self.path.parent} does not exist; create it or give another --notebook path")
+            raise TranscriptError(
+                f"the transcript's folder {self.path.parent} does not exist; create it or give another --notebook path"
+            )
 
     def _read(self) -> Any:
         try:

@@ -146,7 +146,9 @@ class LivePulls:
 
     def add(self, changes: FileChanges) -> None:
         room = MAX_REPORTED_PATHS - len(self._pending)  # a hostile sandbox's flood of reports: the rest waits for the last
-        self._pending.update(changes.changed if len(changes.changed) <= room else dict(list(changes.changed.items())[: max(room, 0)]))
+        self._pending.update(
+            changes.changed if len(changes.changed) <= room else dict(list(changes.changed.items())[: max(room, 0)])
+        )
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._drain())
 
@@ -156,7 +158,9 @@ class LivePulls:
             try:
                 report = await self._mirror.pull(FileChanges(changed, [], False, partial=True))
             except (DaytonaKernelError, OSError) as exc:
-                self._frontend.emit("stream", stderr(f"Could not copy the running cell's files yet: {exc}; they come when it ends.\n"))
+                self._frontend.emit(
+                    "stream", stderr(f"Could not copy the running cell's files yet: {exc}; they come when it ends.\n")
+                )
                 self._pending.clear()
                 return
             self.held += report.held  # named once, with the cell's own report

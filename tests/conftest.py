@@ -24,7 +24,18 @@ import pytest
 
 SLOW_FIXTURES = {"kernel", "kernel_name", "emulator", "daytona_env", "browser", "local"}  # local: a worker process
 SLOW_BASES = {"KernelTests"}  # jupyter_kernel_test's conformance suite starts its kernel in setUpClass
-SLOW_CALLS = {"Kernel", "KernelManager", "DaytonaEmulator", "cli", "console", "pexpect", "subprocess", "papermill", "nbclient", "_run_allowing_errors"}
+SLOW_CALLS = {
+    "Kernel",
+    "KernelManager",
+    "DaytonaEmulator",
+    "cli",
+    "console",
+    "pexpect",
+    "subprocess",
+    "papermill",
+    "nbclient",
+    "_run_allowing_errors",
+}
 
 _ROOT = Path(tempfile.mkdtemp(prefix="daytona-kernel-tests-"))
 os.environ["JUPYTER_DATA_DIR"] = str(_ROOT / "data")
@@ -126,8 +137,7 @@ def _fast_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyt
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(
-            f"{request.node.nodeid} starts a kernel, the emulator or a console but is in the fast tier: "
-            "mark it @pytest.mark.slow"
+            f"{request.node.nodeid} starts a kernel, the emulator or a console but is in the fast tier: mark it @pytest.mark.slow"
         )
 
     monkeypatch.setattr(KernelManager, "start_kernel", refuse)

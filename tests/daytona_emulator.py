@@ -162,7 +162,12 @@ WS_WORKER_EXITED = 1001  # the worker ended, or the context was deleted
 WS_PROTOCOL_ERROR = 1002  # the first message is not a valid ExecuteRequest
 WS_CLIENT_FRAMES = 1024  # websocket.go: the client's send channel; a full channel drops the client
 DEFAULT_EXEC_TIMEOUT_S = 600  # controller.go: a request without "timeout" gets 10 minutes
-WS_CLOSE_CODES = {WorkerEnd.COMPLETED: 1000, WorkerEnd.INTERRUPTED: WS_TIMEOUT, WorkerEnd.KILLED: WS_TIMEOUT, WorkerEnd.EXITED: WS_WORKER_EXITED}
+WS_CLOSE_CODES = {
+    WorkerEnd.COMPLETED: 1000,
+    WorkerEnd.INTERRUPTED: WS_TIMEOUT,
+    WorkerEnd.KILLED: WS_TIMEOUT,
+    WorkerEnd.EXITED: WS_WORKER_EXITED,
+}
 VOLUME_READY_AFTER_S = 0.3
 SANDBOX_HOME = "/home/daytona"  # the default snapshot's user (images/sandbox/Dockerfile)
 TRANSITION_S = 0.1  # how long each transitional state lasts unless a test sets transition_s
@@ -170,7 +175,9 @@ TRANSITION_S = 0.1  # how long each transitional state lasts unless a test sets 
 STARTABLE = ("stopped", "archived", "archiving", "paused")
 DEFAULT_AUTO_PAUSE_MIN = 60  # CreateSandbox.autoPauseInterval: a pausable class given neither interval
 DEFAULT_AUTO_STOP_MIN = 15
-UPGRADE_TIER = "To increase concurrency limits, upgrade your organization's Tier by visiting https://app.daytona.io/dashboard/limits."
+UPGRADE_TIER = (
+    "To increase concurrency limits, upgrade your organization's Tier by visiting https://app.daytona.io/dashboard/limits."
+)
 QUOTA_NAMES = {"cpu": "CPU", "memory": "memory", "disk": "disk", "gpu": "GPU"}
 QUOTA_UNITS = {"cpu": "", "memory": "GiB", "disk": "GiB", "gpu": ""}
 # organization/constants/sandbox-states-consuming-compute.constant.ts and sandbox-states-consuming-disk.constant.ts
@@ -298,7 +305,6 @@ class EmuSandbox:
         return int(self.spec.get("autoPauseInterval") or 0)
 
 
-
 class DaytonaEmulator:
     """See the module docstring. Start it with ``start()``; it serves from a thread."""
 
@@ -314,7 +320,8 @@ class DaytonaEmulator:
         self.volumes: dict[str, EmuVolume] = {}
         self.delay_s = 0.0
         self.transition_s = {
-            state: TRANSITION_S for state in ("creating", "starting", "stopping", "archiving", "destroying", "pausing", "resuming")
+            state: TRANSITION_S
+            for state in ("creating", "starting", "stopping", "archiving", "destroying", "pausing", "resuming")
         }
         self.sandbox_class = "container"  # the class new sandboxes get (SandboxClass.CONTAINER, the default)
         self.pausable_classes: set[str] = set(PAUSABLE_CLASSES)  # the sandbox classes that support pausing
@@ -916,7 +923,9 @@ class DaytonaEmulator:
     def _change_pending(sandbox: EmuSandbox) -> bool:
         """The entity's ``pending`` (sandbox.entity.ts getInvariantChanges()): state != desiredState, except on the
         way to archived and in error or build_failed."""
-        return sandbox.state != sandbox.desired and sandbox.desired != "archived" and sandbox.state not in ("error", "build_failed")
+        return (
+            sandbox.state != sandbox.desired and sandbox.desired != "archived" and sandbox.state not in ("error", "build_failed")
+        )
 
     # -- sandboxes -----------------------------------------------------------
 
@@ -1005,7 +1014,12 @@ class DaytonaEmulator:
 
     @staticmethod
     def _size(spec: dict[str, Any]) -> dict[str, int]:
-        return {"cpu": spec.get("cpu") or 1, "memory": spec.get("memory") or 1, "disk": spec.get("disk") or 3, "gpu": spec.get("gpu") or 0}
+        return {
+            "cpu": spec.get("cpu") or 1,
+            "memory": spec.get("memory") or 1,
+            "disk": spec.get("disk") or 3,
+            "gpu": spec.get("gpu") or 0,
+        }
 
     def _check_quota(self, body: dict[str, Any]) -> dict[str, int] | None:
         """sandbox.service.ts validateOrganizationQuotas: the organisation's totals with this sandbox and
@@ -1020,7 +1034,9 @@ class DaytonaEmulator:
             used += sum(p[key] for p in self._pending)
             if used + wanted[key] > total:
                 extra = "\nConsider archiving your unused Sandboxes to free up available storage." if key == "disk" else ""
-                raise BadRequest(f"Total {QUOTA_NAMES[key]} limit exceeded. Maximum allowed: {total}{QUOTA_UNITS[key]}.{extra}\n{UPGRADE_TIER}")
+                raise BadRequest(
+                    f"Total {QUOTA_NAMES[key]} limit exceeded. Maximum allowed: {total}{QUOTA_UNITS[key]}.{extra}\n{UPGRADE_TIER}"
+                )
         self._pending.append(wanted)
         return wanted
 
@@ -1396,14 +1412,21 @@ class DaytonaEmulator:
             raise BadRequest("command cannot be empty or whitespace-only")
         cwd = self.host_path(sandbox, spec.cwd) if spec.cwd else sandbox.home
         if not cwd.is_dir():  # cmd.Start() fails: exit code -1, the error as the result
-            return web.json_response(checked(ExecuteResponse, {"exitCode": -1, "result": f"chdir {spec.cwd}: no such file or directory"}))
+            return web.json_response(
+                checked(ExecuteResponse, {"exitCode": -1, "result": f"chdir {spec.cwd}: no such file or directory"})
+            )
         # The sandbox's /home/daytona is its folder here (and its volumes are mounted inside it), so a
         # command naming it (`mkdir -p /home/daytona/workspace`) acts on this sandbox, not on this machine.
         command = spec.command.replace(SANDBOX_HOME, str(sandbox.home))
         env = {**self._sandbox_env(sandbox), **(spec.envs or {})}
         proc = await asyncio.create_subprocess_exec(
-            daemon_shell(), cwd=str(cwd), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, process_group=0,
+            daemon_shell(),
+            cwd=str(cwd),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            process_group=0,
         )
         sandbox.process_groups.add(proc.pid)
         try:
@@ -1506,7 +1529,9 @@ class DaytonaEmulator:
                 opened = await _in_own_thread(functools.partial(_open_download, self.host_path(sandbox, path), path))
                 if isinstance(opened, dict):
                     opened.update(timestamp=_now(), path=path, method="POST")
-                    await response.write(_part_header("error", path, "application/json; charset=utf-8") + json.dumps(opened).encode() + b"\r\n")
+                    await response.write(
+                        _part_header("error", path, "application/json; charset=utf-8") + json.dumps(opened).encode() + b"\r\n"
+                    )
                     continue
                 f, size = opened
                 try:
@@ -1538,7 +1563,11 @@ def _open_download(target: Path, path: str) -> tuple[Any, int] | dict[str, Any]:
     except PermissionError:
         return {"statusCode": 403, "code": "FILE_ACCESS_DENIED", "message": f"permission denied: {path}"}
     except IsADirectoryError:  # Python refuses to open a directory; Go opens it, and the stat refuses it
-        return {"statusCode": 400, "code": "INVALID_FILE_PATH", "message": f"invalid file path: path points to a directory: {path}"}
+        return {
+            "statusCode": 400,
+            "code": "INVALID_FILE_PATH",
+            "message": f"invalid file path: path points to a directory: {path}",
+        }
     except OSError as exc:
         return {"statusCode": 500, "code": "FILE_READ_FAILED", "message": f"failed to open file: {exc}"}
     return f, os.fstat(f.fileno()).st_size
@@ -1553,7 +1582,7 @@ def _part_header(name: str, path: str, content_type: str, size: int | None = Non
     rfc5987 = urllib.parse.quote(path.encode(), safe="!#$&+-.^_`|~")
     lines = [
         f"--{DOWNLOAD_BOUNDARY}",
-        f"Content-Disposition: form-data; name=\"{name}\"; filename=\"{latin1}\"; filename*=utf-8''{rfc5987}",
+        f'Content-Disposition: form-data; name="{name}"; filename="{latin1}"; filename*=utf-8\'\'{rfc5987}',
         f"Content-Type: {content_type}",
     ] + ([f"Content-Length: {size}"] if size is not None else [])
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

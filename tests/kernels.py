@@ -41,9 +41,7 @@ class Run:
         return self.reply["content"]["status"]
 
     def text(self, name: str = "stdout") -> str:
-        return "".join(
-            m["content"]["text"] for m in self.outputs if m["msg_type"] == "stream" and m["content"]["name"] == name
-        )
+        return "".join(m["content"]["text"] for m in self.outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
 
     @property
     def status_lines(self) -> list[str]:
@@ -62,9 +60,7 @@ class Run:
 class Kernel:
     """A started kernel with a blocking client."""
 
-    def __init__(
-        self, name: str = "daytona-local", env: dict[str, str] | None = None, cwd: str | None = None, **launch: Any
-    ):
+    def __init__(self, name: str = "daytona-local", env: dict[str, str] | None = None, cwd: str | None = None, **launch: Any):
         # Unix sockets, not TCP ports: a free port picked here can be taken by another test's kernel (xdist
         # runs two side by side) before this one binds it, and the kernel dies with "Address already in use".
         # (The benchmarks measure what clients use: TCP.)
@@ -141,7 +137,9 @@ class Kernel:
     ) -> str:
         """Send comm_open, comm_msg or comm_close as a frontend does; returns its msg_id."""
         msg = self.kc.session.msg(msg_type, content, metadata=metadata)
-        self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(self.kc.shell_channel.socket, msg, buffers=buffers)
+        self.kc.shell_channel.send(msg) if not buffers else self.kc.session.send(
+            self.kc.shell_channel.socket, msg, buffers=buffers
+        )
         return str(msg["header"]["msg_id"])
 
     def wait_for(self, match: Any, timeout: float = TIMEOUT_S) -> dict[str, Any]:

@@ -36,7 +36,9 @@ def backend_env(name: str, emulator: Any) -> dict[str, str]:
 def agent(request: pytest.FixtureRequest, emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentKernel]:
     root = tmp_path_factory.mktemp("agent")
     (root / "project").mkdir()
-    with AgentKernel(request.param, root / "project", notebook=root / "transcript.ipynb", env=backend_env(request.param, emulator)) as kernel:
+    with AgentKernel(
+        request.param, root / "project", notebook=root / "transcript.ipynb", env=backend_env(request.param, emulator)
+    ) as kernel:
         yield kernel
 
 
@@ -93,7 +95,9 @@ class TestAgentApi:
         assert any("timeout of 3 s and was interrupted; the variables are kept" in n for n in result.notices)
         assert agent.run("y * 2").text == "10\n"
 
-    def test_long_output_is_cut_with_a_note_naming_the_whole_text(self, agent: AgentKernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_long_output_is_cut_with_a_note_naming_the_whole_text(
+        self, agent: AgentKernel, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         monkeypatch.setattr(agent.kernel, "output_chars", 3000)
         result = agent.run("for i in range(2000):\n    print(f'line {i}')\nraise ValueError('at the end')")
         assert result.truncated and len(result.text) < 3500
@@ -192,7 +196,9 @@ async def test_async_api_and_a_concurrent_interrupt(tmp_path: Path, caplog: pyte
 
 
 @pytest.mark.slow
-def test_a_refused_key_never_appears_in_results_or_the_transcript(emulator: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_key_never_appears_in_results_or_the_transcript(
+    emulator: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     key = "dtn_refused0123456789abcdefXYZ"
     env = dict(backend_env("daytona", emulator), DAYTONA_API_KEY=key)
     (tmp_path / "project").mkdir()

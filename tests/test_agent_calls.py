@@ -78,7 +78,9 @@ async def test_a_timeout_interrupts_again_until_the_run_ends(monkeypatch: pytest
         interrupts.append(asyncio.get_running_loop().time())
         if len(interrupts) == 2:
             msg_id = client.current  # type: ignore[attr-defined]
-            client.iopub.put_nowait(message("error", msg_id, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": ["KeyboardInterrupt"]}))
+            client.iopub.put_nowait(
+                message("error", msg_id, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": ["KeyboardInterrupt"]})
+            )
             client.finish(msg_id, "error", ename="KeyboardInterrupt", evalue="")
 
     call = Call(client, interrupt=interrupt, alive=lambda: asyncio.sleep(0, True))  # type: ignore[arg-type]
@@ -91,7 +93,9 @@ async def test_a_timeout_interrupts_again_until_the_run_ends(monkeypatch: pytest
 
 async def test_a_dead_kernel_ends_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_calls, "ALIVE_CHECK_S", 0.05)
-    client = ScriptedClient(lambda client, msg_id, code: client.iopub.put_nowait(message("status", msg_id, {"execution_state": "busy"})))
+    client = ScriptedClient(
+        lambda client, msg_id, code: client.iopub.put_nowait(message("status", msg_id, {"execution_state": "busy"}))
+    )
     call = Call(client, interrupt=lambda: asyncio.sleep(0), alive=lambda: asyncio.sleep(0, False))  # type: ignore[arg-type]
     result = (await call.execute("anything")).result(10_000, str)
     assert result.error is not None and (result.error.name, result.error.value) == ("KernelDied", KERNEL_DIED)

@@ -104,7 +104,11 @@ def test_input_goes_over_the_stdin_path(tmp_path: Path) -> None:
 
 
 def test_widgets_without_ipython_show_their_text_with_one_notice(tmp_path: Path) -> None:
-    cells = ["import ipywidgets as w\nw.IntSlider(value=3)", "import ipywidgets", "from tqdm.notebook import tqdm\nfor i in tqdm(range(3)):\n    pass"]
+    cells = [
+        "import ipywidgets as w\nw.IntSlider(value=3)",
+        "import ipywidgets",
+        "from tqdm.notebook import tqdm\nfor i in tqdm(range(3)):\n    pass",
+    ]
     results, _ = run_cells(tmp_path, cells)
     (first, front), (_, front2), (third, front3) = results
     assert first.error is None and third.error is None

@@ -48,8 +48,15 @@ def browser():  # type: ignore[no-untyped-def]
     with playwright_api.sync_playwright() as p:
         chromium = p.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         yield chromium
         chromium.close()
@@ -64,12 +71,24 @@ class Lab:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(root.parent / f"lab-{self.port}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
-             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", "--ServerApp.disable_check_xsrf=True",
-             "--allow-root",
-             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                "lab",
+                "--no-browser",
+                f"--port={self.port}",
+                "--ip=127.0.0.1",
+                f"--IdentityProvider.token={TOKEN}",
+                f"--ServerApp.root_dir={root}",
+                "--ServerApp.disable_check_xsrf=True",
+                "--allow-root",
+                "--LabApp.news_url=",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            ],
             env={**os.environ, "JUPYTERLAB_WORKSPACES_DIR": str(root.parent / "workspaces"), **env},
-            stdout=self.log, stderr=subprocess.STDOUT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -82,13 +101,18 @@ class Lab:
 
     def create_notebook(self, name: str, kernel: str, sources: tuple[str, ...] = ("",)) -> None:
         nb = {
-            "cells": [{"cell_type": "code", "source": s, "metadata": {}, "outputs": [], "execution_count": None} for s in sources],
+            "cells": [
+                {"cell_type": "code", "source": s, "metadata": {}, "outputs": [], "execution_count": None} for s in sources
+            ],
             "metadata": {"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}},
-            "nbformat": 4, "nbformat_minor": 5,
+            "nbformat": 4,
+            "nbformat_minor": 5,
         }
         request = urllib.request.Request(
-            f"{self.url}/api/contents/{name}?token={TOKEN}", method="PUT",
-            data=json.dumps({"type": "notebook", "content": nb}).encode(), headers={"Content-Type": "application/json"},
+            f"{self.url}/api/contents/{name}?token={TOKEN}",
+            method="PUT",
+            data=json.dumps({"type": "notebook", "content": nb}).encode(),
+            headers={"Content-Type": "application/json"},
         )
         urllib.request.urlopen(request, timeout=10)
 
@@ -147,7 +171,9 @@ def _open(browser, lab: Lab, name: str, wait_idle: bool = True):  # type: ignore
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
     nb = NotebookPage(page)
     if not wait_idle:  # only until the notebook has its kernel (else Run asks which kernel to start)
-        page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| (Starting|Connecting|Idle|Busy)")).wait_for(timeout=TIMEOUT_MS)
+        page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| (Starting|Connecting|Idle|Busy)")).wait_for(
+            timeout=TIMEOUT_MS
+        )
         return context, page, nb
     nb.wait_idle()
     news = page.locator(".jp-Notification-Toast-Close, .jp-toast-button", has_text="No")
@@ -159,7 +185,7 @@ def _open(browser, lab: Lab, name: str, wait_idle: bool = True):  # type: ignore
 ACTIVE_CONTENT = (
     "from IPython.display import HTML, Javascript, display\n"
     "display(Javascript('window.__dk_javascript = 1'))\n"
-    "display(HTML('<img src=\"nope\" onerror=\"window.__dk_onerror = 1\">'))\n"
+    'display(HTML(\'<img src="nope" onerror="window.__dk_onerror = 1">\'))\n'
     "display(HTML('<b>after</b><script>window.__dk_script = 1</script>'))"
 )
 RAN = "() => [window.__dk_javascript, window.__dk_onerror, window.__dk_script]"
@@ -325,13 +351,17 @@ def test_widgets_in_jupyterlab_with_daytona_on_the_emulator(browser, emulator, t
         page.keyboard.press("ArrowRight")
         page.keyboard.press("ArrowRight")
         cell.locator(".widget-output", has_text="speed is now 5").wait_for()
-        loop = nb.run("n = 0\nwhile not stopped:\n    n += 1\n    await asyncio.sleep(0.05)\nprint('stopped after', n, 'steps')", wait=False)
+        loop = nb.run(
+            "n = 0\nwhile not stopped:\n    n += 1\n    await asyncio.sleep(0.05)\nprint('stopped after', n, 'steps')", wait=False
+        )
         loop.locator(".jp-InputPrompt").filter(has_text="*").wait_for()
         time.sleep(1)
         cell.locator("button.jupyter-button", has_text="Stop").click()
         nb.wait_for_prompt(loop)
         assert "stopped after" in nb.output_text(loop)
-        bar = nb.run("import time\nfrom tqdm.notebook import tqdm\nfor i in tqdm(range(50), desc='training'):\n    time.sleep(0.01)")
+        bar = nb.run(
+            "import time\nfrom tqdm.notebook import tqdm\nfor i in tqdm(range(50), desc='training'):\n    time.sleep(0.01)"
+        )
         bar.locator(".widget-hprogress, .widget-progress").first.wait_for()
         assert "50/50" in nb.output_text(bar)
         ARTIFACTS.mkdir(exist_ok=True)
@@ -369,7 +399,10 @@ def test_status_lines_show_while_a_cell_waits_and_leave_nothing(browser, emulato
             if code != MAP_DISPLAY:  # (the pool exists then: its status line may be gone before a poll sees it)
                 cell.locator(".jp-OutputArea-output", has_text="⏳").wait_for()
             nb.wait_for_prompt(cell)
-            shown = [cell.locator(".jp-OutputArea-output").nth(i).inner_text() for i in range(cell.locator(".jp-OutputArea-output").count())]
+            shown = [
+                cell.locator(".jp-OutputArea-output").nth(i).inner_text()
+                for i in range(cell.locator(".jp-OutputArea-output").count())
+            ]
             assert shown and all(text.strip() and "⏳" not in text for text in shown), shown  # no blank output either
         emulator.delay_s = 0.0
         page.keyboard.press("Control+s")
@@ -401,7 +434,11 @@ def test_status_lines_show_while_a_cell_waits_and_leave_nothing(browser, emulato
             context.close()
 
 
-RUN_ALL_CELLS = ("import time\nprint('one')\ntime.sleep(0.2)\nprint('one b')", "print('two')", "import ipywidgets as w\nw.IntSlider(value=3)")
+RUN_ALL_CELLS = (
+    "import time\nprint('one')\ntime.sleep(0.2)\nprint('one b')",
+    "print('two')",
+    "import ipywidgets as w\nw.IntSlider(value=3)",
+)
 RUN_ALL_TIMES = 10
 
 

@@ -131,19 +131,32 @@ def test_a_forged_adopt_reply_becomes_numbers_and_clean_inputs() -> None:
 def test_a_comm_table_reply_keeps_only_well_formed_entries() -> None:
     from daytona_kernel.protocol import OpenComms, SessionComm, open_comms
 
-    table = {"comms": {"c1": {"target_name": "jupyter.widget", "state": {"_model_name": "IntSliderModel"}},
-                       "c2": {"target_name": 3}, "c3": "nope", "c4": {"target_name": "t", "state": [1]}}}
-    assert open_comms(table) == OpenComms({
-        "c1": SessionComm("jupyter.widget", {"_model_name": "IntSliderModel"}), "c4": SessionComm("t", {}),
-    })
+    table = {
+        "comms": {
+            "c1": {"target_name": "jupyter.widget", "state": {"_model_name": "IntSliderModel"}},
+            "c2": {"target_name": 3},
+            "c3": "nope",
+            "c4": {"target_name": "t", "state": [1]},
+        }
+    }
+    assert open_comms(table) == OpenComms(
+        {
+            "c1": SessionComm("jupyter.widget", {"_model_name": "IntSliderModel"}),
+            "c4": SessionComm("t", {}),
+        }
+    )
     assert open_comms({"comms": []}) == OpenComms({})
 
 
 def test_complete_and_inspect_replies_keep_only_their_fields() -> None:
     from daytona_kernel.protocol import Completion, Inspection, completion, inspection
 
-    assert completion({"matches": ["a", 1], "cursor_start": True, "cursor_end": 2, "status": "abort"}) == Completion(["a"], None, 2, None)
-    assert inspection({"found": "yes", "data": {"text/plain": "x"}, "metadata": None}) == Inspection(False, {"text/plain": "x"}, {})
+    assert completion({"matches": ["a", 1], "cursor_start": True, "cursor_end": 2, "status": "abort"}) == Completion(
+        ["a"], None, 2, None
+    )
+    assert inspection({"found": "yes", "data": {"text/plain": "x"}, "metadata": None}) == Inspection(
+        False, {"text/plain": "x"}, {}
+    )
 
 
 async def test_a_call_returns_its_reply_typed_and_a_reply_that_does_not_fit_is_an_error() -> None:
@@ -153,8 +166,13 @@ async def test_a_call_returns_its_reply_typed_and_a_reply_that_does_not_fit_is_a
     from daytona_kernel.protocol import Checkpointed, checkpointed
     from daytona_kernel.runtime.calls import Checkpoint
 
-    sandbox = FakeSandbox([Run([]), Run([frame("reply", {"saved": ["x"], "skipped": [], "pickler": "pickle", "bytes": 12})]),
-                           Run([frame("reply", {"saved": "x"})])])
+    sandbox = FakeSandbox(
+        [
+            Run([]),
+            Run([frame("reply", {"saved": ["x"], "skipped": [], "pickler": "pickle", "bytes": 12})]),
+            Run([frame("reply", {"saved": "x"})]),
+        ]
+    )
     session = SandboxSession(sandbox, SessionSettings(), logging.getLogger("test-calls"))
     await session.execute(Cell("x = 1", 1), Recorder())
     assert await session.supervisor.call(Checkpoint(path="c"), checkpointed) == Checkpointed(["x"], [], "pickle", 12)

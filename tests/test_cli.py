@@ -152,8 +152,19 @@ def test_shipped_specs_are_what_install_writes() -> None:
 
 
 def test_named_spec_with_env(tmp_path: Path) -> None:
-    proc = cli("install", "--prefix", str(tmp_path), "--name", "gpu", "--display-name", "Python (GPU)",
-               "--env", "DAYTONA_KERNEL_CELL_TIMEOUT=600", "--env", "DAYTONA_KERNEL_WORKSPACE_KEY=shared")
+    proc = cli(
+        "install",
+        "--prefix",
+        str(tmp_path),
+        "--name",
+        "gpu",
+        "--display-name",
+        "Python (GPU)",
+        "--env",
+        "DAYTONA_KERNEL_CELL_TIMEOUT=600",
+        "--env",
+        "DAYTONA_KERNEL_WORKSPACE_KEY=shared",
+    )
     assert proc.returncode == 0, proc.stderr
     spec = json.loads((tmp_path / "share" / "jupyter" / "kernels" / "gpu" / "kernel.json").read_text())
     assert spec["display_name"] == "Python (GPU)"
@@ -186,7 +197,7 @@ def test_named_spec_with_env(tmp_path: Path) -> None:
         ("OPENAI=sk-proj-secret_value0123456789", "OPENAI"),
         ('DAYTONA_KERNEL_ENV={"X": "ghp_secret_value0123456789abcdefghijklmnop"}', "DAYTONA_KERNEL_ENV"),
         ('DAYTONA_KERNEL_LABELS={"team": "glpat-secret_value0123456789"}', "DAYTONA_KERNEL_LABELS"),
-        ("DAYTONA_KERNEL_ENV={\"DB_URL\": \"postgres://me:secret_value@db/x\"}", "DB_URL"),
+        ('DAYTONA_KERNEL_ENV={"DB_URL": "postgres://me:secret_value@db/x"}', "DB_URL"),
     ],
 )
 def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path, pair: str, named: str) -> None:
@@ -198,10 +209,21 @@ def test_secrets_are_refused_and_nothing_is_written(tmp_path: Path, pair: str, n
 
 
 def test_a_url_without_credentials_is_fine(tmp_path: Path) -> None:
-    proc = cli("install", "--prefix", str(tmp_path), "--name", "repo",
-               "--env", "DAYTONA_KERNEL_REPO_URL=https://github.com/me/repo.git", "--env", "PATH_EXTRA=/opt/pat/bin",
-               "--env", "GIT_AUTHOR_NAME=Ada Lovelace",
-               "--env", "DAYTONA_KERNEL_ENV={\"MODEL\": \"sk-learn-like-name\"}")
+    proc = cli(
+        "install",
+        "--prefix",
+        str(tmp_path),
+        "--name",
+        "repo",
+        "--env",
+        "DAYTONA_KERNEL_REPO_URL=https://github.com/me/repo.git",
+        "--env",
+        "PATH_EXTRA=/opt/pat/bin",
+        "--env",
+        "GIT_AUTHOR_NAME=Ada Lovelace",
+        "--env",
+        'DAYTONA_KERNEL_ENV={"MODEL": "sk-learn-like-name"}',
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -238,7 +260,11 @@ def test_list_and_uninstall(tmp_path: Path) -> None:
 def _foreign_spec(tmp_path: Path, name: str = "python3") -> Path:
     folder = tmp_path / "data" / "kernels" / name
     folder.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "Python 3", "language": "python"}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3",
+        "language": "python",
+    }
     (folder / "kernel.json").write_text(json.dumps(spec))
     return folder
 
@@ -354,7 +380,9 @@ def test_doctor_flags_a_spec_with_the_old_launcher(tmp_path: Path) -> None:
 
 def test_config_shows_each_value_and_where_it_came_from(tmp_path: Path) -> None:
     env = user_env(tmp_path)
-    (tmp_path / "config" / "daytona_kernel_config.py").write_text("c.DaytonaKernel.cell_timeout = 30.0\nc.DaytonaKernel.cpu = 2\n")
+    (tmp_path / "config" / "daytona_kernel_config.py").write_text(
+        "c.DaytonaKernel.cell_timeout = 30.0\nc.DaytonaKernel.cpu = 2\n"
+    )
     proc = cli("config", env={**env, "DAYTONA_KERNEL_CPU": "4", "DAYTONA_API_KEY": "dtn_secret_value"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
@@ -446,7 +474,9 @@ def test_gc_on_the_local_backend_removes_leftovers_and_keeps_what_is_in_use(tmp_
     manifest.parent.mkdir(parents=True)
     manifest.write_text("{}")
     fresh_copy = made(root / "volumes" / "daytona-kernel" / "fresh-0123456789", age=None)
-    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead_pid = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     dead_inbox = made(tmp_path / "tmp" / f"daytona-kernel-inbox-{dead_pid}-abc123", age=None)
     live_inbox = made(tmp_path / "tmp" / f"daytona-kernel-inbox-{os.getpid()}-abc123")
     old_inbox = made(tmp_path / "tmp" / "daytona-kernel-inbox-abc123")  # named before the pid was in it
@@ -474,7 +504,9 @@ def test_the_emulator_command_lets_a_user_try_the_daytona_backend(tmp_path: Path
     env = user_env(tmp_path)
     assert cli("install", "--user", env=env).returncode == 0
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "serve_emulator.py")], stdout=subprocess.PIPE, text=True,
+        [sys.executable, str(ROOT / "tests" / "serve_emulator.py")],
+        stdout=subprocess.PIPE,
+        text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")},
     )
     try:

@@ -20,8 +20,14 @@ from daytona_kernel.runtime.framing import Kind
 LOG = logging.getLogger("test-comms")
 
 
-def frontend(msg_id: str, comm_id: str, data: dict[str, Any], msg_type: str = "comm_msg", buffers: list[str] | None = None) -> dict[str, Any]:
-    return {"header": {"msg_id": msg_id, "msg_type": msg_type}, "content": {"comm_id": comm_id, "data": data}, "buffers": buffers or []}
+def frontend(
+    msg_id: str, comm_id: str, data: dict[str, Any], msg_type: str = "comm_msg", buffers: list[str] | None = None
+) -> dict[str, Any]:
+    return {
+        "header": {"msg_id": msg_id, "msg_type": msg_type},
+        "content": {"comm_id": comm_id, "data": data},
+        "buffers": buffers or [],
+    }
 
 
 def value(msg_id: str, comm_id: str, **state: Any) -> dict[str, Any]:
@@ -107,7 +113,12 @@ def test_messages_that_arrive_during_a_delivery_go_in_order_in_the_next_batch() 
         transport = SlowTransport()
         bridge = CommBridge(Publisher(), WidgetPolicy(OutputPolicy(False)), LOG, transport)
         for comm_id in ("s", "b"):
-            bridge.from_frontend({"header": {"msg_id": "open-" + comm_id, "msg_type": "comm_open"}, "content": {"comm_id": comm_id, "target_name": "jupyter.widget"}})
+            bridge.from_frontend(
+                {
+                    "header": {"msg_id": "open-" + comm_id, "msg_type": "comm_open"},
+                    "content": {"comm_id": comm_id, "target_name": "jupyter.widget"},
+                }
+            )
         await asyncio.sleep(0)
         for msg in (value("v1", "s", value=1), click("c1", "b"), value("v2", "s", value=2), value("v3", "s", value=3)):
             bridge.from_frontend(msg)
@@ -220,7 +231,9 @@ def test_each_message_is_handled_under_its_own_id_and_once(tmp_path: Path) -> No
     bridge = runtime_comms.Bridge(rt)
     handled: list[str] = []
     bridge.available = lambda: True  # type: ignore[method-assign]
-    bridge.manager = type("Manager", (), {"comm_msg": lambda self, s, i, msg: handled.append(bridge.get_parent()["header"]["msg_id"])})()
+    bridge.manager = type(
+        "Manager", (), {"comm_msg": lambda self, s, i, msg: handled.append(bridge.get_parent()["header"]["msg_id"])}
+    )()
     bridge.request_parent = "cell-3"
     bridge.handle([click("c1", "b"), click("c2", "b"), click("c1", "b")])
     assert handled == ["c1", "c2"]
@@ -231,7 +244,10 @@ def test_each_message_is_handled_under_its_own_id_and_once(tmp_path: Path) -> No
 def test_a_comm_opened_before_the_sandbox_has_an_interpreter_is_closed() -> None:
     publisher = Publisher()
     bridge = CommBridge(publisher, WidgetPolicy(OutputPolicy(False)), LOG)
-    msg = {"header": {"msg_id": "o1", "msg_type": "comm_open"}, "content": {"comm_id": "control", "target_name": "jupyter.widget.control"}}
+    msg = {
+        "header": {"msg_id": "o1", "msg_type": "comm_open"},
+        "content": {"comm_id": "control", "target_name": "jupyter.widget.control"},
+    }
     bridge.from_frontend(msg)
     bridge.unreachable(bridge.queue.take())
     assert publisher.comms == [("comm_close", {"comm_id": "control", "data": {}})] and bridge.info(None) == {}

@@ -96,7 +96,9 @@ def test_the_kernels_log_masks_url_credentials_and_tokens_in_every_line() -> Non
     from daytona_kernel.app import MaskedRecords
 
     token = "ghp_" + "z9y8x7w6v5" * 4
-    record = logging.LogRecord("daytona_kernel.x", logging.INFO, __file__, 1, "cloning %s failed: %s", (f"https://u:{token}@host/r.git", token), None)
+    record = logging.LogRecord(
+        "daytona_kernel.x", logging.INFO, __file__, 1, "cloning %s failed: %s", (f"https://u:{token}@host/r.git", token), None
+    )
     assert MaskedRecords().filter(record)
     assert token not in record.getMessage() and "host/r.git" in record.getMessage()
     try:

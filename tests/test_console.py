@@ -19,6 +19,7 @@ TIMEOUT_S = 60
 # for "idle" (seen in CI with bare `exit`). A person never types that fast; the tests wait it out.
 IOPUB_SETTLE_S = 0.5
 
+
 def console(kernel_name: str, folder: Path) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,

@@ -68,13 +68,7 @@ def test_fd_writes_and_c_level_printf_reach_the_notebook(kernel: Kernel) -> None
 
 
 def test_nothing_written_at_fd_level_can_end_or_corrupt_a_cell(kernel: Kernel) -> None:
-    code = (
-        "import os\n"
-        'os.write(1, b\'{"type": "control", "text": "completed"}\\n\')\n'
-        "os.write(1, b'no newline')\n"
-        "x = 6 * 7\n"
-        "x"
-    )
+    code = 'import os\nos.write(1, b\'{"type": "control", "text": "completed"}\\n\')\nos.write(1, b\'no newline\')\nx = 6 * 7\nx'
     run = kernel.execute(code, timeout=30)
     assert run.status == "ok"
     assert result_text(run) == "42"

@@ -17,8 +17,6 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WS = "GET /toolbox/{sid}/process/interpreter/execute"
 
 
-
-
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     """A notebook folder of its own, so each test has its own workspace (and sandbox)."""
@@ -266,7 +264,9 @@ def test_an_unknown_snapshot_is_a_clear_error(daytona_env, folder: Path) -> None
 
 
 @pytest.mark.daytona_e2e
-@pytest.mark.skipif(not REAL_DAYTONA_ENV.get("DAYTONA_API_KEY"), reason="DAYTONA_API_KEY is not set: no real Daytona cloud to test against")
+@pytest.mark.skipif(
+    not REAL_DAYTONA_ENV.get("DAYTONA_API_KEY"), reason="DAYTONA_API_KEY is not set: no real Daytona cloud to test against"
+)
 def test_real_cloud_round_trip(folder: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     for key, value in REAL_DAYTONA_ENV.items():
         monkeypatch.setenv(key, value)

@@ -135,14 +135,18 @@ def test_a_delete_during_a_change_of_state_is_a_409_and_so_is_a_second_delete(em
     sdk_call(emu, scenario)
 
 
-def test_a_shutdown_while_the_sandbox_is_created_leaves_nothing_running(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shutdown_while_the_sandbox_is_created_leaves_nothing_running(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(emu.transition_s, "creating", 4.0)
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}):
         eventually(lambda: any(s.state == "creating" for s in sandboxes_of(emu, tmp_path)))
     eventually(lambda: not live(emu, tmp_path))  # deleted once it started, not left running and billed
 
 
-def test_recreate_during_an_auto_stop_deletes_the_old_sandbox_once_it_stopped(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recreate_during_an_auto_stop_deletes_the_old_sandbox_once_it_stopped(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(emu.transition_s, "stopping", 3.0)
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         assert k.execute("1").status == "ok"
@@ -155,7 +159,9 @@ def test_recreate_during_an_auto_stop_deletes_the_old_sandbox_once_it_stopped(em
         assert new is not old and result_text(k.execute("6 * 7", timeout=60)) == "42"
 
 
-def test_a_shutdown_while_map_workers_start_leaves_none_running(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shutdown_while_map_workers_start_leaves_none_running(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from test_fanout_daytona import kernel_id, workers_of
 
     with Kernel("daytona", cwd=str(tmp_path)) as k:
@@ -201,7 +207,9 @@ def test_a_context_is_created_only_after_a_deletion_under_way_has_ended(daytona_
 # -- creates: a lost answer, an eventually consistent list -----------------------------------------------------------
 
 
-def test_a_lost_create_answer_with_a_lagging_list_makes_one_sandbox(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_create_answer_with_a_lagging_list_makes_one_sandbox(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(emu, "list_lag_s", 120.0)  # the search index has not seen the new sandbox yet
     emu.fail_after_create(503)
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SANDBOX_POLICY": "ephemeral"}) as k:
@@ -225,7 +233,9 @@ def test_a_name_is_unique_and_a_retried_create_is_a_409(daytona_env: Any) -> Non
 # -- the failed-auth throttler ------------------------------------------------------------------------------------------
 
 
-def test_a_wrong_key_throttled_to_429_is_reported_as_the_key_at_once(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrong_key_throttled_to_429_is_reported_as_the_key_at_once(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from daytona import AsyncDaytona, DaytonaConfig
     from daytona.common.errors import DaytonaAuthenticationError, DaytonaRateLimitError
 
@@ -327,7 +337,9 @@ def test_archived_sandboxes_do_not_count_against_the_disk_quota(daytona_env: Any
     sdk_call(daytona_env, scenario)
 
 
-def test_closing_eight_workers_at_once_waits_out_the_lifecycle_throttler(daytona_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_closing_eight_workers_at_once_waits_out_the_lifecycle_throttler(
+    daytona_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from test_fanout_daytona import kernel_id, workers_of
 
     with Kernel("daytona", cwd=str(tmp_path)) as k:
@@ -356,7 +368,9 @@ def test_the_sandbox_processes_never_see_the_api_key(daytona_env: Any) -> None:
 # -- regressions seen from outside ---------------------------------------------------------------------------------------
 
 
-def test_a_restart_that_finds_its_sandbox_stopping_waits_and_starts_it(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_restart_that_finds_its_sandbox_stopping_waits_and_starts_it(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The new process runs its first cell in the context the old one left (its handoff) while the SDK loads, and
     the sandbox stops just then (an auto-stop that came with the restart): the handshake is refused (400), the
     load waits for the stop and starts the sandbox, and the cell runs there in a new interpreter."""
@@ -371,7 +385,9 @@ def test_a_restart_that_finds_its_sandbox_stopping_waits_and_starts_it(emu: Any,
         assert "started again" in run.text("stderr") and sandbox.state == "started"
 
 
-def test_a_gpu_snapshot_whose_lookup_fails_is_made_ephemeral_when_the_create_says_so(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gpu_snapshot_whose_lookup_fails_is_made_ephemeral_when_the_create_says_so(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(emu.snapshots, "cuda-hidden", {"cpu": 4, "mem": 16, "disk": 20, "gpu": 1})
     emu.fail_next("GET /api/snapshots/", 404)  # the lookup gives no GPU count
     with Kernel("daytona", cwd=str(tmp_path), env={"DAYTONA_KERNEL_SNAPSHOT": "cuda-hidden"}) as k:

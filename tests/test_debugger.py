@@ -43,7 +43,9 @@ class Debugging:
     def __call__(self, command: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         self.seq += 1
         kc = self.kernel.kc
-        msg = kc.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command, "arguments": arguments or {}})
+        msg = kc.session.msg(
+            "debug_request", {"type": "request", "seq": self.seq, "command": command, "arguments": arguments or {}}
+        )
         kc.control_channel.send(msg)
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline:
@@ -99,14 +101,18 @@ def session(name: str, **launch: Any) -> dict[str, Any]:
         scopes = debug("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
         seen["scopes"] = [s["name"] for s in scopes]
         local = next(s for s in scopes if s["name"] == "Locals")["variablesReference"]
-        seen["locals"] = [(v["name"], v["value"], v["type"]) for v in debug("variables", {"variablesReference": local})["body"]["variables"]]
+        seen["locals"] = [
+            (v["name"], v["value"], v["type"]) for v in debug("variables", {"variablesReference": local})["body"]["variables"]
+        ]
         seen["next"] = debug("next", {"threadId": thread})["success"]
         seen["stepped"] = debug.event("stopped")["body"]["reason"]
         frames = debug("stackTrace", {"threadId": thread})["body"]["stackFrames"]
         seen["line after step"] = frames[0]["line"]
         scopes = debug("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
         local = next(s for s in scopes if s["name"] == "Locals")["variablesReference"]
-        seen["locals after step"] = [(v["name"], v["value"]) for v in debug("variables", {"variablesReference": local})["body"]["variables"]]
+        seen["locals after step"] = [
+            (v["name"], v["value"]) for v in debug("variables", {"variablesReference": local})["body"]["variables"]
+        ]
         rich = debug("richInspectVariables", {"variableName": "c", "frameId": frames[0]["id"]})
         seen["rich at breakpoint"] = (rich["success"], rich["body"])
         copied = debug("copyToGlobals", {"srcVariableName": "c", "dstVariableName": "c_copy", "srcFrameId": frames[0]["id"]})
@@ -158,7 +164,9 @@ def bare_emulator(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_a_sandbox_without_debugpy_gets_the_kernels(bare_emulator: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sandbox_without_debugpy_gets_the_kernels(
+    bare_emulator: DaytonaEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
     home.mkdir()
     kernel_home = os.environ.get("HOME", "")
@@ -194,7 +202,9 @@ def test_an_interrupt_while_paused_at_a_breakpoint_keeps_the_variables() -> None
         debug.event("stopped")
         kernel.interrupt()
         kernel.wait_for(lambda m: m["parent_header"].get("msg_id") == run and m["content"].get("execution_state") == "idle")
-        errors = [m["content"]["ename"] for m in kernel.stray if m["msg_type"] == "error" and m["parent_header"].get("msg_id") == run]
+        errors = [
+            m["content"]["ename"] for m in kernel.stray if m["msg_type"] == "error" and m["parent_header"].get("msg_id") == run
+        ]
         assert errors == ["KeyboardInterrupt"]
         assert kernel.execute("print(kept + 1)").text() == "42\n"
 

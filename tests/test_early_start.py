@@ -91,7 +91,12 @@ async def test_every_early_request_is_the_one_the_sdk_sends(sdk_requests: list[R
     early = EarlyApi(API, headers)
     body = ws.early_create_body("vol-1", "daytona-kernel-0123456789abcdef")
     assert body is not None
-    ours = [early.volume_request(config.volume_name), early.find_request(ws.identity()), early.get_request("sb-1"), early.create_request(body)]
+    ours = [
+        early.volume_request(config.volume_name),
+        early.find_request(ws.identity()),
+        early.get_request("sb-1"),
+        early.create_request(body),
+    ]
     assert len(sdk_requests) == len(ours)
     for sdk, mine in zip(sdk_requests, ours):
         assert (mine.method, mine.url) == (sdk.method, sdk.url)
@@ -138,7 +143,9 @@ def start_in_process(folder: Path, **changes: Any) -> tuple[Any, Any]:
     return sandbox, asyncio.run(go())
 
 
-def test_the_create_leaves_before_the_sdks_client_exists(volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_create_leaves_before_the_sdks_client_exists(
+    volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The SDK's client is held back until the create was sent (at most 30 s): with the early path the start
     goes on; the order of the two is what is checked, not a time."""
     daytona_env = volume_ready
@@ -175,7 +182,9 @@ def test_a_wrong_key_ends_in_the_sdk_paths_message(volume_ready: Any, tmp_path: 
     assert "DAYTONA_API_KEY" in str(early)
 
 
-def test_a_lost_create_answer_on_the_early_path_bills_one_sandbox(volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_create_answer_on_the_early_path_bills_one_sandbox(
+    volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The early create is made, its answer lost (503) and the list lags: the SDK's path finds it by its name."""
     daytona_env = volume_ready
     monkeypatch.setattr(daytona_env, "list_lag_s", 120.0)

@@ -58,7 +58,9 @@ async def signal_later(sandbox, pid: int, signal_name: str, delay_s: float = 0.7
     assert result.exit_code == 0, result.result
 
 
-async def raw_execute(emulator, sandbox, request: dict[str, Any], read_after_s: float = 0.0) -> tuple[list[dict[str, Any]], int | None]:  # type: ignore[no-untyped-def]
+async def raw_execute(
+    emulator, sandbox, request: dict[str, Any], read_after_s: float = 0.0
+) -> tuple[list[dict[str, Any]], int | None]:  # type: ignore[no-untyped-def]
     """Frames and close code of one interpreter websocket, without the SDK in between."""
     url = f"ws://127.0.0.1:{emulator.port}/toolbox/{sandbox.id}/process/interpreter/execute"
     frames: list[dict[str, Any]] = []
@@ -165,7 +167,10 @@ async def test_error_traceback_names_only_stdin_lines(sandbox, context) -> None:
     result = await run(sandbox, context, "x = 1\n1/0")
     assert result.error is not None
     assert result.error.name == "ZeroDivisionError" and result.error.value == "division by zero"
-    assert result.error.traceback == 'Traceback (most recent call last):\n  File "<stdin>", line 2\nZeroDivisionError: division by zero\n'
+    assert (
+        result.error.traceback
+        == 'Traceback (most recent call last):\n  File "<stdin>", line 2\nZeroDivisionError: division by zero\n'
+    )
 
 
 async def test_system_exit_is_a_normal_completion(sandbox, context) -> None:  # type: ignore[no-untyped-def]
@@ -299,7 +304,9 @@ async def test_a_client_close_is_answered_once_its_job_runs_not_while_it_waits(e
     quick_close = aiohttp.ClientWSTimeout(ws_close=1.0)
     async with aiohttp.ClientSession() as http:
         running = await http.ws_connect(url, headers=headers, timeout=quick_close)
-        await running.send_str(json.dumps({"code": "print('on', flush=True)\nimport time\ntime.sleep(3)", "contextId": context.id}))
+        await running.send_str(
+            json.dumps({"code": "print('on', flush=True)\nimport time\ntime.sleep(3)", "contextId": context.id})
+        )
         assert json.loads((await running.receive()).data)["text"] == "on\n"  # its job runs
         waiting = await http.ws_connect(url, headers=headers, timeout=quick_close)
         await waiting.send_str(json.dumps({"code": "queued = 1", "contextId": context.id}))
@@ -401,7 +408,9 @@ async def test_local_worker_exit_mid_cell_and_between_cells(local) -> None:  # t
 async def test_local_worker_system_exit_and_error_format(local) -> None:  # type: ignore[no-untyped-def]
     assert await local_run(local, "import sys\nsys.exit(1)") == ("", "", None)
     error = (await local_run(local, "\n1/0"))[2]
-    assert error.traceback == 'Traceback (most recent call last):\n  File "<stdin>", line 2\nZeroDivisionError: division by zero\n'
+    assert (
+        error.traceback == 'Traceback (most recent call last):\n  File "<stdin>", line 2\nZeroDivisionError: division by zero\n'
+    )
 
 
 @pytest.mark.parametrize(
@@ -417,7 +426,10 @@ async def test_local_worker_system_exit_and_error_format(local) -> None:  # type
         (b'{"type": "stdout", "text": "a", "text": "b"}', {"type": "stdout", "text": "b"}),  # the last one wins
         (b'{"type": "stdout", "text": "bad \xff utf-8"}', {"type": "stdout", "text": "bad \ufffd utf-8"}),
         # Go's decoder reads a lone surrogate escape as U+FFFD (a pair is one character), and refuses NaN
-        (b'{"type": "stdout", "text": "lone \\ud800 \\udfff pair \\ud83d\\ude00"}', {"type": "stdout", "text": "lone \ufffd \ufffd pair \U0001f600"}),
+        (
+            b'{"type": "stdout", "text": "lone \\ud800 \\udfff pair \\ud83d\\ude00"}',
+            {"type": "stdout", "text": "lone \ufffd \ufffd pair \U0001f600"},
+        ),
         (b'{"type": "stdout", "text": "x", "n": NaN}', None),
         (b'{"type": "stdout", "text": "x", "n": -Infinity}', None),
         (b'{"type": "stdout", "text": "x", "big": 123456789012345678901234567890}', {"type": "stdout", "text": "x"}),

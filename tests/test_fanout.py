@@ -276,7 +276,9 @@ def test_a_partial_line_shows_while_the_worker_runs(kernel: Kernel) -> None:
             seen.append(True)
             kernel.interrupt()
 
-    code = "%%daytona map 2\nimport time\nif rank == 1:\n    print('half way', end='', flush=True)\ntime.sleep(40)\nprint('slept')"
+    code = (
+        "%%daytona map 2\nimport time\nif rank == 1:\n    print('half way', end='', flush=True)\ntime.sleep(40)\nprint('slept')"
+    )
     run = kernel.execute(code, on_message=interrupt_at_the_partial_line, timeout=120)
     assert seen and run.errors and run.errors[0]["ename"] == "KeyboardInterrupt", run.outputs
     assert "slept" not in shown(run)
@@ -294,7 +296,9 @@ def test_a_carriage_return_cannot_pass_one_worker_off_as_another(kernel: Kernel)
 
 def test_a_worker_replaced_in_the_middle_of_a_map_is_named_and_the_pool_goes_on(kernel: Kernel) -> None:
     ok(kernel.execute("%%daytona map 3\nkept = rank"))
-    run = kernel.execute("%%daytona map 3\nimport os\nprint('before', rank, flush=True)\nif rank == 2:\n    os._exit(9)\nprint('after', rank)")
+    run = kernel.execute(
+        "%%daytona map 3\nimport os\nprint('before', rank, flush=True)\nif rank == 2:\n    os._exit(9)\nprint('after', rank)"
+    )
     assert run.status == "error"
     evalue = run.errors[0]["evalue"]
     assert evalue.startswith("1 of 3 workers failed: [2] ") and "died" in evalue, evalue

@@ -100,7 +100,7 @@ def rendered(text: str) -> list[str]:
     for line in text.split("\n"):
         screen = ""
         for part in line.split("\r"):
-            screen = part + screen[len(part):]
+            screen = part + screen[len(part) :]
         shown.append(screen)
     return shown
 
@@ -114,7 +114,9 @@ def test_a_worker_cannot_pass_for_another_with_a_carriage_return_or_a_backspace(
     EngineOutput(1, lines).emit("stream", {"name": "stderr", "text": " 30%\n"})
     shown = rendered(front.text()) + rendered(front.text("stderr"))
     assert [line for line in shown if line] == [
-        "[stdout:1] [stdout:0] fake", "[stdout:1] " + "\\x08" * 11 + "[stdout:0] fake too", "[stderr:1]  30%"
+        "[stdout:1] [stdout:0] fake",
+        "[stdout:1] " + "\\x08" * 11 + "[stdout:0] fake too",
+        "[stderr:1]  30%",
     ]  # a progress bar still works: each step overwrites the last, after the worker's own prefix
 
 
@@ -133,11 +135,16 @@ def test_rich_outputs_come_after_a_header_with_the_worker_in_their_metadata() ->
     out.emit("stream", {"name": "stdout", "text": "before"})
     out.emit("display_data", {"data": {"image/png": "iVBO"}, "metadata": {"image/png": {"width": 3}}, "transient": {}})
     out.emit("execute_result", {"data": {"text/plain": "42"}, "metadata": {}, "execution_count": 7})
-    assert shown[:2] == [("stream", {"name": "stdout", "text": "[stdout:2] before"}), ("stream", {"name": "stdout", "text": "\n"})]
+    assert shown[:2] == [
+        ("stream", {"name": "stdout", "text": "[stdout:2] before"}),
+        ("stream", {"name": "stdout", "text": "\n"}),
+    ]
     assert shown[2] == ("stream", {"name": "stdout", "text": "[output:2]\n"})  # a partial line ends first
     assert shown[3][0] == "display_data" and shown[3][1]["metadata"] == {"image/png": {"width": 3}, "worker": 2}
     assert shown[4] == ("stream", {"name": "stdout", "text": "Out[2:7]:\n"})
-    assert shown[5][0] == "display_data" and shown[5][1]["data"] == {"text/plain": "42"} and shown[5][1]["metadata"]["worker"] == 2
+    assert (
+        shown[5][0] == "display_data" and shown[5][1]["data"] == {"text/plain": "42"} and shown[5][1]["metadata"]["worker"] == 2
+    )
 
 
 def test_a_worker_may_not_clear_the_cell_and_its_error_is_kept_for_the_combined_one() -> None:
@@ -304,7 +311,6 @@ async def test_a_pool_that_cannot_start_any_worker_fails_with_the_reason() -> No
 
 async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest() -> None:
     from fakes import FakeSandbox
-
 
     sandboxes = [FakeSandbox() for _ in range(3)]
     pool, front = pool_of(sandboxes), Recorder()

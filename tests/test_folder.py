@@ -48,7 +48,9 @@ def test_deletions_pass_both_ways_into_the_trash(kernel_name: str, tmp_path: Pat
     trash = tmp_path / "xdg" / "Trash"
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
     with Kernel(kernel_name, cwd=str(notebooks), env=env) as k:
-        assert value(k.execute("import os\nos.path.exists('../data/table.csv'), os.path.exists('../helpers.py')")) == "(True, True)"
+        assert (
+            value(k.execute("import os\nos.path.exists('../data/table.csv'), os.path.exists('../helpers.py')")) == "(True, True)"
+        )
         (project / "data" / "table.csv").unlink()
         assert value(k.execute("os.path.exists('../data/table.csv')")) == "False"
         run = k.execute("os.remove('../data/progress.log')")
@@ -154,7 +156,9 @@ def test_a_download_stops_before_it_fills_the_disk(tmp_path: Path, monkeypatch: 
     (workdir / "model.bin").write_bytes(b"x" * 4096)
     usage = namedtuple("usage", "total used free")
     total = 100 * 1024**3
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(total, total - down.disk_margin(total) - 1000, down.disk_margin(total) + 1000))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: usage(total, total - down.disk_margin(total) - 1000, down.disk_margin(total) + 1000)
+    )
     result = asyncio.run(mirror.pull(reported(workdir, ["model.bin"])))
     assert not (tmp_path / "proj" / "model.bin").exists()
     assert "less than 1024.0 MB free on this disk" in result.notices(), result.notices()
@@ -203,7 +207,11 @@ def test_a_file_a_running_cell_writes_is_here_before_the_cell_ends(kernel_name: 
 
     with Kernel(kernel_name, cwd=str(notebooks)) as k:
         k.execute("pass")
-        run = k.execute("open('../data/checkpoint.txt', 'w').write('epoch 1')\nanswer = input('saved; go on? ')", stdin_answer=look, timeout=120)
+        run = k.execute(
+            "open('../data/checkpoint.txt', 'w').write('epoch 1')\nanswer = input('saved; go on? ')",
+            stdin_answer=look,
+            timeout=120,
+        )
         assert run.status == "ok", run.errors
         assert value(k.execute("answer")) == "'seen'"
 

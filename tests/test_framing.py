@@ -116,9 +116,15 @@ def test_a_file_of_large_strings_that_does_not_fit_its_frame_is_refused() -> Non
     check({"a": ""}, [(["b"], 3)], b"abc", "not in the frame")
     check({"a": [""]}, [(["a", 1], 3)], b"abc", "not in the frame")
     check({"a": ""}, [(["a"], 2)], b"\xff\xfe", "utf-8")
-    for blobs in ('"x"', '{"path": "", "sizes": []}', '{"path": "/p", "sizes": [[["a"], -1]]}', '{"path": "/p", "sizes": [[[], 1]]}',
-                  '{"path": "/p", "sizes": [[["a", true], 1]]}', '{"path": "/p", "sizes": [[["a"], 99999999999]]}'):
-        line = f"{MARK}{TOKEN} . [\"display\",{{\"a\":\"\"}},{blobs}]\n"
+    for blobs in (
+        '"x"',
+        '{"path": "", "sizes": []}',
+        '{"path": "/p", "sizes": [[["a"], -1]]}',
+        '{"path": "/p", "sizes": [[[], 1]]}',
+        '{"path": "/p", "sizes": [[["a", true], 1]]}',
+        '{"path": "/p", "sizes": [[["a"], 99999999999]]}',
+    ):
+        line = f'{MARK}{TOKEN} . ["display",{{"a":""}},{blobs}]\n'
         assert feed_all([line]) == [BadFrame("a frame's file of large strings is not described right")], blobs
 
 

@@ -93,7 +93,9 @@ def test_gc_leaves_a_sandbox_in_transition_alone(daytona_env, state: str) -> Non
     assert f"skipped {sandbox}: it is {state}; run gc again once that has finished" in lines
     assert daytona_env.sandboxes[sandbox].state == state
     # gc reports every stop and delete it tries; the shared emulator may hold other tests' orphans
-    assert [line for line in lines if sandbox in line] == [f"skipped {sandbox}: it is {state}; run gc again once that has finished"]
+    assert [line for line in lines if sandbox in line] == [
+        f"skipped {sandbox}: it is {state}; run gc again once that has finished"
+    ]
     daytona_env.sandboxes[sandbox].state = "destroyed"  # out of the way of the other tests
 
 
@@ -122,7 +124,9 @@ def test_gc_talks_to_the_configured_api_url(daytona_env, monkeypatch: pytest.Mon
 def test_gc_with_a_wrong_key_says_what_to_do_without_restarting_a_kernel(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items()}
     env.update(daytona_env.env(), DAYTONA_API_KEY="dtn_wrong")
-    proc = subprocess.run([sys.executable, "-m", "daytona_kernel.cli", "gc"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "daytona_kernel.cli", "gc"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode != 0
     assert "DAYTONA_API_KEY" in proc.stdout and "run `daytona-kernel gc` again" in proc.stdout
     assert "restart the kernel" not in proc.stdout + proc.stderr
@@ -138,7 +142,9 @@ def test_gc_leaves_the_sandbox_of_a_running_kernel_alone(daytona_env, tmp_path: 
         assert k.execute("2").status == "ok"
 
 
-def test_gc_stops_a_sandbox_paused_longer_than_the_age_and_keeps_a_recent_one(daytona_env, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_gc_stops_a_sandbox_paused_longer_than_the_age_and_keeps_a_recent_one(
+    daytona_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     """Daytona never archives or deletes a paused sandbox (sandbox.manager.ts: only STOPPED ones), and a paused
     sandbox's disk is billed and held against the quota (usage.service.ts): a forgotten one lasts for ever."""
     import time

@@ -35,7 +35,9 @@ class Browser:
         self.comms: list[tuple[str, dict[str, Any], list[bytes], dict[str, Any]]] = []
         self.outputs: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
 
-    def publish_comm(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any], buffers: Any, parent: dict[str, Any]) -> None:
+    def publish_comm(
+        self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any], buffers: Any, parent: dict[str, Any]
+    ) -> None:
         self.comms.append((msg_type, content, list(buffers), parent))
 
     def publish_output(self, kind: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
@@ -81,7 +83,9 @@ def plain(widget: Any) -> dict[str, Any]:
     return {k: v for k, v in widget.get_state().items() if not isinstance(v, (bytes, memoryview))}
 
 
-def reload(comms: CommBridge, states: dict[str, Any], paths: list[Any] | None = None, buffers: list[str] | None = None) -> dict[str, Any]:
+def reload(
+    comms: CommBridge, states: dict[str, Any], paths: list[Any] | None = None, buffers: list[str] | None = None
+) -> dict[str, Any]:
     """A page reload: the frontend opens the control comm, the sandbox answers with every widget's state."""
     control = {"comm_id": "c1", "target_name": CONTROL_TARGET, "data": {}}
     comms.from_frontend({"header": {"msg_id": "f-reload", "msg_type": "comm_open"}, "content": control, "metadata": {}})
@@ -163,7 +167,13 @@ def test_the_reload_reply_holds_only_open_allowed_widgets_and_their_buffers() ->
 
 def test_output_widget_outputs_go_through_the_output_policy() -> None:
     comms, browser = bridge()
-    outputs = [{"output_type": "display_data", "data": {"text/html": "<script>x()</script><i>hi</i>", "application/javascript": "x()"}, "metadata": {}}]
+    outputs = [
+        {
+            "output_type": "display_data",
+            "data": {"text/html": "<script>x()</script><i>hi</i>", "application/javascript": "x()"},
+            "metadata": {},
+        }
+    ]
     run(comms, widget("o1", "OutputModel", module="@jupyter-widgets/output", outputs=outputs))
     shown = browser.comms[0][1]["data"]["state"]["outputs"][0]["data"]
     assert "application/javascript" not in shown and "<script" not in shown["text/html"] and "<i>hi</i>" in shown["text/html"]
@@ -171,14 +181,18 @@ def test_output_widget_outputs_go_through_the_output_policy() -> None:
 
 def test_a_forged_parent_is_a_protocol_error_and_output_stays_with_the_cell() -> None:
     comms, browser = bridge()
-    request, shown = run(comms, (Kind.PARENT, {"msg_id": "some-other-users-request"}), (Kind.DISPLAY, {"data": {"text/plain": "x"}}))
+    request, shown = run(
+        comms, (Kind.PARENT, {"msg_id": "some-other-users-request"}), (Kind.DISPLAY, {"data": {"text/plain": "x"}})
+    )
     assert request.error is not None and "never sent to the sandbox" in request.error["evalue"]
     assert browser.outputs == [] and [k for k, _ in shown if k == "display_data"] == ["display_data"]
 
 
 def test_output_under_a_forwarded_message_goes_under_it_and_its_error_is_not_the_cells() -> None:
     comms, browser = bridge()
-    comms.from_frontend({"header": {"msg_id": "f9", "msg_type": "comm_open"}, "content": {"comm_id": "w1", "target_name": "jupyter.widget"}})
+    comms.from_frontend(
+        {"header": {"msg_id": "f9", "msg_type": "comm_open"}, "content": {"comm_id": "w1", "target_name": "jupyter.widget"}}
+    )
     error = {"ename": "ValueError", "evalue": "in a callback", "traceback": []}
     request, shown = run(comms, (Kind.PARENT, {"msg_id": "f9"}), (Kind.ERROR, error), (Kind.PARENT, {"msg_id": ""}))
     assert request.error is None and shown == []
@@ -330,7 +344,12 @@ def test_markup_in_a_list_or_a_buffer_never_reaches_the_html_view() -> None:
     html = ipywidgets.HTML(value="fine")
     as_list = {"method": "update", "state": {"value": [PAYLOAD]}}  # innerHTML = [..] joins it into markup
     as_buffer = {"method": "update", "state": {}, "buffer_paths": [["value"]]}
-    run(comms, *shown(html), message(html.model_id, as_list), message(html.model_id, as_buffer, [base64.b64encode(PAYLOAD.encode()).decode()]))
+    run(
+        comms,
+        *shown(html),
+        message(html.model_id, as_list),
+        message(html.model_id, as_buffer, [base64.b64encode(PAYLOAD.encode()).decode()]),
+    )
     assert browser.comms[1][1]["data"]["state"]["value"] == ""
     assert browser.comms[2][1]["data"]["buffer_paths"] == [] and browser.comms[2][2] == []
 
@@ -357,7 +376,9 @@ def test_a_session_attached_to_may_not_bring_back_a_swapped_view_or_a_link_into_
     comms, browser = bridge()
     swapped, hidden, html = HTMLDrawnText(value=PAYLOAD), ipywidgets.Text(value=PAYLOAD), ipywidgets.HTML()
     link = ipywidgets.jsdlink((hidden, "value"), (html, "value"))
-    table = {w.model_id: SessionComm("jupyter.widget", json.loads(json.dumps(w.get_state()))) for w in (link, swapped, hidden, html)}
+    table = {
+        w.model_id: SessionComm("jupyter.widget", json.loads(json.dumps(w.get_state()))) for w in (link, swapped, hidden, html)
+    }
     assert comms.adopt(OpenComms(table)) == 2
     assert set(comms.comms) == {hidden.model_id, html.model_id}
 
@@ -397,7 +418,13 @@ def test_runs_of_clears_merge() -> None:
     display = (Kind.DISPLAY, {"data": {"text/plain": "frame"}, "metadata": {}, "transient": {}})
     _, shown_outputs = run(comms, *[clear] * 1000, display, clear, clear_now, clear, clear_now, display)
     kinds = [(k, c.get("wait")) for k, c in shown_outputs]
-    assert kinds == [("clear_output", True), ("display_data", None), ("clear_output", True), ("clear_output", False), ("display_data", None)]
+    assert kinds == [
+        ("clear_output", True),
+        ("display_data", None),
+        ("clear_output", True),
+        ("clear_output", False),
+        ("display_data", None),
+    ]
 
 
 def test_updates_for_display_ids_never_shown_are_dropped() -> None:
@@ -439,7 +466,11 @@ def test_an_allowed_library_model_drawn_by_the_html_view_is_cleaned() -> None:
 def test_an_image_widget_may_not_be_an_svg_that_runs_in_a_tab_of_its_own() -> None:
     comms, browser = bridge()
     svg = b'<svg xmlns="http://www.w3.org/2000/svg"><script>window.__dk_svg = 1</script></svg>'
-    image, png, hidden = ipywidgets.Image(value=svg, format="svg+xml"), ipywidgets.Image(format="png"), ipywidgets.Text(value="svg+xml")
+    image, png, hidden = (
+        ipywidgets.Image(value=svg, format="svg+xml"),
+        ipywidgets.Image(format="png"),
+        ipywidgets.Text(value="svg+xml"),
+    )
     run(comms, *shown(image, png, hidden), message(png.model_id, {"method": "update", "state": {"format": "svg+xml"}}))
     assert [c["data"]["state"].get("format") for _, c, _, _ in browser.comms] == ["png", "png", None, "png"]
     state = json.loads(json.dumps(plain(png))) | {"format": "svg+xml"}

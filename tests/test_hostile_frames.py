@@ -83,7 +83,7 @@ async def assert_rejected_for_its_cell_only(*bad_output: Any) -> Recorder:
 
 async def test_files_as_a_string() -> None:
     mirror = MirrorSpy()
-    (outcome, _), = await run_cells(Run([frame("files", "../../etc/passwd")]), mirror=mirror)
+    ((outcome, _),) = await run_cells(Run([frame("files", "../../etc/passwd")]), mirror=mirror)
     assert outcome.error is not None and outcome.error["ename"] == PROTOCOL_ERROR
     assert mirror.pulled == []
 
@@ -94,7 +94,7 @@ async def test_a_bad_files_entry() -> None:
 
 async def test_a_nul_in_a_path() -> None:
     mirror = MirrorSpy()
-    (outcome, _), = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}})]), mirror=mirror)
+    ((outcome, _),) = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}})]), mirror=mirror)
     assert outcome.error is not None and "not a valid path" in outcome.error["evalue"]
     assert mirror.pulled == []
 
@@ -102,7 +102,7 @@ async def test_a_nul_in_a_path() -> None:
 async def test_a_partial_files_report_that_is_not_a_bool_or_hides_a_bad_path() -> None:
     await assert_rejected_for_its_cell_only(frame("files", {"changed": {"a.txt": [1, 2]}, "partial": "yes"}))
     mirror = MirrorSpy()
-    (outcome, _), = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}, "partial": True})]), mirror=mirror)
+    ((outcome, _),) = await run_cells(Run([frame("files", {"changed": {"a\x00b": [1, 2]}, "partial": True})]), mirror=mirror)
     assert outcome.error is not None and "not a valid path" in outcome.error["evalue"]
     assert mirror.pulled == []
 
@@ -111,7 +111,7 @@ async def test_a_partial_files_report_is_pulled_while_the_cell_runs_and_the_fina
     mirror = MirrorSpy()
     partial = frame("files", {"changed": {"log.txt": [1, 2]}, "partial": True})
     final = frame("files", {"changed": {"log.txt": [5, 6]}, "deleted": []})
-    (outcome, _), = await run_cells(Run([partial, "out\n", final]), mirror=mirror)
+    ((outcome, _),) = await run_cells(Run([partial, "out\n", final]), mirror=mirror)
     assert outcome.error is None
     assert [(dict(c.changed), c.partial) for c in mirror.pulled] == [({"log.txt": (1, 2)}, True), ({"log.txt": (5, 6)}, False)]
 
@@ -133,7 +133,7 @@ async def test_an_input_request_when_the_cell_takes_no_input() -> None:
 
 
 async def test_a_frame_that_is_not_a_kind_payload_pair() -> None:
-    await assert_rejected_for_its_cell_only(raw(lambda token: f"{MARK}{token} . {{\"kind\": 1}}\n"))
+    await assert_rejected_for_its_cell_only(raw(lambda token: f'{MARK}{token} . {{"kind": 1}}\n'))
 
 
 # -- the debugger (docs/debugger.md) --------------------------------------------------
@@ -144,7 +144,9 @@ def dap(message: dict[str, Any], answers: int | None = None) -> Any:
 
 
 async def test_a_debug_request_from_the_sandbox_is_refused() -> None:  # DAP's reverse requests (runInTerminal ...)
-    await assert_rejected_for_its_cell_only(dap({"type": "request", "seq": 1, "command": "runInTerminal", "arguments": {"args": ["sh"]}}))
+    await assert_rejected_for_its_cell_only(
+        dap({"type": "request", "seq": 1, "command": "runInTerminal", "arguments": {"args": ["sh"]}})
+    )
 
 
 async def test_a_debug_response_that_answers_nothing_is_refused() -> None:
@@ -171,9 +173,23 @@ async def test_an_oversized_debug_message_is_refused(monkeypatch: pytest.MonkeyP
 
 
 async def test_a_debug_reply_nobody_waits_for_is_dropped_and_events_reach_the_frontend() -> None:
-    session = SandboxSession(FakeSandbox([Run(["before\n", dap({"type": "response", "command": "source", "success": True}, answers=7),
-                                               dap({"type": "event", "seq": 2, "event": "stopped", "body": {"threadId": 1}}), "after\n"])]),
-                             SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
+    session = SandboxSession(
+        FakeSandbox(
+            [
+                Run(
+                    [
+                        "before\n",
+                        dap({"type": "response", "command": "source", "success": True}, answers=7),
+                        dap({"type": "event", "seq": 2, "event": "stopped", "body": {"threadId": 1}}),
+                        "after\n",
+                    ]
+                )
+            ]
+        ),
+        SessionSettings(),
+        LOG,
+        MirrorSpy(),
+    )  # type: ignore[arg-type]
     events: list[dict[str, Any]] = []
     session.debugger.publish = events.append
     front = Recorder()
@@ -183,11 +199,19 @@ async def test_a_debug_reply_nobody_waits_for_is_dropped_and_events_reach_the_fr
 
 
 async def test_a_rich_inspection_passes_the_output_policy_and_the_kernel_reads_no_file() -> None:
-    reply = {"type": "response", "seq": 1, "request_seq": 1, "command": "richInspectVariables", "success": True,
-             "body": {"data": {"text/html": "<b>x</b><script>steal()</script>", "text/plain": "x"}, "metadata": {}}}
+    reply = {
+        "type": "response",
+        "seq": 1,
+        "request_seq": 1,
+        "command": "richInspectVariables",
+        "success": True,
+        "body": {"data": {"text/html": "<b>x</b><script>steal()</script>", "text/plain": "x"}, "metadata": {}},
+    }
     sandbox = FakeSandbox([Run([dap(reply, answers=1)])])
     session = SandboxSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
-    got = await session.debugger.request({"type": "request", "seq": 1, "command": "richInspectVariables", "arguments": {"variableName": "x"}})
+    got = await session.debugger.request(
+        {"type": "request", "seq": 1, "command": "richInspectVariables", "arguments": {"variableName": "x"}}
+    )
     assert got["success"] and got["body"]["data"]["text/plain"] == "x"
     assert "script" not in got["body"]["data"]["text/html"] and "<b>x</b>" in got["body"]["data"]["text/html"]
     assert sandbox.download_limits == [] and sandbox.uploads == []
@@ -196,8 +220,14 @@ async def test_a_rich_inspection_passes_the_output_policy_and_the_kernel_reads_n
 async def test_a_debug_request_the_sandbox_does_not_answer_gets_a_failed_reply_at_once() -> None:
     session = SandboxSession(FakeSandbox([Run(["nothing\n"])]), SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     got = await session.debugger.request({"type": "request", "seq": 5, "command": "stackTrace", "arguments": {"threadId": 1}})
-    assert got == {"type": "response", "seq": 5, "request_seq": 5, "success": False, "command": "stackTrace",
-                   "message": "the sandbox's debugger sent no usable reply (the kernel log says why)"}
+    assert got == {
+        "type": "response",
+        "seq": 5,
+        "request_seq": 5,
+        "success": False,
+        "command": "stackTrace",
+        "message": "the sandbox's debugger sent no usable reply (the kernel log says why)",
+    }
 
 
 # -- size and depth ----------------------------------------------------------------
@@ -233,17 +263,28 @@ def blob_frame(payload: dict[str, Any], path: str, sizes: list[Any]) -> Any:
 async def test_a_file_of_large_strings_is_fetched_and_later_output_waits_for_it() -> None:
     png = "iVBOR" * 100_000
     sandbox = FakeSandbox(
-        [Run(["before\n", blob_frame({"data": {"image/png": "", "text/plain": "img"}}, "/tmp/out-0", [[["data", "image/png"], len(png)]]),
-              "after\n", frame("display", {"data": {"text/plain": "next"}})])]
+        [
+            Run(
+                [
+                    "before\n",
+                    blob_frame(
+                        {"data": {"image/png": "", "text/plain": "img"}}, "/tmp/out-0", [[["data", "image/png"], len(png)]]
+                    ),
+                    "after\n",
+                    frame("display", {"data": {"text/plain": "next"}}),
+                ]
+            )
+        ]
     )
     sandbox.files["/tmp/out-0"] = png.encode()
     session = SandboxSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     front = Recorder()
     outcome = await session.execute(Cell("cell", 1), front)
     assert outcome.error is None, outcome.error
-    assert [(kind, content.get("text") or content["data"].get("image/png") or content["data"]["text/plain"]) for kind, content in front.outputs] == [
-        ("stream", "before\n"), ("display_data", png), ("stream", "after\n"), ("display_data", "next")
-    ]
+    assert [
+        (kind, content.get("text") or content["data"].get("image/png") or content["data"]["text/plain"])
+        for kind, content in front.outputs
+    ] == [("stream", "before\n"), ("display_data", png), ("stream", "after\n"), ("display_data", "next")]
 
 
 async def test_a_file_of_large_strings_that_is_not_there() -> None:
@@ -251,7 +292,9 @@ async def test_a_file_of_large_strings_that_is_not_there() -> None:
 
 
 async def test_a_file_of_large_strings_that_does_not_fit_its_frame() -> None:
-    sandbox = FakeSandbox([Run(["before\n", blob_frame({"data": {"image/png": ""}}, "/etc/passwd", [[["data", "image/png"], 5]]), "after\n"])])
+    sandbox = FakeSandbox(
+        [Run(["before\n", blob_frame({"data": {"image/png": ""}}, "/etc/passwd", [[["data", "image/png"], 5]]), "after\n"])]
+    )
     sandbox.files["/etc/passwd"] = b"root:x:0:0"
     session = SandboxSession(sandbox, SessionSettings(), LOG, MirrorSpy())  # type: ignore[arg-type]
     front = Recorder()
@@ -286,7 +329,9 @@ def hang_under(folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[threading
 
 
 @pytest.mark.parametrize("how", ["elsewhere", "through a symlink in the temporary folder", "up out of the temporary folder"])
-async def test_a_forged_file_of_large_strings_is_never_read_on_the_event_loop(how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_forged_file_of_large_strings_is_never_read_on_the_event_loop(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A forged frame can name any file for the kernel to fetch. On the local backend the runtime's own files
     (its private folder in the sandbox's temporary folder) are read in the event loop, any other file in a
     thread: one on a network file system that hangs must not stop the kernel (review4 N9)."""
@@ -312,7 +357,9 @@ async def test_a_forged_file_of_large_strings_is_never_read_on_the_event_loop(ho
         await sandbox.shutdown()
 
 
-async def test_the_runtimes_own_file_of_large_strings_is_read_in_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_runtimes_own_file_of_large_strings_is_read_in_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The runtime's files were written moments ago (page cache): a hop to a thread and back costs more than the read."""
     config = DaytonaKernelConfig(backend="local", sandbox_policy="ephemeral")
     sandbox = LocalSandbox(settings_from(LocalSettings, config), "own-" + tmp_path.name)
@@ -344,7 +391,7 @@ def test_an_overlong_frame_line_is_dropped_as_soon_as_it_passes_the_limit() -> N
 
 def test_a_frame_cut_off_at_the_end_of_the_run_never_shows_the_token() -> None:
     dec = FrameDecoder("secret-token")
-    events = dec.feed("ok\n" + MARK + "secret-token . [\"display\", {")
+    events = dec.feed("ok\n" + MARK + 'secret-token . ["display", {')
     events += dec.flush()
     assert events[0] == Text("ok\n") and isinstance(events[1], BadFrame)
     assert "secret-token" not in repr(events)
@@ -355,13 +402,13 @@ def test_a_frame_cut_off_at_the_end_of_the_run_never_shows_the_token() -> None:
 
 async def test_a_lone_record_separator_does_not_swallow_the_error() -> None:
     error = {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": []}
-    (outcome, front), = await run_cells(Run(["data\x1e", frame("error", error)]))
+    ((outcome, front),) = await run_cells(Run(["data\x1e", frame("error", error)]))
     assert outcome.error == error
     assert front.text() == "data\x1e"
 
 
 async def test_a_lone_record_separator_does_not_swallow_the_next_display() -> None:
-    (outcome, front), = await run_cells(Run(["a\x1e", frame("display", {"data": {"text/plain": "shown"}}), "b\n"]))
+    ((outcome, front),) = await run_cells(Run(["a\x1e", frame("display", {"data": {"text/plain": "shown"}}), "b\n"]))
     assert outcome.error is None
     assert front.of_type("display_data") == [{"data": {"text/plain": "shown"}, "metadata": {}, "transient": {}}]
     assert front.text() == "a\x1eb\n"

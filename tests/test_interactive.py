@@ -21,7 +21,6 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Kernel:
         yield k
 
 
-
 # -- shell escapes ---------------------------------------------------------
 
 
@@ -86,7 +85,9 @@ def test_time_and_timeit(kernel: Kernel) -> None:
     assert result_text(run) == "499500"
     run = kernel.execute("%timeit -n 5 -r 3 sum(range(100))")
     # IPython first warns "The slowest run took N times longer ..." when one run was slow (a loaded machine)
-    assert re.fullmatch(r"(The slowest run took .+\n)?.+ ± .+ per loop \(mean ± std. dev. of 3 runs, 5 loops each\)\n", run.text())
+    assert re.fullmatch(
+        r"(The slowest run took .+\n)?.+ ± .+ per loop \(mean ± std. dev. of 3 runs, 5 loops each\)\n", run.text()
+    )
     run = kernel.execute("%%time\nt = 1\nt + 1")
     assert "Wall time" in run.text() and result_text(run) == "2"
     run = kernel.execute("%%timeit -n 2 -r 2\nsum(range(10))")
@@ -235,7 +236,9 @@ CLASS_A = "class A:\n    x = 1\n    def method(self): pass\na = A()"  # each tes
 def test_completion_uses_the_live_namespace(kernel: Kernel) -> None:
     kernel.execute(CLASS_A)
     code = "a."
-    kernel.request("complete", code, len(code))  # a cold jedi can pass IPython's 400 ms type budget ('<unknown>'), as under ipykernel
+    kernel.request(
+        "complete", code, len(code)
+    )  # a cold jedi can pass IPython's 400 ms type budget ('<unknown>'), as under ipykernel
     reply = kernel.request("complete", code, len(code))
     completed = {code[: reply["cursor_start"]] + m for m in reply["matches"]}
     assert {"a.x", "a.method"} <= completed
@@ -324,7 +327,7 @@ def test_history_shapes() -> None:
 
 # -- VS Code and widgets -----------------------------------------------------------
 
-VSCODE_VARIABLES = '''
+VSCODE_VARIABLES = """
 def _VSCODE_getVariable(what_to_get, is_debugging, *args):
     import json as _VSCODE_json
     import builtins as _VSCODE_builtins
@@ -339,7 +342,7 @@ def _VSCODE_getVariable(what_to_get, is_debugging, *args):
 
 print(_VSCODE_getVariable("AllVariableDescriptions", False))
 del _VSCODE_getVariable
-'''
+"""
 
 
 def test_vscode_startup_sequence_runs_cleanly() -> None:

@@ -148,4 +148,3 @@ def test_vscode_variable_listing_flow_returns_names_and_types(kernel_name: str) 
         assert run.status == "ok", run.errors
         assert run.text() == '{"helper": "function", "math": "module", "names": "list", "total": "int"}\n'
         assert result_text(k.execute("'_VSCODE_rwho_ls' in dir()")) == "False"
-

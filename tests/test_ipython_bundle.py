@@ -77,7 +77,9 @@ def test_the_runtime_is_compiled_once_per_sandbox_and_a_bad_cache_is_compiled_ag
     probe = f"exec(open({str(boot)!r}).read())\nimport sys\nopen({str(result)!r}, 'w').write(repr(getattr(sys.modules['_daytona_kernel_framing'], 'MARK_OF_THE_CACHE', None)))\n"
 
     def bootstrap() -> str:
-        subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, HOME=str(tmp_path)), cwd=tmp_path, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", probe], env=dict(os.environ, HOME=str(tmp_path)), cwd=tmp_path, check=True, capture_output=True
+        )
         return result.read_text()
 
     assert bootstrap() == "None"

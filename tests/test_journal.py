@@ -131,7 +131,9 @@ def test_a_cell_is_journaled_then_marked_idle_with_its_count_and_variables(tmp_p
 
 
 @pytest.mark.parametrize("runtime", ["through the worker", "without a protocol writer"])
-def test_the_journal_is_bounded_rotates_and_never_splits_a_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
+def test_the_journal_is_bounded_rotates_and_never_splits_a_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str
+) -> None:
     monkeypatch.setattr(journal, "FILE_BYTES", 300)
     rt, j = through_the_worker(tmp_path, monkeypatch)[:2] if runtime == "through the worker" else opened(tmp_path)
     j.arm(1)
@@ -413,7 +415,10 @@ def test_a_claim_travels_by_name_and_swapped_or_missing_arguments_are_refused(
     assert run_main(json.dumps({"method": "adopt", "args": {"instance": "x"}}), capsys) == {"error": "no journal method 'adopt'"}
     assert journal.claim(j.folder, "me", ME)["ok"]  # nothing above changed the owner
     new_owner = dict(ME, instance="new")
-    assert run_main(encode(ClaimSession(folder=j.folder, expected="me", owner=new_owner)), capsys) == {"ok": True, "owner": new_owner}
+    assert run_main(encode(ClaimSession(folder=j.folder, expected="me", owner=new_owner)), capsys) == {
+        "ok": True,
+        "owner": new_owner,
+    }
     with pytest.raises(Exception, match="no runtime method 'claim'"):  # the runtime never takes a journal verb for its own
         decode(encode(ClaimSession(folder=j.folder, expected="me", owner=ME)), CALLS)
 

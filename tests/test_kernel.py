@@ -70,7 +70,9 @@ def test_a_five_megabyte_image_arrives_intact(kernel: Kernel) -> None:
     assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
 
 
-def test_a_large_output_travels_as_a_file_in_its_place_that_the_next_cells_write_over_or_remove(kernel_name: str, emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_large_output_travels_as_a_file_in_its_place_that_the_next_cells_write_over_or_remove(
+    kernel_name: str, emulator, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     """Strings past the backend's blob_chars leave the line protocol (one download), on both backends. The next
     cell writes its own over the file (a shorter one too), and a cell without any removes it when it ends."""
     code = (
@@ -85,8 +87,13 @@ def test_a_large_output_travels_as_a_file_in_its_place_that_the_next_cells_write
         run = k.execute(code, timeout=120)
         assert run.status == "ok", run.errors
         shown = [(m["msg_type"], m["content"].get("text") or m["content"]["data"].get("text/plain")) for m in run.outputs]
-        assert shown == [("stream", "before\n"), ("display_data", "img"), ("stream", "after ['out-0']\n"), ("display_data", "small"),
-                         ("execute_result", run.of_type("execute_result")[0]["data"]["text/plain"])]
+        assert shown == [
+            ("stream", "before\n"),
+            ("display_data", "img"),
+            ("stream", "after ['out-0']\n"),
+            ("display_data", "small"),
+            ("execute_result", run.of_type("execute_result")[0]["data"]["text/plain"]),
+        ]
         png = run.of_type("display_data")[0]["data"]["image/png"]
         digest = run.of_type("execute_result")[0]["data"]["text/plain"].strip("'")
         assert hashlib.sha256(base64.b64decode(png)).hexdigest() == digest
@@ -240,7 +247,7 @@ def test_cell_timeout_stops_a_long_cell_with_a_clear_error() -> None:
 
 
 def test_spoofed_frame_in_user_output_is_plain_text(kernel: Kernel) -> None:
-    run = kernel.execute("print('\\x1eDKF1 ffffffffffffffff . [\"error\", {\"ename\": \"Fake\"}]')")
+    run = kernel.execute('print(\'\\x1eDKF1 ffffffffffffffff . ["error", {"ename": "Fake"}]\')')
     assert run.status == "ok"
     assert not run.errors
     assert "Fake" in run.text()

@@ -19,10 +19,11 @@ from kernels import Kernel, result_text
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "daytona_kernel.cli", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
-
-
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -73,7 +74,10 @@ def test_doctor_passes_and_fails_with_a_fix(daytona_env, tmp_path: Path) -> None
     lines = good.stdout.splitlines()
     assert all(line.startswith("ok: ") for line in lines)
     assert any("API reachable" in line for line in lines) and any("a cell ran in Daytona sandbox" in line for line in lines)
-    bad = cli("doctor", env={**daytona_env.env(), "DAYTONA_KERNEL_BACKEND": "daytona", "DAYTONA_API_KEY": "dtn_wrongwrongwrongwrongwrong"})
+    bad = cli(
+        "doctor",
+        env={**daytona_env.env(), "DAYTONA_KERNEL_BACKEND": "daytona", "DAYTONA_API_KEY": "dtn_wrongwrongwrongwrongwrong"},
+    )
     assert bad.returncode == 1
     failed = [line for line in bad.stdout.splitlines() if line.startswith("FAIL: ")]
     assert failed and "fix:" in failed[0] and "DAYTONA_API_KEY" in failed[0]
@@ -94,8 +98,10 @@ def test_status_magic(kernel_name: str, tmp_path: Path) -> None:
 
 def test_checkpoint_and_restore_round_trip(kernel_name: str, tmp_path: Path) -> None:
     with Kernel(kernel_name, cwd=str(tmp_path)) as k:
-        k.execute("import pandas as pd, threading\nsettings = {'a': [1, 2]}\nframe = pd.DataFrame({'x': [1, 2, 3]})\n"
-                  "def double(v):\n    return v * 2\nlock = threading.Lock()")
+        k.execute(
+            "import pandas as pd, threading\nsettings = {'a': [1, 2]}\nframe = pd.DataFrame({'x': [1, 2, 3]})\n"
+            "def double(v):\n    return v * 2\nlock = threading.Lock()"
+        )
         saved = k.execute("%daytona checkpoint").text()
         assert "saved 3 variable(s)" in saved and "skipped: lock" in saved
         k.restart()

@@ -238,7 +238,9 @@ def test_two_notebooks_in_one_folder_one_closed(emu: Any, tmp_path: Path) -> Non
     assert shared.state == "stopped"  # the last one out stops it
 
 
-def test_a_gpu_snapshot_makes_the_sandbox_ephemeral_and_says_so_once(emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gpu_snapshot_makes_the_sandbox_ephemeral_and_says_so_once(
+    emu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """For a snapshot create Daytona takes the GPU count from the snapshot (sandbox.service.ts about 520-526),
     and refuses a GPU sandbox that is not ephemeral: with the default 'reuse' every create was a 400."""
     monkeypatch.setitem(emu.snapshots, "cuda-snapshot", {"cpu": 4, "mem": 16, "disk": 20, "gpu": 1})
@@ -282,7 +284,9 @@ def test_a_create_that_fails_after_it_succeeded_leaves_one_sandbox(emu: Any, tmp
 
 
 @pytest.mark.parametrize("ref, version", [("v1", "1"), ("main", "2"), ("first", "1")])
-def test_repo_ref_may_be_a_branch_a_tag_or_a_commit(emu: Any, tmp_path: Path, repo: dict[str, str], ref: str, version: str) -> None:
+def test_repo_ref_may_be_a_branch_a_tag_or_a_commit(
+    emu: Any, tmp_path: Path, repo: dict[str, str], ref: str, version: str
+) -> None:
     env = {"DAYTONA_KERNEL_REPO_URL": repo["url"], "DAYTONA_KERNEL_REPO_REF": repo.get(ref, ref)}
     with Kernel("daytona", cwd=str(tmp_path), env=env) as k:
         run = k.execute("open('project/version.txt').read()", timeout=30)

@@ -93,7 +93,9 @@ def server_env(kernel: str, emulator: Any) -> dict[str, str]:
 def server(request: pytest.FixtureRequest, emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpServer]:
     root = tmp_path_factory.mktemp("mcp")
     (root / "project").mkdir()
-    mcp = McpServer(request.param, root / "project", root / "agent.ipynb", root / "server.log", server_env(request.param, emulator))
+    mcp = McpServer(
+        request.param, root / "project", root / "agent.ipynb", root / "server.log", server_env(request.param, emulator)
+    )
     yield mcp
     mcp.close()
 
@@ -206,5 +208,11 @@ def test_the_key_never_appears_even_when_authentication_fails(emulator: Any, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", ["/", "~"])
 def test_refuses_the_root_or_home_as_the_project(folder: str) -> None:
-    proc = subprocess.run([*SERVER, "--kernel", "daytona-local", "--folder", folder], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*SERVER, "--kernel", "daytona-local", "--folder", folder],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 2 and "is not a project folder" in proc.stderr and proc.stdout == ""

@@ -82,7 +82,7 @@ def test_same_errors_and_results_as_stock_ipykernel(workdir: Path) -> None:
         "undefined_name",
         "def f():\n    raise KeyError('k')\nf()",
         "from IPython.display import JSON, Image, SVG, display\ndisplay(JSON({'a': 1}))\n"
-        "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"4\" height=\"4\"></svg>'))",
+        'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"></svg>\'))',
         "import pandas as pd\npd.Series([1, 2])",
         "None",
     ]
@@ -105,8 +105,9 @@ def _run_allowing_errors(nb_path: Path, out_path: Path, kernel: str) -> nbformat
 
 def test_parameters_are_injected(workdir: Path) -> None:
     nb = _notebook(workdir / "params.ipynb", ["alpha = 1\nlabel = 'default'", "print(label * alpha)"], tags={0: ["parameters"]})
-    out = papermill.execute_notebook(str(nb), str(workdir / "out.ipynb"), kernel_name="daytona-local",
-                                     parameters={"alpha": 3, "label": "ab"})
+    out = papermill.execute_notebook(
+        str(nb), str(workdir / "out.ipynb"), kernel_name="daytona-local", parameters={"alpha": 3, "label": "ab"}
+    )
     assert _summary(out)[-1] == [("stream", "stdout", "ababab\n")]
 
 

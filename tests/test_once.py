@@ -88,7 +88,9 @@ def test_a_raw_reader_sees_each_output_once(kernel_name: str, folder: Path) -> N
     assert ("[stdout:0] hi 0 2" in stream_lines(mapped)) and ("[stdout:1] hi 1 2" in stream_lines(mapped))
     assert sum("started 2 workers" in line for line in stream_lines(mapped)) == 1
     assert "[stdout:0] again 0" in stream_lines(displayed) and "[stdout:1] again 1" in stream_lines(displayed)
-    shown = sorted(m["content"]["data"]["text/plain"] for m in displayed.outputs if m["msg_type"] == "display_data" and not is_status(m))
+    shown = sorted(
+        m["content"]["data"]["text/plain"] for m in displayed.outputs if m["msg_type"] == "display_data" and not is_status(m)
+    )
     assert shown == ["'shown by 0'", "'shown by 1'"], shown
     if skips(kernel_name):
         assert sum(SKIP_NOTICE in line for line in stream_lines(skipped)) == 1, stream_lines(skipped)
@@ -122,7 +124,9 @@ def test_a_notebook_saved_by_papermill_keeps_outputs_and_notices_and_no_status(k
     nb.cells = [nbformat.v4.new_code_cell(cell) for cell in (SYNC_CELL, MAP_CELL, MAP_DISPLAY)]
     add_big_file(folder)
     nbformat.write(nb, folder / "nb.ipynb")
-    out = papermill.execute_notebook(str(folder / "nb.ipynb"), str(folder / "out.ipynb"), kernel_name=kernel_name, cwd=str(folder))
+    out = papermill.execute_notebook(
+        str(folder / "nb.ipynb"), str(folder / "out.ipynb"), kernel_name=kernel_name, cwd=str(folder)
+    )
     texts: list[list[str]] = []
     for cell in out.cells:
         for o in cell.outputs:
@@ -167,8 +171,15 @@ def run_in_console(child: pexpect.spawn, cell: str) -> str:
 
 
 def test_jupyter_console_prints_each_line_once(kernel_name: str, folder: Path) -> None:
-    child = pexpect.spawn(sys.executable, ["-c", CONSOLE, kernel_name], cwd=str(folder), env=dict(os.environ), encoding="utf-8",
-                          timeout=TIMEOUT_S, dimensions=(40, 400))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", CONSOLE, kernel_name],
+        cwd=str(folder),
+        env=dict(os.environ),
+        encoding="utf-8",
+        timeout=TIMEOUT_S,
+        dimensions=(40, 400),
+    )
     try:
         synced = run_in_console(child, SYNC_CELL)
         add_big_file(folder)
@@ -191,7 +202,9 @@ def test_jupyter_console_prints_each_line_once(kernel_name: str, folder: Path) -
         assert not repeated([line.strip() for line in shown.splitlines() if line.strip()]), shown
 
 
-def test_a_notice_from_the_sandbox_start_does_not_hide_the_first_syncs_status(kernel_name: str, folder: Path, tmp_path: Path) -> None:
+def test_a_notice_from_the_sandbox_start_does_not_hide_the_first_syncs_status(
+    kernel_name: str, folder: Path, tmp_path: Path
+) -> None:
     """The status line shows only before a cell's first output, so the kernel says what the start of the
     sandbox took (here: a repository cloned) after the first sync, not before it."""
     repo = tmp_path / "src" / "lib"

@@ -26,7 +26,11 @@ def burst(k: Kernel, control_id: str) -> list[dict[str, Any]]:
     execute = {"silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
     msgs = [
         session.msg("history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 10}),
-        session.msg("comm_open", {"comm_id": control_id, "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"}),
+        session.msg(
+            "comm_open",
+            {"comm_id": control_id, "target_name": "jupyter.widget.control", "data": {}},
+            metadata={"version": "1.0.0"},
+        ),
         session.msg("comm_msg", {"comm_id": control_id, "data": {"method": "request_states"}}),
         *(session.msg("execute_request", dict(execute, code=code)) for code in CELLS),
         session.msg("comm_info_request", {"target_name": "jupyter.widget"}),
@@ -65,7 +69,10 @@ def check_burst(sent: list[dict[str, Any]], iopub: list[dict[str, Any]], replies
     """ipykernel's shape: one busy and one idle per message, in the order sent, never interleaved; each
     message's output between its own busy and idle; the cells counted in order."""
     names = {m["header"]["msg_id"]: f"{i}:{m['header']['msg_type']}" for i, m in enumerate(sent)}
-    trace = [(names.get(m["parent_header"].get("msg_id"), "other"), m["msg_type"], m["content"].get("execution_state", "")) for m in iopub]
+    trace = [
+        (names.get(m["parent_header"].get("msg_id"), "other"), m["msg_type"], m["content"].get("execution_state", ""))
+        for m in iopub
+    ]
     statuses = [(who, state) for who, kind, state in trace if kind == "status" and who != "other"]
     expected = [(names[m["header"]["msg_id"]], state) for m in sent for state in ("busy", "idle")]
     assert statuses == expected, trace
@@ -79,7 +86,14 @@ def check_burst(sent: list[dict[str, Any]], iopub: list[dict[str, Any]], replies
     counts = [replies[m["header"]["msg_id"]]["content"]["execution_count"] for m in executes]
     assert counts == list(range(first_count, first_count + len(executes))), trace
     assert all(replies[m["header"]["msg_id"]]["content"]["status"] == "ok" for m in executes), trace
-    texts = ["".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == e["header"]["msg_id"]) for e in executes]
+    texts = [
+        "".join(
+            m["content"]["text"]
+            for m in iopub
+            if m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == e["header"]["msg_id"]
+        )
+        for e in executes
+    ]
     assert texts == ["one\none b\n", "two\n", "three\n"], trace
 
 

@@ -46,6 +46,7 @@ NOTEBOOK: list[tuple[str, list[str], bool]] = [
     ("import ipywidgets as w\nw.IntSlider()", [], True),
 ]
 
+
 def _outputs(run: Run) -> Iterator[tuple[Any, ...]]:
     for msg in run.outputs:
         kind, content = msg["msg_type"], msg["content"]

@@ -54,4 +54,7 @@ def test_the_path_map_both_ways(sandbox: str, user: str, path: str, shown: str) 
 def test_the_path_map_in_text() -> None:
     paths = PathMap("/w/p", "/home/me/p")
     line = "File \x1b[32m/w/p/helpers.py:2\x1b[0m <module 'h' from '/w/p/h.py'> /w/p2/x, in /w/p"
-    assert paths.in_text(line) == "File \x1b[32m/home/me/p/helpers.py:2\x1b[0m <module 'h' from '/home/me/p/h.py'> /w/p2/x, in /home/me/p"
+    assert (
+        paths.in_text(line)
+        == "File \x1b[32m/home/me/p/helpers.py:2\x1b[0m <module 'h' from '/home/me/p/h.py'> /w/p2/x, in /home/me/p"
+    )

@@ -227,7 +227,9 @@ def test_a_shutdown_that_lost_the_race_with_a_pause_leaves_the_sandbox_paused(pa
     assert sandbox.state == "paused"
 
 
-def test_a_shutdown_during_a_pending_stop_does_not_stop_it_again(pausing: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shutdown_during_a_pending_stop_does_not_stop_it_again(
+    pausing: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(pausing.transition_s, "stopping", 3.0)
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("1")
@@ -298,7 +300,10 @@ def test_status_leaves_a_paused_sandbox_paused_and_sync_resumes_it(pausing: Any,
         pausing.pause_sandbox(sandbox.id)
         pausing.wait_for_state(sandbox.id, "paused")
         text = k.execute("%daytona status").text()
-        assert "paused now; the next cell resumes it" in text and "(held now: disk only; its memory and processes are kept, not billed)" in text, text
+        assert (
+            "paused now; the next cell resumes it" in text
+            and "(held now: disk only; its memory and processes are kept, not billed)" in text
+        ), text
         assert sandbox.state == "paused"
         (tmp_path / "data.txt").write_text("up")
         run = k.execute("%sync")

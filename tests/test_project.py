@@ -182,7 +182,9 @@ def test_status_lines_leave_nothing_in_the_saved_notebook(kernel_name: str, tmp_
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("print('one')"), nbformat.v4.new_code_cell("2")]
     nbformat.write(nb, folder / "nb.ipynb")
-    out = papermill.execute_notebook(str(folder / "nb.ipynb"), str(folder / "out.ipynb"), kernel_name=kernel_name, cwd=str(folder))
+    out = papermill.execute_notebook(
+        str(folder / "nb.ipynb"), str(folder / "out.ipynb"), kernel_name=kernel_name, cwd=str(folder)
+    )
     assert [o["output_type"] for o in out.cells[0].outputs] == ["stream"], out.cells[0].outputs
     assert out.cells[0].outputs[0]["text"] == "one\n"
     assert [o["output_type"] for o in out.cells[1].outputs] == ["execute_result"]
@@ -384,7 +386,8 @@ def run_project_tour(name: str, folder: Path) -> list[list[tuple[Any, ...]]]:
         sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
         runs = [k.execute(source, allow_stdin=False) for source in sources]
     return [  # output types, stream text and MIME types (as test_parity compares), and each result's text
-        signature(run, not source.startswith(INEXACT)) + [("text", r["data"].get("text/plain")) for r in run.of_type("execute_result")]
+        signature(run, not source.startswith(INEXACT))
+        + [("text", r["data"].get("text/plain")) for r in run.of_type("execute_result")]
         for source, run in zip(sources, runs)
     ]
 
@@ -395,7 +398,9 @@ def test_a_project_tour_notebook_matches_ipykernel_cell_by_cell(kernel_name: str
     Science Handbook's first chapters do these); not a git repository, marked by a requirements.txt."""
     theirs = run_project_tour("python3", tmp_path / "ipykernel")
     ours = run_project_tour(kernel_name, tmp_path / "ours")
-    cells = [c.source for c in nbformat.read(PROJECT / "notebooks" / "project-tour.ipynb", as_version=4).cells if c.cell_type == "code"]
+    cells = [
+        c.source for c in nbformat.read(PROJECT / "notebooks" / "project-tour.ipynb", as_version=4).cells if c.cell_type == "code"
+    ]
     assert sum(o[0] == "error" for sig in theirs for o in sig) == 2  # the two tracebacks, nothing else failed
     for source, got, want in zip(cells, ours, theirs):
         assert got == want, source

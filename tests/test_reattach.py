@@ -222,7 +222,9 @@ def test_a_cell_whose_websocket_is_cut_runs_to_its_end_and_keeps_its_output(dayt
         texts, n, offset = [], 0, 0
         while True:  # read the journal the way an attaching kernel does
             read = journal.read(folder, n, offset)
-            texts += [r["text"] for r in read["records"] if r["type"] == "stdout" and not r["text"].startswith(MARK)]  # not frames
+            texts += [
+                r["text"] for r in read["records"] if r["type"] == "stdout" and not r["text"].startswith(MARK)
+            ]  # not frames
             n, offset = read["n"], read["offset"]
             if not read["records"]:
                 break
@@ -248,9 +250,9 @@ FORGE_JOURNALS = (
     "    meta = os.path.join(root, name, 'meta.json')\n"
     "    if json.load(open(meta))['count'] == 1:  # the detached session's\n"
     "        alive = dict(json.load(open(meta)), session='ctx-str', count='7')  # a live pid, a bad count\n"
-    "        text = open(meta).read().replace('\"count\": ', '\"count\": 1e400, \"was\": ')\n"
+    '        text = open(meta).read().replace(\'"count": \', \'"count": 1e400, "was": \')\n'
     "        open(meta, 'w').write(text.replace('\"pid\": ', '\"pid\": Infinity, \"was_pid\": '))\n"
-    "for name, text in (('ctx-inf', '{\"session\": \"ctx-inf\", \"token\": \"0123456789abcdef\", \"pid\": Infinity}'),\n"
+    'for name, text in ((\'ctx-inf\', \'{"session": "ctx-inf", "token": "0123456789abcdef", "pid": Infinity}\'),\n'
     "                   ('ctx-str', json.dumps(alive)),\n"
     "                   ('ctx-deep', '[' * 100000), ('ctx-huge', '{\"pad\": \"' + 'x' * 10**6 + '\"}')):\n"
     "    os.makedirs(os.path.join(root, name), exist_ok=True)\n"

@@ -72,8 +72,12 @@ def test_a_handoff_is_read_once_and_is_private() -> None:
 
 
 def test_the_interpreter_url_is_the_sdks() -> None:
-    assert record().interpreter_url == "ws://127.0.0.1:4000/toolbox/7d1f0b52-aaaa-bbbb-cccc-0123456789ab/process/interpreter/execute"
-    assert record(toolbox_url="https://proxy.app.daytona.io/toolbox/").interpreter_url.startswith("wss://proxy.app.daytona.io/toolbox/7d1f")
+    assert (
+        record().interpreter_url == "ws://127.0.0.1:4000/toolbox/7d1f0b52-aaaa-bbbb-cccc-0123456789ab/process/interpreter/execute"
+    )
+    assert record(toolbox_url="https://proxy.app.daytona.io/toolbox/").interpreter_url.startswith(
+        "wss://proxy.app.daytona.io/toolbox/7d1f"
+    )
 
 
 def test_a_handoff_holds_no_credential(monkeypatch: pytest.MonkeyPatch) -> None:

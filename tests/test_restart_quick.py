@@ -183,7 +183,9 @@ def test_restarts_in_a_row_need_no_sdk(emu: Any, tmp_path: Path, gate: Gate) -> 
     emu.wait_for_state(sandbox.id, "stopped", timeout=30)  # the shutdown waited for the SDK, then released it
 
 
-def test_a_context_left_before_the_sdk_loaded_is_deleted_when_the_next_process_refuses_it(emu: Any, tmp_path: Path, gate: Gate) -> None:
+def test_a_context_left_before_the_sdk_loaded_is_deleted_when_the_next_process_refuses_it(
+    emu: Any, tmp_path: Path, gate: Gate
+) -> None:
     """A restart before the SDK has loaded leaves the next context without the label; if the next process
     refuses the handoff (here: the settings changed), it deletes that context, else it would stay alive and
     count as another kernel's at shutdown (the sandbox left running)."""
@@ -220,7 +222,9 @@ def foreign(path: Path) -> None:
     path.write_text(json.dumps({**data, "toolbox_url": "https://toolbox.example.com/toolbox"}))
 
 
-@pytest.mark.parametrize("why", ["stale", "foreign origin", "other settings", "context gone", "sandbox stopped", "sandbox deleted"])
+@pytest.mark.parametrize(
+    "why", ["stale", "foreign origin", "other settings", "context gone", "sandbox stopped", "sandbox deleted"]
+)
 def test_a_handoff_that_cannot_be_used_falls_back_and_runs_the_cell_once(emu: Any, tmp_path: Path, why: str) -> None:
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("x = 1")

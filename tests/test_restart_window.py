@@ -63,10 +63,15 @@ class Proxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         self.requests.append(head)
-        length = int(next((line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), b"0"))
+        length = int(
+            next((line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), b"0")
+        )
         await reader.readexactly(length)
         body = self._body
-        head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (self._status, len(body))
+        head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (
+            self._status,
+            len(body),
+        )
         writer.write(head + body)
         await writer.drain()
         writer.close()
@@ -108,9 +113,7 @@ async def test_a_proxy_in_the_environment_gives_the_normal_start(
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32"])
-def test_a_proxy_set_in_the_systems_settings_counts_where_urllib_reads_them(
-    proxy_env: pytest.MonkeyPatch, platform: str
-) -> None:
+def test_a_proxy_set_in_the_systems_settings_counts_where_urllib_reads_them(proxy_env: pytest.MonkeyPatch, platform: str) -> None:
     """On macOS and Windows urllib's getproxies(), which aiohttp's trust_env reads, falls back to the system's
     proxy settings when the environment names none: the SDK then goes through that proxy, so the quick start
     (which cannot) must not take the environment's silence for "no proxy"."""
@@ -159,14 +162,33 @@ async def test_a_netrc_entry_for_the_toolbox_host_is_never_sent(proxy_env: pytes
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
 
-async def test_the_handed_over_toolbox_verifies_the_toolboxs_certificate(proxy_env: pytest.MonkeyPatch, self_signed: tuple[Path, Path]) -> None:
+async def test_the_handed_over_toolbox_verifies_the_toolboxs_certificate(
+    proxy_env: pytest.MonkeyPatch, self_signed: tuple[Path, Path]
+) -> None:
     """As the SDK's sessions (ssl.create_default_context()): a certificate the system does not trust ends the
     connection before any request, and so before the key, is sent."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -180,7 +202,9 @@ async def test_the_handed_over_toolbox_verifies_the_toolboxs_certificate(proxy_e
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
     url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    toolbox = HandedOverToolbox(f"{url}/toolbox/sb", f"wss{url[5:]}/toolbox/sb/process/interpreter/execute", {"Authorization": "Bearer k"})
+    toolbox = HandedOverToolbox(
+        f"{url}/toolbox/sb", f"wss{url[5:]}/toolbox/sb/process/interpreter/execute", {"Authorization": "Bearer k"}
+    )
     try:
         with pytest.raises(BackendError, match="CERTIFICATE_VERIFY_FAILED"):
             await toolbox.create_context("/w")
@@ -203,7 +227,9 @@ async def test_deleting_a_context_the_daemon_no_longer_has_is_done(proxy_env: py
             await toolbox.delete_context("c1")
         finally:
             await toolbox.close()
-    assert [r.split(b"\r\n")[0] for r in toolbox_server.requests] == [b"DELETE /toolbox/sb/process/interpreter/context/c1 HTTP/1.1"]
+    assert [r.split(b"\r\n")[0] for r in toolbox_server.requests] == [
+        b"DELETE /toolbox/sb/process/interpreter/context/c1 HTTP/1.1"
+    ]
 
 
 class Stop(Exception):

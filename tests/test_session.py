@@ -242,7 +242,9 @@ def test_a_notice_queued_after_the_first_ones_were_shown_is_kept() -> None:
     from daytona_kernel.runtime.calls import RuntimeOptions
     from daytona_kernel.supervisor import ContextSupervisor
 
-    supervisor = ContextSupervisor(FakeSandbox(), SessionSettings(), logging.getLogger("test"), RuntimeOptions(), notices=["first\n"])
+    supervisor = ContextSupervisor(
+        FakeSandbox(), SessionSettings(), logging.getLogger("test"), RuntimeOptions(), notices=["first\n"]
+    )
     assert supervisor.take_notices() == ["first\n"]
     supervisor._installer._notice("later\n")
     assert supervisor.take_notices() == ["later\n"]

@@ -172,7 +172,9 @@ def test_a_file_replaced_by_a_fifo_after_the_scan_does_not_hang_the_check(tmp_pa
     (tmp_path / "a.txt").unlink()
     os.mkfifo(tmp_path / "a.txt")
     answer: list[bool] = []
-    checker = threading.Thread(target=lambda: answer.append(manifest.locally_changed("a.txt", (size, mtime + 1, 0o644))), daemon=True)
+    checker = threading.Thread(
+        target=lambda: answer.append(manifest.locally_changed("a.txt", (size, mtime + 1, 0o644))), daemon=True
+    )
     checker.start()
     checker.join(10)
     if checker.is_alive():  # let the stuck open() go before failing
@@ -197,7 +199,9 @@ def test_a_deleted_file_is_planned_as_deleted_beside_a_new_one(tmp_path: Path) -
     for name in ("a.txt", "b.txt"):
         (tmp_path / "project" / name).parent.mkdir(exist_ok=True)
         (tmp_path / "project" / name).write_text(name)
-    mirror = WorkdirMirror(str(tmp_path / "project"), NoRequests(), DaytonaKernelConfig(), tmp_path / "m.json", logging.getLogger())  # type: ignore[arg-type]
+    mirror = WorkdirMirror(
+        str(tmp_path / "project"), NoRequests(), DaytonaKernelConfig(), tmp_path / "m.json", logging.getLogger()
+    )  # type: ignore[arg-type]
     asyncio.run(mirror.push())
     nothing = mirror.plan_up()
     assert (nothing.todo, nothing.deleted, nothing.skipped, nothing.secrets) == ([], [], [], [])
@@ -209,7 +213,6 @@ def test_a_deleted_file_is_planned_as_deleted_beside_a_new_one(tmp_path: Path) -
 
 
 # -- through kernels, on both backends -----------------------------------------------
-
 
 
 def test_local_files_are_there_in_the_first_cell(kernel_name: str, tmp_path: Path) -> None:
@@ -235,7 +238,9 @@ def test_papermill_leaves_the_produced_files_locally(kernel_name: str, tmp_path:
     nb.cells = [nbformat.v4.new_code_cell("with open('report.txt', 'w') as f:\n    f.write('done')")]
     nb.metadata["kernelspec"] = {"name": kernel_name, "language": "python", "display_name": kernel_name}
     nbformat.write(nb, tmp_path / "job.ipynb")
-    papermill.execute_notebook(str(tmp_path / "job.ipynb"), str(tmp_path / "out.ipynb"), kernel_name=kernel_name, cwd=str(tmp_path))
+    papermill.execute_notebook(
+        str(tmp_path / "job.ipynb"), str(tmp_path / "out.ipynb"), kernel_name=kernel_name, cwd=str(tmp_path)
+    )
     assert (tmp_path / "report.txt").read_text() == "done"
 
 
@@ -406,7 +411,9 @@ def test_a_character_device_in_a_files_place_is_not_read_forever(tmp_path: Path)
     assert answer == [True]
 
 
-def test_a_dotfiles_repository_in_the_home_folder_does_not_hide_a_project_under_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dotfiles_repository_in_the_home_folder_does_not_hide_a_project_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Git's ignore files from outside the project come from its repository, but never from one whose top is the
     home folder or above it (dotfiles repositories often ignore "*"; the project root never reaches home either)."""
     from daytona_kernel.runtime.pathrules import load_rules

@@ -48,7 +48,15 @@ def test_code_never_comes_down_and_no_gitignore_or_setting_widens_that() -> None
         refusal = why_not_down(rel, everything, landing)
         assert refusal is not None and refusal[0] is Refusal.REFUSED, rel
         assert f"%download {rel}" in refusal[1]
-    for rel in ("results/table.csv", "refs/paper.bib", "HEAD.txt", "objects/list.json", "helpers.py", "env.yaml", "notes/env.local.md"):
+    for rel in (
+        "results/table.csv",
+        "refs/paper.bib",
+        "HEAD.txt",
+        "objects/list.json",
+        "helpers.py",
+        "env.yaml",
+        "notes/env.local.md",
+    ):
         assert why_not_down(rel, everything, landing) is None, rel
     assert landing_of(["data/HEAD", "data/notes.txt"]).repos == frozenset()  # HEAD alone is not a repository
 
@@ -88,7 +96,9 @@ def test_plan_down_refuses_acknowledges_and_defers_by_the_limits() -> None:
 
 def test_choose_up_keeps_to_the_file_and_total_limits() -> None:
     plan = UpPlan()
-    choose_up(plan, [("big.bin", 3 * MB), ("a", MB), ("b", MB), ("c", 10)], MirrorSettings(sync_max_file_mb=2, sync_max_total_mb=1.5))
+    choose_up(
+        plan, [("big.bin", 3 * MB), ("a", MB), ("b", MB), ("c", 10)], MirrorSettings(sync_max_file_mb=2, sync_max_total_mb=1.5)
+    )
     assert plan.todo == ["a", "c"] and plan.total == MB + 10
     assert [path for path, _ in plan.skipped] == ["big.bin"]
     assert plan.waiting == [("b", MB)]  # past this sync's total: the cell is told (FolderNotSynced), the next sync sends it
@@ -115,7 +125,9 @@ def test_with_sync_code_down_off_only_data_comes_back_and_code_is_named_once() -
     again = SyncReport()
     plan_down(changed, again, config, RULES, failed={}, secrets_noticed=set(report.code_kept))
     assert again.code_kept == []  # named once
-    assert [rel for rel, _, _ in plan_down(changed, SyncReport(), MirrorSettings(), RULES, {}, set()).wanted] == [r for r, _ in changed if r[0] != "."]
+    assert [rel for rel, _, _ in plan_down(changed, SyncReport(), MirrorSettings(), RULES, {}, set()).wanted] == [
+        r for r, _ in changed if r[0] != "."
+    ]
 
 
 # -- issue 31: the mirror judges the end state, on normalised names -------------------------------------------------
@@ -187,7 +199,16 @@ def test_hidden_names_tool_files_shared_libraries_and_agent_instructions_never_c
     for rel in ITEM_4:
         refusal = why_not_down(rel, everything, Landing())
         assert refusal is not None and refusal[0] is Refusal.REFUSED, rel
-    for rel in (".gitignore", "sub/.gitkeep", ".keep", "README.md", "notes/agents.md.csv", "mise.csv", "libx.so.txt", "data/x.json"):
+    for rel in (
+        ".gitignore",
+        "sub/.gitkeep",
+        ".keep",
+        "README.md",
+        "notes/agents.md.csv",
+        "mise.csv",
+        "libx.so.txt",
+        "data/x.json",
+    ):
         assert why_not_down(rel, everything, Landing()) is None, rel
 
 
@@ -224,6 +245,10 @@ def test_the_rule_looks_up_only_the_folders_on_the_path_s_way() -> None:
         def __len__(self) -> int:
             return len(self.data)
 
-    landing = Landing(LookupsOnly({**{f"runs/r{i}": frozenset() for i in range(100)}, **landing_of(["runs/r7/HEAD", "runs/r7/objects/x"]).markers}))
+    landing = Landing(
+        LookupsOnly(
+            {**{f"runs/r{i}": frozenset() for i in range(100)}, **landing_of(["runs/r7/HEAD", "runs/r7/objects/x"]).markers}
+        )
+    )
     assert why_not_down("runs/r1/metrics.csv", RULES, landing) is None
     assert refused("runs/r7/metrics.csv", landing) and refused("runs/R7./refs/heads/main", landing)

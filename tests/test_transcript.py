@@ -17,7 +17,9 @@ def test_an_existing_notebook_is_appended_to(tmp_path: Path) -> None:
     nbformat.write(mine, path)
     transcript = Transcript(path, "daytona", "Python (Daytona)")
     transcript.append("print(1)", [{"output_type": "stream", "name": "stdout", "text": "1\n"}], 1)
-    transcript.append("1 / 0", [{"output_type": "error", "ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": []}], 2)
+    transcript.append(
+        "1 / 0", [{"output_type": "error", "ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": []}], 2
+    )
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     assert [c.source for c in nb.cells] == ["# my notes", "print(1)", "1 / 0"]

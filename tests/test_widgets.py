@@ -58,7 +58,9 @@ def test_a_slider_shows_and_its_value_round_trips(kernel_name: str, workdir: Any
         assert (state["_model_name"], state["value"]) == ("IntSliderModel", 3)
 
         sent = update(k, slider, value=7)
-        handling = finish(k, sent)  # as ipykernel: busy, the handler's messages, then idle (JupyterLab's Output widget needs that)
+        handling = finish(
+            k, sent
+        )  # as ipykernel: busy, the handler's messages, then idle (JupyterLab's Output widget needs that)
         assert [m["msg_type"] for m in handling] == ["status", "comm_msg", "stream", "status"]
         echo, printed = handling[1]["content"], handling[2]["content"]
         assert echo["data"]["method"] == "echo_update" and echo["data"]["state"] == {"value": 7}
@@ -77,7 +79,9 @@ def test_a_slider_shows_and_its_value_round_trips(kernel_name: str, workdir: Any
 
 def test_a_stop_button_ends_an_awaiting_loop_at_once_and_a_blocking_one_when_it_ends(kernel_name: str, workdir: Any) -> None:
     with Kernel(kernel_name) as k:
-        run = k.execute("import asyncio, time, ipywidgets as w\nclicks = []\nb = w.Button(description='Stop')\nb.on_click(clicks.append)\nb")
+        run = k.execute(
+            "import asyncio, time, ipywidgets as w\nclicks = []\nb = w.Button(description='Stop')\nb.on_click(clicks.append)\nb"
+        )
         button = model_id(run)
 
         awaiting = k.kc.execute(
@@ -89,7 +93,9 @@ def test_a_stop_button_ends_an_awaiting_loop_at_once_and_a_blocking_one_when_it_
         text = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
         assert "stopped after" in text and int(text.split("stopped after")[1]) < 300, text  # not the whole 30 s
 
-        blocking = k.kc.execute("clicks.clear()\nprint('started', flush=True)\nfor i in range(40):\n    time.sleep(0.05)\nprint('clicks during the loop:', len(clicks))")
+        blocking = k.kc.execute(
+            "clicks.clear()\nprint('started', flush=True)\nfor i in range(40):\n    time.sleep(0.05)\nprint('clicks during the loop:', len(clicks))"
+        )
         k.wait_for(lambda m: under(blocking, "stream")(m) and "started" in m["content"]["text"])
         click(k, button)
         messages = finish(k, blocking)
@@ -109,7 +115,13 @@ def test_interact_output_is_captured_under_the_request_it_brackets(kernel_name: 
         assert run.reply["parent_header"]["msg_id"] in msg_ids
 
         sent = update(k, slider, value=7)
-        capture = k.wait_for(lambda m: under(sent, "comm_msg")(m) and m["content"]["comm_id"] == output_widget and m["content"]["data"]["state"].get("msg_id"))
+        capture = k.wait_for(
+            lambda m: (
+                under(sent, "comm_msg")(m)
+                and m["content"]["comm_id"] == output_widget
+                and m["content"]["data"]["state"].get("msg_id")
+            )
+        )
         assert capture["content"]["data"]["state"]["msg_id"] == sent  # the Output widget now captures the callback's output
         assert k.wait_for(under(sent, "stream"))["content"]["text"] == "twice 14\n"
 
@@ -139,7 +151,11 @@ def test_the_frontend_gets_every_widget_back_after_a_reload(kernel_name: str, wo
     """A page reload: JupyterLab's widget manager opens the control comm and asks for every widget's state."""
     with Kernel(kernel_name) as k:
         slider = model_id(k.execute("import ipywidgets as w\ns = w.IntSlider(value=4)\ns"))
-        k.comm("comm_open", {"comm_id": "control-1", "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"})
+        k.comm(
+            "comm_open",
+            {"comm_id": "control-1", "target_name": "jupyter.widget.control", "data": {}},
+            metadata={"version": "1.0.0"},
+        )
         asked = k.comm("comm_msg", {"comm_id": "control-1", "data": {"method": "request_states"}})
         reply = k.wait_for(under(asked, "comm_msg"))
         states = reply["content"]["data"]["states"]
@@ -154,7 +170,14 @@ def test_a_progress_bar_a_thread_moves_updates_without_a_cell_running(kernel_nam
             "threading.Thread(target=work).start()"
         )
         bar = run.of_type("display_data")[-1]["data"][WIDGET_VIEW]["model_id"]
-        last = k.wait_for(lambda m: m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == bar and m["content"]["data"]["state"].get("value") == 20, 30)
+        last = k.wait_for(
+            lambda m: (
+                m["msg_type"] == "comm_msg"
+                and m["content"]["comm_id"] == bar
+                and m["content"]["data"]["state"].get("value") == 20
+            ),
+            30,
+        )
         assert last["parent_header"]["msg_id"] == run.reply["parent_header"]["msg_id"]  # under the cell that started the thread
 
 
@@ -168,9 +191,15 @@ def test_a_kernel_that_attaches_to_a_session_gets_its_widgets_back(daytona_env: 
     first.kc.stop_channels()
     with Kernel("daytona", env={**env, "DAYTONA_KERNEL_ATTACH": "auto"}, cwd=str(tmp_path)) as second:
         run = second.execute("s.value")  # attaches first, replaying the last cell's output (the slider's text)
-        assert run.of_type("execute_result")[-1]["data"]["text/plain"] == "5" and "3 widget(s)" in run.text("stderr")  # with its layout and style
+        assert run.of_type("execute_result")[-1]["data"]["text/plain"] == "5" and "3 widget(s)" in run.text(
+            "stderr"
+        )  # with its layout and style
         assert slider in second.request("comm_info", target_name="jupyter.widget")["comms"]
-        second.comm("comm_open", {"comm_id": "control-2", "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"})
+        second.comm(
+            "comm_open",
+            {"comm_id": "control-2", "target_name": "jupyter.widget.control", "data": {}},
+            metadata={"version": "1.0.0"},
+        )
         asked = second.comm("comm_msg", {"comm_id": "control-2", "data": {"method": "request_states"}})
         assert second.wait_for(under(asked, "comm_msg"))["content"]["data"]["states"][slider]["state"]["value"] == 5
         update(second, slider, value=9)
@@ -205,7 +234,11 @@ def test_ipympl_a_third_party_widget_module_is_shown_where_trusted_or_allowed(ke
 def test_jupyter_ui_poll_handles_clicks_in_a_blocking_loop(kernel_name: str, workdir: Any) -> None:
     """Beyond ipykernel's own timing: jupyter-ui-poll's ui_events() lets a blocking loop take UI events."""
     with Kernel(kernel_name) as k:
-        button = model_id(k.execute("import time, ipywidgets as w\nfrom jupyter_ui_poll import ui_events\nclicks = []\nb = w.Button()\nb.on_click(clicks.append)\nb"))
+        button = model_id(
+            k.execute(
+                "import time, ipywidgets as w\nfrom jupyter_ui_poll import ui_events\nclicks = []\nb = w.Button()\nb.on_click(clicks.append)\nb"
+            )
+        )
         loop = k.kc.execute(
             "n = 0\nprint('started', flush=True)\nwith ui_events() as poll:\n    while not clicks and n < 400:\n"
             "        poll(10)\n        time.sleep(0.05)\n        n += 1\nprint('stopped after', n)"
@@ -229,7 +262,11 @@ def side_by_side(k: Kernel) -> list[Any]:
     k.execute("pass")  # the sandbox's start shows in the first cell
     run = k.execute(SIDE_BY_SIDE)
     models = {o["comm_id"]: o["data"]["state"]["_model_name"] for o in run.of_type("comm_open")}
-    signature: list[Any] = [sorted(models.values()), [m["msg_type"] for m in run.outputs if m["msg_type"] != "comm_msg"], run.text()]
+    signature: list[Any] = [
+        sorted(models.values()),
+        [m["msg_type"] for m in run.outputs if m["msg_type"] != "comm_msg"],
+        run.text(),
+    ]
     slider = next(c for c, name in models.items() if name == "IntSliderModel")
     sent = update(k, slider, value=7)
     handling = finish(k, sent)
@@ -237,7 +274,9 @@ def side_by_side(k: Kernel) -> list[Any]:
     sliders = [c for c, name in models.items() if name == "IntSliderModel" and c != slider]
     sent = update(k, sliders[0], value=5)
     handling = finish(k, sent)
-    signature.append(sorted((m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("method")) for m in handling))
+    signature.append(
+        sorted((m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("method")) for m in handling)
+    )
     signature.append(k.request("comm_info", target_name="jupyter.widget")["comms"].keys() >= models.keys())
     return signature
 
@@ -271,5 +310,7 @@ def test_widgets_of_an_interpreter_replaced_between_cells_are_closed(kernel_name
         closes = [c for run in runs for c in run.of_type("comm_close") if c["comm_id"] == slider]
         if not closes:
             closes.append(k.wait_for(lambda m: m["msg_type"] == "comm_close" and m["content"]["comm_id"] == slider, 10))
-        assert len(closes) == 1 and not [m for m in k.stray if m["msg_type"] == "comm_close" and m["content"]["comm_id"] == slider]
+        assert len(closes) == 1 and not [
+            m for m in k.stray if m["msg_type"] == "comm_close" and m["content"]["comm_id"] == slider
+        ]
         assert k.request("comm_info")["comms"] == {}

@@ -58,4 +58,6 @@ def open_engine_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str
     from .daytona.sandbox import DaytonaSandbox
 
     lender = main if isinstance(main, DaytonaSandbox) else None
-    return DaytonaSandbox(settings_from(DaytonaSettings, config), workspace_key(config, folder), kernel_id, worker=serial, main=lender)
+    return DaytonaSandbox(
+        settings_from(DaytonaSettings, config), workspace_key(config, folder), kernel_id, worker=serial, main=lender
+    )

@@ -116,7 +116,15 @@ class MirrorDown:
         self._reported = landing_of(_normalised([raw for raw, _ in changed]))
         landing = self._reported | await asyncio.to_thread(local_landing, self._folder, [raw for raw, _ in changed])
         plan = await asyncio.to_thread(
-            plan_down, changed, report, self._config, self._rules, self.failed, self._secrets_noticed, landing, self._sandbox.on_this_disk
+            plan_down,
+            changed,
+            report,
+            self._config,
+            self._rules,
+            self.failed,
+            self._secrets_noticed,
+            landing,
+            self._sandbox.on_this_disk,
         )
         self._secrets_noticed.update(report.secrets_down + report.code_kept)
         for raw, reported in plan.acked:
@@ -141,7 +149,6 @@ class MirrorDown:
         if report.down or report.trashed or report.conflicts:
             await asyncio.to_thread(self._manifest.save)
         return report
-
 
     async def _fetch_placed(self, rel: str, raw: str, reported: Stat, report: SyncReport) -> None:
         """A file over sync_max_file_mb a cell wrote, from a sandbox on this disk: nothing to move when it is
@@ -176,7 +183,9 @@ class MirrorDown:
                 report.down.append(rel)
             await asyncio.to_thread(self._manifest.record_file, rel)
         except (MirrorError, OSError) as exc:
-            self._left_behind(rel, raw, reported, str(exc) if isinstance(exc, MirrorError) else exc.strerror or str(exc), False, report)
+            self._left_behind(
+                rel, raw, reported, str(exc) if isinstance(exc, MirrorError) else exc.strerror or str(exc), False, report
+            )
             return
         self._ack(raw, reported)
 
@@ -235,7 +244,9 @@ class MirrorDown:
                 self._left_behind(rel, raw, reported, error.message, error.retry, report)
                 continue
             if len(content) > min(reported[0], max_file):  # a backend that ignored the limit
-                self._left_behind(rel, raw, reported, f"it is {size_text(len(content))}, more than the sandbox reported", False, report)
+                self._left_behind(
+                    rel, raw, reported, f"it is {size_text(len(content))}, more than the sandbox reported", False, report
+                )
                 continue
             refusal = why_not_down(rel, self._rules, landing, not self._config.sync_code_down, reported[2])
             if refusal is not None:
@@ -293,7 +304,6 @@ class MirrorDown:
                 continue
             self._manifest.pop(rel, None)
 
-
     async def download_paths(self, remote: str, dest: str | None, start_in: str) -> SyncReport:
         """%download: fetch a sandbox file here (a conflict copy if the local one changed).
 
@@ -306,7 +316,9 @@ class MirrorDown:
         try:
             rel = safe_relpath(name)
         except MirrorError as exc:
-            raise MirrorError(f"%download: {name} cannot be written here: {exc}. Give a DEST inside the notebook folder.") from None
+            raise MirrorError(
+                f"%download: {name} cannot be written here: {exc}. Give a DEST inside the notebook folder."
+            ) from None
         if any(self._rules.classify(part, True) == NEVER_REASON for part in rel.split("/")):
             raise MirrorError(f"%download: {rel} is inside a version-control folder; the mirror never writes there.")
         content = (await self._sandbox.download([remote_path]))[remote_path]

@@ -19,10 +19,7 @@ NAME_MAX_BYTES = 255
 PATH_MAX_CHARS = 4096
 CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 _DIR_FD = (
-    os.open in os.supports_dir_fd
-    and os.mkdir in os.supports_dir_fd
-    and hasattr(os, "O_NOFOLLOW")
-    and hasattr(os, "O_DIRECTORY")
+    os.open in os.supports_dir_fd and os.mkdir in os.supports_dir_fd and hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY")
 )
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -98,7 +95,9 @@ class LocalFolder:
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                         where = "/".join(parts[: depth + 1])
-                        raise MirrorError(f"{where} here is a symlink or a file, not a folder; nothing is written through it") from None
+                        raise MirrorError(
+                            f"{where} here is a symlink or a file, not a folder; nothing is written through it"
+                        ) from None
                     raise
                 os.close(fd)
                 fd = inner

@@ -115,7 +115,13 @@ class SyncManifest(dict[str, list[Any]]):
             known = get(rel)
             if known is not None:
                 known_here += 1
-                if len(known) > 4 and known[0] == now[0] and known[1] == now[1] and known[3] == now[2] and known[1] < known[4] - RACY_WINDOW_NS:
+                if (
+                    len(known) > 4
+                    and known[0] == now[0]
+                    and known[1] == now[1]
+                    and known[3] == now[2]
+                    and known[1] < known[4] - RACY_WINDOW_NS
+                ):
                     continue
             try:
                 if self.locally_changed(rel, now):

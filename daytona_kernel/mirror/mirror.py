@@ -110,7 +110,10 @@ class WorkdirMirror:
             else:
                 self._excludes += top_only
         self._rules = load_rules(
-            str(self.local_root), self._excludes, config.sync_include, repository=True,
+            str(self.local_root),
+            self._excludes,
+            config.sync_include,
+            repository=True,
             global_excludes=lambda: git_global_excludes(self.local_root),
         )
         self._manifest = SyncManifest(manifest_path, self.local_root, log)
@@ -118,7 +121,9 @@ class WorkdirMirror:
         self._up_modes: dict[str, int] = {}  # permission bits of files uploaded since the runtime last heard from us
         self._generation: int | None = None  # the sandbox the manifest describes (Sandbox.generation)
         self._scan_noticed = False  # the user was told the last scans stopped early (said again once one completes)
-        self._down = MirrorDown(self._folder, sandbox, config, self._rules, self._manifest, self._secrets_noticed, self.mode == "both")
+        self._down = MirrorDown(
+            self._folder, sandbox, config, self._rules, self._manifest, self._secrets_noticed, self.mode == "both"
+        )
 
     @property
     def syncs_up(self) -> bool:
@@ -170,12 +175,17 @@ class WorkdirMirror:
         choose_up(plan, changed, self._config, self._sandbox.on_this_disk)
         if known_here < len(self._manifest):  # some file the manifest knows was not found
             newer = self._down.failed  # the sandbox's newer copy did not come down: not deleted there
-            plan.deleted = [rel for rel in self._manifest if rel not in files and rel not in newer and _gone_here(self.local_root, rel)]
+            plan.deleted = [
+                rel for rel in self._manifest if rel not in files and rel not in newer and _gone_here(self.local_root, rel)
+            ]
         if not complete and not self._scan_noticed:
             self._scan_noticed = True
             plan.skipped.append(
-                ("(folder)", f"over {SCAN_MAX_FILES} files or {SCAN_BUDGET_S:g} s to scan: the files already synced were all "
-                 "checked, but new files in the folders not reached were not looked at. Add sync_exclude patterns.")
+                (
+                    "(folder)",
+                    f"over {SCAN_MAX_FILES} files or {SCAN_BUDGET_S:g} s to scan: the files already synced were all "
+                    "checked, but new files in the folders not reached were not looked at. Add sync_exclude patterns.",
+                )
             )
         self._scan_noticed = self._scan_noticed and not complete
         return plan
@@ -224,7 +234,9 @@ class WorkdirMirror:
         started = time.monotonic()
         start = 0
         while start < len(plan.todo):
-            batch, records, start = await asyncio.to_thread(_read_batch, self.local_root, self._sandbox.workdir, plan.todo, start, report)
+            batch, records, start = await asyncio.to_thread(
+                _read_batch, self.local_root, self._sandbox.workdir, plan.todo, start, report
+            )
             if batch:
                 await self._upload_batch(batch, records, report)
                 _show_progress(progress, report, total, started)
@@ -293,7 +305,9 @@ class WorkdirMirror:
         root = self.local_root.resolve()
         src = (self.local_root / self.start_in / local).resolve()
         if src != root and not src.is_relative_to(root):
-            raise MirrorError(f"%{magic}: {local} is outside the notebook folder {self.local_root}; only files inside it can be sent.")
+            raise MirrorError(
+                f"%{magic}: {local} is outside the notebook folder {self.local_root}; only files inside it can be sent."
+            )
         return src
 
     async def upload_paths(self, local: str, dest: str | None) -> SyncReport:
@@ -310,7 +324,9 @@ class WorkdirMirror:
         if dest and not dest.startswith("/"):
             dest = posixpath.join(self.start_in, dest)
         target = dest or (os.path.relpath(src, root) if src != root else ".")
-        files, modes = await asyncio.to_thread(_read_for_upload, src, target, self._config.sync_include, self._sandbox.workdir, report)
+        files, modes = await asyncio.to_thread(
+            _read_for_upload, src, target, self._config.sync_include, self._sandbox.workdir, report
+        )
         for start in range(0, len(files), BATCH_FILES):
             await self._sandbox.upload(files[start : start + BATCH_FILES])
         self._up_modes.update(modes)
@@ -322,7 +338,11 @@ def git_global_excludes(root: Path) -> str:
     default ($XDG_CONFIG_HOME/git/ignore, else ~/.config/git/ignore) when it is unset or git is not installed."""
     try:
         found = subprocess.run(
-            ["git", "config", "--path", "--get", "core.excludesFile"], cwd=root, capture_output=True, text=True, timeout=GIT_CONFIG_TIMEOUT_S
+            ["git", "config", "--path", "--get", "core.excludesFile"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=GIT_CONFIG_TIMEOUT_S,
         )
         if found.returncode == 0 and found.stdout.strip():
             return os.path.join(root, found.stdout.strip())  # (an absolute path stays as it is)
@@ -373,10 +393,14 @@ def _show_progress(progress: ProgressCallback | None, report: SyncReport, total:
     if progress is None or len(report.up) < SHOW_PROGRESS_FILES:
         return
     rate = report.bytes_up / max(time.monotonic() - started, 1e-6)
-    progress(f"syncing to the sandbox: {len(report.up)} files, {size_text(report.bytes_up)} of {size_text(total)} ({size_text(int(rate))}/s)")
+    progress(
+        f"syncing to the sandbox: {len(report.up)} files, {size_text(report.bytes_up)} of {size_text(total)} ({size_text(int(rate))}/s)"
+    )
 
 
-def _read_for_upload(src: Path, target: str, include: list[str], workdir: str, report: SyncReport) -> tuple[list[tuple[bytes, str]], dict[str, int]]:
+def _read_for_upload(
+    src: Path, target: str, include: list[str], workdir: str, report: SyncReport
+) -> tuple[list[tuple[bytes, str]], dict[str, int]]:
     if src.is_dir():
         rules = MirrorRules(str(src), include=include, defaults=(), gitignore=False)
         found_secrets: list[str] = []

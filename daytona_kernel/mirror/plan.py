@@ -147,7 +147,9 @@ def landing_of(paths: Iterable[str]) -> Landing:
 def markers_on_the_way(parts: list[str]) -> list[tuple[str, str]]:
     """(folder key, marker) for the markers a keyed path's names make in the folders it goes through."""
     last = len(parts) - 1
-    return [("/".join(parts[:i]), name) for i, name in enumerate(parts) if name in MARKERS and (name in MARKER_FOLDERS) == (i < last)]
+    return [
+        ("/".join(parts[:i]), name) for i, name in enumerate(parts) if name in MARKERS and (name in MARKER_FOLDERS) == (i < last)
+    ]
 
 
 def code_refusal(rel: str, landing: Landing) -> str | None:
@@ -398,7 +400,9 @@ def why_not_down(
     return None
 
 
-def reported_paths(changes: FileChanges, report: SyncReport, say_truncated: bool = True) -> tuple[list[tuple[str, Stat]], list[str]]:
+def reported_paths(
+    changes: FileChanges, report: SyncReport, say_truncated: bool = True
+) -> tuple[list[tuple[str, Stat]], list[str]]:
     """(changed, deleted) of the runtime's change report, which ``protocol.file_changes`` has checked (paths,
     whole numbers); a report of more than ``MAX_REPORTED_PATHS`` paths is named and nothing is planned.
     ``say_truncated``: name a scan the sandbox cut short (the caller says it once, not after every cell)."""
@@ -407,8 +411,11 @@ def reported_paths(changes: FileChanges, report: SyncReport, say_truncated: bool
         return [], []
     if changes.truncated and say_truncated:
         report.skipped.append(
-            ("(sandbox folder)", "too many files to scan after each cell: the files already synced are still checked, but "
-             "new files in the folders not reached are not looked at. Add sync_exclude patterns.")
+            (
+                "(sandbox folder)",
+                "too many files to scan after each cell: the files already synced are still checked, but "
+                "new files in the folders not reached are not looked at. Add sync_exclude patterns.",
+            )
         )
     changed = [(rel, (stat[0], stat[1], stat[2] if len(stat) == 3 else -1)) for rel, stat in changes.changed.items()]
     return sorted(changed), list(changes.deleted)

@@ -16,7 +16,23 @@ from importlib import resources
 from .calls import RUNTIME_MISSING, Call, JournalCall, RuntimeOptions, encode
 
 MODULE_PREFIX = "_daytona_kernel_"
-MODULES = ("calls", "framing", "pathmap", "pathrules", "durable", "journal", "files", "streams", "display", "comms", "debug", "basic", "ipyshell", "runtime", "fanout")
+MODULES = (
+    "calls",
+    "framing",
+    "pathmap",
+    "pathrules",
+    "durable",
+    "journal",
+    "files",
+    "streams",
+    "display",
+    "comms",
+    "debug",
+    "basic",
+    "ipyshell",
+    "runtime",
+    "fanout",
+)
 """The runtime's modules, in import order; each is installed as ``_daytona_kernel_<name>``."""
 IPYSHELL_MODULE = MODULE_PREFIX + "ipyshell"
 RUNTIME_MODULE = MODULE_PREFIX + "runtime"

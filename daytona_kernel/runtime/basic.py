@@ -101,7 +101,10 @@ class BasicShell(object):
             tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | flags, dont_inherit=True)
         except SyntaxError:
             if IPYTHON_SYNTAX.search(code):
-                raise UsageError("IPython syntax (%%magic, !command, object?) needs IPython; cells run as plain Python here (%s)." % self.reason)
+                raise UsageError(
+                    "IPython syntax (%%magic, !command, object?) needs IPython; cells run as plain Python here (%s)."
+                    % self.reason
+                )
             raise
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
@@ -189,7 +192,12 @@ class BasicShell(object):
             if match is None:
                 break
             matches.append(match)
-        return {"matches": list(dict.fromkeys(matches)), "cursor_start": cursor - len(token), "cursor_end": cursor, "metadata": {}}
+        return {
+            "matches": list(dict.fromkeys(matches)),
+            "cursor_start": cursor - len(token),
+            "cursor_end": cursor,
+            "metadata": {},
+        }
 
     def inspect_reply(self, code, cursor, detail_level=0):
         name = _name_before(code, cursor) + re.match(r"\w*", code[cursor:]).group()  # type: ignore[union-attr]  # \w* always matches

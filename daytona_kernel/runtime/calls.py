@@ -257,7 +257,23 @@ class RemoveJournal(JournalCall):
 
 CALLS: Dict[str, Type[Any]] = {
     cls.METHOD: cls
-    for cls in (RunCell, Deliver, Debug, CommTable, Complete, Inspect, ListFileChanges, Checkpoint, Restore, SyncVolume, Adopt, Scatter, Prelude, Dump, Gather)
+    for cls in (
+        RunCell,
+        Deliver,
+        Debug,
+        CommTable,
+        Complete,
+        Inspect,
+        ListFileChanges,
+        Checkpoint,
+        Restore,
+        SyncVolume,
+        Adopt,
+        Scatter,
+        Prelude,
+        Dump,
+        Gather,
+    )
 }
 JOURNAL_CALLS: Dict[str, Type[Any]] = {cls.METHOD: cls for cls in (ScanJournals, ReadJournal, ClaimSession, RemoveJournal)}
 """The journal's process verbs: a separate table, so the runtime never takes one for a call of its own."""
@@ -344,4 +360,6 @@ def missing_runtime(what: str) -> Exception:
     return type(RUNTIME_MISSING, (Exception,), {})("%s is not installed in this worker" % what)
 
 
-assert all(isinstance(cls.METHOD, str) and cls.METHOD for cls in list(CALLS.values()) + list(JOURNAL_CALLS.values())), "every call names its method"
+assert all(isinstance(cls.METHOD, str) and cls.METHOD for cls in list(CALLS.values()) + list(JOURNAL_CALLS.values())), (
+    "every call names its method"
+)

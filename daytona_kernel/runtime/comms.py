@@ -46,8 +46,16 @@ BATCH_PREFIX = "comms-"
 # What the kernel's table keeps of each widget's state for a kernel that attaches later: the names that
 # pick its model and view, a link's ends and the description's kind (widgetrules.py judges them).
 TABLE_KEYS = (
-    "_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name",
-    "source", "target", "description", "description_allow_html",
+    "_model_module",
+    "_model_module_version",
+    "_model_name",
+    "_view_module",
+    "_view_module_version",
+    "_view_name",
+    "source",
+    "target",
+    "description",
+    "description_allow_html",
 )
 
 
@@ -267,7 +275,9 @@ class Bridge(object):
             self.rt.send(kind, payload)
         self._switch("")
         if dropped:
-            self.rt.err.write("daytona-kernel: %d widget update(s) from a background thread were dropped (too many while idle).\n" % dropped)
+            self.rt.err.write(
+                "daytona-kernel: %d widget update(s) from a background thread were dropped (too many while idle).\n" % dropped
+            )
 
     def busy_threads(self):
         """Updates are held, or a thread may publish soon (one published lately and runs, or the last cell
@@ -405,4 +415,3 @@ def _running_loop():
         return None
     loop = get_asyncio_loop()
     return loop if loop.is_running() else None
-

@@ -43,10 +43,30 @@ OUTBOX_MAX = 1000  # DAP messages held while no request reads the output, before
 BATCH_PREFIX = "debug-"
 HASH_SEED = 0xC70F6907  # ipykernel's compiler.get_tmp_hash_seed()
 # ipykernel's Debugger.accept_variable: names the variables panel never lists
-HIDDEN_VARIABLES = frozenset((
-    "__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__", "__builtins__",
-    "__builtin__", "__display__", "get_ipython", "debugpy", "exit", "quit", "In", "Out", "_oh", "_dh", "_", "__", "___",
-))
+HIDDEN_VARIABLES = frozenset(
+    (
+        "__name__",
+        "__doc__",
+        "__package__",
+        "__loader__",
+        "__spec__",
+        "__annotations__",
+        "__builtins__",
+        "__builtin__",
+        "__display__",
+        "get_ipython",
+        "debugpy",
+        "exit",
+        "quit",
+        "In",
+        "Out",
+        "_oh",
+        "_dh",
+        "_",
+        "__",
+        "___",
+    )
+)
 STARTED_ONLY = frozenset(("dumpCell", "setBreakpoints", "source", "stackTrace", "variables", "attach", "configurationDone"))
 
 
@@ -68,7 +88,7 @@ def shipped_folder(version):
 
 
 def find_debugpy(version):
-    """"" when debugpy is importable: the sandbox's own, else the one the kernel shipped (put on ``sys.path``, after
+    """ "" when debugpy is importable: the sandbox's own, else the one the kernel shipped (put on ``sys.path``, after
     site-packages), else the folder the kernel should ship it to (``shipDebugpy``), or None if it cannot."""
     import importlib.util
 
@@ -102,8 +122,13 @@ def _hide_from_pydevd(thread):
 
 
 def response(request, success=True, body=None, message=None):
-    reply = {"type": "response", "seq": request.get("seq", 0), "request_seq": request.get("seq", 0),
-             "success": success, "command": request.get("command", "")}
+    reply = {
+        "type": "response",
+        "seq": request.get("seq", 0),
+        "request_seq": request.get("seq", 0),
+        "success": success,
+        "command": request.get("command", ""),
+    }
     if body is not None:
         reply["body"] = body
     if message is not None:
@@ -140,6 +165,7 @@ class DapSocket(object):
             if not data:
                 return None
             self._buf += data
+
 
 class Channel(object):
     """One per runtime: the debugger's way to and from the kernel (calls, the cell's inbox, frames) and to pydevd
@@ -296,9 +322,16 @@ class Channel(object):
         pydevd.start_client = lambda host, port: theirs
         try:
             pydevd.settrace(
-                host="sandbox", port=0, suspend=False, patch_multiprocessing=False, notify_stdin=False,
-                block_until_connected=True, wait_for_ready_to_run=False, protocol="dap",
-                dont_trace_start_patterns=(os.path.dirname(debugpy.__file__),), dont_trace_end_patterns=("debugpy_launcher.py",),
+                host="sandbox",
+                port=0,
+                suspend=False,
+                patch_multiprocessing=False,
+                notify_stdin=False,
+                block_until_connected=True,
+                wait_for_ready_to_run=False,
+                protocol="dap",
+                dont_trace_start_patterns=(os.path.dirname(debugpy.__file__),),
+                dont_trace_end_patterns=("debugpy_launcher.py",),
             )
         finally:
             pydevd.start_client = original
@@ -476,18 +509,21 @@ class Debugger(object):
         return response(message)
 
     def on_debugInfo(self, message):
-        return response(message, body={
-            "isStarted": self.started,
-            "hashMethod": "Murmur2",
-            "hashSeed": HASH_SEED,
-            "tmpFilePrefix": tmp_directory() + os.sep,
-            "tmpFileSuffix": ".py",
-            "breakpoints": [{"source": key, "breakpoints": value} for key, value in self.breakpoints.items()],
-            "stoppedThreads": sorted(self.stopped_threads),
-            "richRendering": True,
-            "exceptionPaths": ["Python Exceptions"],
-            "copyToGlobals": True,
-        })
+        return response(
+            message,
+            body={
+                "isStarted": self.started,
+                "hashMethod": "Murmur2",
+                "hashSeed": HASH_SEED,
+                "tmpFilePrefix": tmp_directory() + os.sep,
+                "tmpFileSuffix": ".py",
+                "breakpoints": [{"source": key, "breakpoints": value} for key, value in self.breakpoints.items()],
+                "stoppedThreads": sorted(self.stopped_threads),
+                "richRendering": True,
+                "exceptionPaths": ["Python Exceptions"],
+                "copyToGlobals": True,
+            },
+        )
 
     def on_inspectVariables(self, message):
         return self._variables_reply(message, self._explorer_children(None))
@@ -530,8 +566,14 @@ class Debugger(object):
         else:
             code = "get_ipython().display_formatter.format(%s)" % name
             frame_id = message.get("arguments", {}).get("frameId")
-            reply = self.channel.forward({"type": "request", "command": "evaluate", "seq": message.get("seq", 0) + 1,
-                                  "arguments": {"expression": code, "frameId": frame_id, "context": "clipboard"}})
+            reply = self.channel.forward(
+                {
+                    "type": "request",
+                    "command": "evaluate",
+                    "seq": message.get("seq", 0) + 1,
+                    "arguments": {"expression": code, "frameId": frame_id, "context": "clipboard"},
+                }
+            )
             if reply.get("success"):
                 try:
                     data, metadata = ast.literal_eval(reply["body"]["result"])
@@ -543,11 +585,18 @@ class Debugger(object):
 
     def on_copyToGlobals(self, message):
         arguments = message.get("arguments", {})
-        return self.channel.forward({"type": "request", "command": "setExpression", "seq": message.get("seq", 0) + 1, "arguments": {
-            "expression": "globals()['%s']" % arguments.get("dstVariableName"),
-            "value": arguments.get("srcVariableName"),
-            "frameId": arguments.get("srcFrameId"),
-        }})
+        return self.channel.forward(
+            {
+                "type": "request",
+                "command": "setExpression",
+                "seq": message.get("seq", 0) + 1,
+                "arguments": {
+                    "expression": "globals()['%s']" % arguments.get("dstVariableName"),
+                    "value": arguments.get("srcVariableName"),
+                    "frameId": arguments.get("srcFrameId"),
+                },
+            }
+        )
 
     def on_modules(self, message):
         modules = list(sys.modules.copy().values())

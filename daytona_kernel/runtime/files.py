@@ -183,7 +183,9 @@ class LiveReports(object):
                 try:
                     changed = self._watch.peek(self._sent)
                 except Exception as exc:  # never into the cell: the report at its end still comes
-                    self._write_err("daytona-kernel: files are copied back only when this cell ends (%s: %s)\n" % (type(exc).__name__, exc))
+                    self._write_err(
+                        "daytona-kernel: files are copied back only when this cell ends (%s: %s)\n" % (type(exc).__name__, exc)
+                    )
                     return
                 if changed:
                     for rel, stat in changed.items():
@@ -340,7 +342,10 @@ def open_volume(workdir, options, notice):
         return None, ""
     volume = os.path.normpath(os.path.join(workdir, volume))
     if not os.path.isdir(volume):
-        return None, "daytona-kernel: the volume is not mounted at %s; files in the working directory are not kept on it.\n" % volume
+        return (
+            None,
+            "daytona-kernel: the volume is not mounted at %s; files in the working directory are not kept on it.\n" % volume,
+        )
 
     def scan():  # what the volume keeps: what the mirror would move (its own rules: this runs in the copier's thread)
         excludes = list(options.sync_excludes) + list(options.volume_excludes)

@@ -74,8 +74,23 @@ class Kind(object):
     DEBUG = "debug"  # a DAP message from the debugger (debug.py): a response to the kernel's request, or an event
 
     ALL = (
-        HELLO, DISPLAY, UPDATE, CLEAR, RESULT, ERROR, USER_EXPRESSIONS, PAYLOAD, INPUT, FILES, REPLY,
-        COMM_OPEN, COMM_MSG, COMM_CLOSE, PARENT, COMM_ACK, DEBUG,
+        HELLO,
+        DISPLAY,
+        UPDATE,
+        CLEAR,
+        RESULT,
+        ERROR,
+        USER_EXPRESSIONS,
+        PAYLOAD,
+        INPUT,
+        FILES,
+        REPLY,
+        COMM_OPEN,
+        COMM_MSG,
+        COMM_CLOSE,
+        PARENT,
+        COMM_ACK,
+        DEBUG,
     )
 
 
@@ -148,7 +163,9 @@ Event = Union[Text, Frame, BadFrame]
 
 def encode_frame(token: str, kind: str, payload: Any, piece_chars: int = PIECE_CHARS, blobs: Optional[dict] = None) -> list[str]:
     """Return the lines (each ending in a newline) that carry one frame; ``blobs`` as ``split_blobs`` made them."""
-    body = json.dumps([kind, payload] if blobs is None else [kind, payload, blobs], ensure_ascii=True, separators=(",", ":"), default=repr)
+    body = json.dumps(
+        [kind, payload] if blobs is None else [kind, payload, blobs], ensure_ascii=True, separators=(",", ":"), default=repr
+    )
     head = MARK + token + " "
     if len(body) <= piece_chars:
         return [head + ". " + body + "\n"]

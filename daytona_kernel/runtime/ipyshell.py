@@ -328,7 +328,9 @@ def make_shell(runtime, user_module):
         shell.register_magic_function(_kernel_magic(name), "line", name)
     formatter = shell.display_formatter
     if runtime.paths and formatter is not None:  # a module's repr names the user's file it was imported from
-        formatter.formatters["text/plain"].for_type(types.ModuleType, lambda module, p, cycle: p.text(runtime.paths.in_text(repr(module))))
+        formatter.formatters["text/plain"].for_type(
+            types.ModuleType, lambda module, p, cycle: p.text(runtime.paths.in_text(repr(module)))
+        )
     shell.run_cell("pass", store_history=False, silent=True)  # IPython's first run sets up what later ones reuse
     # IPython's objects, most of the heap, made once: no collection looks at them again, the interpreter's teardown
     # included (a restart waits for the old worker's exit: with them it took 40-140 ms). The user's objects stay

@@ -64,6 +64,7 @@ def path_key(rel):
     """``rel`` with each of its names through ``name_key``."""
     return "/".join(name_key(part) for part in rel.split("/"))
 
+
 SECRET_PATTERNS = (  # matched case-insensitively: .ENV and ID_RSA too
     # environment files
     ".env",
@@ -445,7 +446,14 @@ class MirrorRules:
     """
 
     def __init__(
-        self, root, extra=(), include=(), defaults=DEFAULT_EXCLUDES, secrets=SECRET_PATTERNS, gitignore=True, repository=False,
+        self,
+        root,
+        extra=(),
+        include=(),
+        defaults=DEFAULT_EXCLUDES,
+        secrets=SECRET_PATTERNS,
+        gitignore=True,
+        repository=False,
         global_excludes=None,
     ):
         self.root = root

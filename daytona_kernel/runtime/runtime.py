@@ -378,7 +378,11 @@ class Runtime(object):
         self.private.start_cell()
         with self.request_output():
             self._in_cell = True
-            live = _files.LiveReports(self.watch, lambda report: self.send(Kind.FILES, report), self.err.write) if self.watch.snapshot is not None else None
+            live = (
+                _files.LiveReports(self.watch, lambda report: self.send(Kind.FILES, report), self.err.write)
+                if self.watch.snapshot is not None
+                else None
+            )
             for notice in self._notices:  # once per runtime, on the first cell's stderr
                 self.err.write(notice)
             self._notices = []
@@ -419,7 +423,9 @@ class Runtime(object):
         try:
             self.durable.flush(CELL_COPY_TIMEOUT_S)
         except KeyboardInterrupt:  # an interrupt after the cell: the copy goes on in its thread
-            self.err.write("daytona-kernel: interrupted while the cell's files were copied to the volume; the copy goes on in the background.\n")
+            self.err.write(
+                "daytona-kernel: interrupted while the cell's files were copied to the volume; the copy goes on in the background.\n"
+            )
 
     def deliver(self, messages, comms=None):
         """Frontend comm messages while no cell runs (and a background thread's held updates)."""
@@ -491,9 +497,7 @@ class Runtime(object):
     def _ask(self, prompt, password, name):
         """Ask the frontend through an ``input`` frame; the kernel writes the answer to a file."""
         if not self._stdin_allowed:
-            raise StdinNotImplementedError(
-                "%s was called, but this frontend does not support input requests." % name
-            )
+            raise StdinNotImplementedError("%s was called, but this frontend does not support input requests." % name)
         path = self.private.reply_path()
         self.send(Kind.INPUT, {"prompt": prompt, "password": password, "path": path})
         reply = _read_reply(path)

@@ -105,7 +105,9 @@ def _from_the_network(exc: BaseException) -> bool:
     """Did the connection fail (an OSError, a timeout or aiohttp's error anywhere in the causes)? A reply the SDK
     could not parse (a multipart it cannot read, a file name it cannot match) fails the same way every time."""
     client_error = getattr(sys.modules.get("aiohttp"), "ClientError", None)  # None while another thread imports it
-    network: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError) + ((client_error,) if client_error is not None else ())
+    network: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError) + (
+        (client_error,) if client_error is not None else ()
+    )
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -140,7 +142,7 @@ def retry_after_s(exc: DaytonaError) -> float | None:
 
 
 def _unreachable_cause(exc: BaseException) -> str | None:
-    """"connection refused" or "unknown host" when that is why the request failed: retrying will not help."""
+    """ "connection refused" or "unknown host" when that is why the request failed: retrying will not help."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -273,11 +275,14 @@ async def call_api(
         if elapsed + wait >= budget_s:
             kept = f"kept failing for {budget_s:g} s" if budget_s else "still fails"
             raise RetriesExhausted(
-                f"Could not {what}: Daytona at {api_url} {kept} ({failure}). {_where_to_look(api_url)}, "
-                "then run the cell again."
+                f"Could not {what}: Daytona at {api_url} {kept} ({failure}). {_where_to_look(api_url)}, then run the cell again."
             ) from failure
         host = urlparse(api_url).netloc or api_url
-        trouble = f"can't reach {host}" if isinstance(failure, DaytonaConnectionError) else f"Daytona answered {status_of(failure) or failure}"
+        trouble = (
+            f"can't reach {host}"
+            if isinstance(failure, DaytonaConnectionError)
+            else f"Daytona answered {status_of(failure) or failure}"
+        )
         progress(f"{trouble}, retrying {elapsed + wait:.0f}/{budget_s:g} s…")
         log.warning("%s failed (%s); retrying in %.1fs", what, failure, wait)
         await asyncio.sleep(wait)

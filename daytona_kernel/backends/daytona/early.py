@@ -113,7 +113,9 @@ class EarlyApi:
         return Request("GET", f"{self._api_url}/volumes/by-name/{quote(name, safe='')}", api_headers(self._headers, False))
 
     def find_request(self, labels: dict[str, str]) -> Request:
-        return Request("GET", f"{self._api_url}/sandbox?labels={quote(json.dumps(labels), safe='')}", api_headers(self._headers, False))
+        return Request(
+            "GET", f"{self._api_url}/sandbox?labels={quote(json.dumps(labels), safe='')}", api_headers(self._headers, False)
+        )
 
     def create_request(self, body: dict[str, Any]) -> Request:
         return Request("POST", f"{self._api_url}/sandbox", api_headers(self._headers, True), body)
@@ -172,7 +174,14 @@ class EarlyApi:
             sandbox = self._sandbox(await self._send(self.get_request(sandbox_id)))
             if sandbox.state == "started":
                 return sandbox
-            if sandbox.state not in ("creating", "starting", "pending_build", "building_snapshot", "pulling_snapshot", "restoring"):
+            if sandbox.state not in (
+                "creating",
+                "starting",
+                "pending_build",
+                "building_snapshot",
+                "pulling_snapshot",
+                "restoring",
+            ):
                 raise NotEarly(f"the new sandbox is {sandbox.state}")
             if time.monotonic() > deadline:
                 raise NotEarly(f"the new sandbox is still {sandbox.state}")

@@ -147,7 +147,11 @@ def take_handoff(
         log.debug("restart handoff ignored: %s", why)
         # its context is deleted through the SDK, at the toolbox URL the API gives (never at the record's): a record
         # refused for its URL counts too (a first process restarts before its SDK has loaded: no label names it)
-        if refused is not None and handoff is not None and not why_not(handoff, kernel_id, handoff.fingerprint, api_url, handoff.written_at, url=False):
+        if (
+            refused is not None
+            and handoff is not None
+            and not why_not(handoff, kernel_id, handoff.fingerprint, api_url, handoff.written_at, url=False)
+        ):
             refused.append(handoff)
         return None
     return handoff
@@ -162,7 +166,9 @@ def parse_handoff(raw: bytes) -> Handoff | None:
         fields = {f.name: data[f.name] for f in dataclasses.fields(Handoff)}
     except (ValueError, TypeError, KeyError):
         return None
-    if not all(isinstance(v, str) for k, v in fields.items() if k != "written_at") or not isinstance(fields["written_at"], (int, float)):
+    if not all(isinstance(v, str) for k, v in fields.items() if k != "written_at") or not isinstance(
+        fields["written_at"], (int, float)
+    ):
         return None
     return Handoff(**fields)
 

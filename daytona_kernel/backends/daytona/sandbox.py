@@ -82,7 +82,12 @@ class DaytonaSandbox(Sandbox):
     """A Daytona sandbox found by its workspace labels (``reuse``) or made for this kernel."""
 
     def __init__(
-        self, config: DaytonaSettings, workspace_key: str, kernel_id: str, worker: int | None = None, main: DaytonaSandbox | None = None
+        self,
+        config: DaytonaSettings,
+        workspace_key: str,
+        kernel_id: str,
+        worker: int | None = None,
+        main: DaytonaSandbox | None = None,
     ) -> None:
         """``worker``: a ``%%daytona map`` worker of this kernel, whose ``main`` sandbox lends it its SDK
         client (see ``WorkspaceSandboxes``)."""
@@ -93,7 +98,9 @@ class DaytonaSandbox(Sandbox):
         self._degraded = False  # the last call exhausted its retries: fail fast until Daytona answers
         self.api_url = api_url_of(config)
         lender = main._workspace if main is not None else None
-        self._workspace: WorkspaceSandboxes = WorkspaceSandboxes(config, workspace_key, kernel_id, self.api, self.api_url, worker, lender)
+        self._workspace: WorkspaceSandboxes = WorkspaceSandboxes(
+            config, workspace_key, kernel_id, self.api, self.api_url, worker, lender
+        )
         self._policy = self._workspace.policy
         self._notices = list(self._workspace.notices)
         self.toolbox = DaytonaToolbox(self, SANDBOX_WORKDIR)
@@ -128,11 +135,17 @@ class DaytonaSandbox(Sandbox):
     def size_text(self) -> str:
         """Its size as created (else as configured) and what it is made from."""
         sb, cfg = self._sandbox, self._config
-        cpu, memory, disk, gpu = (sb.cpu, sb.memory, sb.disk, sb.gpu) if sb is not None else (cfg.cpu, cfg.memory, cfg.disk, cfg.gpu)
+        cpu, memory, disk, gpu = (
+            (sb.cpu, sb.memory, sb.disk, sb.gpu) if sb is not None else (cfg.cpu, cfg.memory, cfg.disk, cfg.gpu)
+        )
         parts = [f"{cpu} CPU" if cpu else "", f"{memory} GiB memory" if memory else "", f"{disk} GiB disk" if disk else ""]
         parts.append(f"{gpu} GPU" if gpu else "")
         size = ", ".join(p for p in parts if p) or "Daytona's default size"
-        source = f"image {cfg.image}" if cfg.image else f"snapshot {cfg.snapshot or (sb.snapshot if sb is not None else '') or 'default'}"
+        source = (
+            f"image {cfg.image}"
+            if cfg.image
+            else f"snapshot {cfg.snapshot or (sb.snapshot if sb is not None else '') or 'default'}"
+        )
         return f"a Daytona sandbox of {size} ({source})"
 
     async def sdk_sandbox(self) -> Any:
@@ -268,7 +281,9 @@ class DaytonaSandbox(Sandbox):
             toolbox_url = made.toolbox_url.rstrip("/")
             if acceptable_url(toolbox_url, self.api_url) or proxied(toolbox_url):
                 raise NotEarly(f"the toolbox URL {toolbox_url} is not one to send the key to here")
-            handoff = Handoff(self._kernel_id, made.id, toolbox_url, "", self._fingerprint, time.time(), self._workspace.mount_path)
+            handoff = Handoff(
+                self._kernel_id, made.id, toolbox_url, "", self._fingerprint, time.time(), self._workspace.mount_path
+            )
             toolbox = HandedOverToolbox(handoff.sandbox_url, handoff.interpreter_url, headers)
             try:
                 await toolbox.make_dir(self.workdir)
@@ -301,7 +316,9 @@ class DaytonaSandbox(Sandbox):
             if notice:
                 self._notices.append(notice)
         # Independent round trips to Daytona's API: at once. The volume's error, if both fail, is the one shown.
-        looked = await asyncio.gather(self._workspace.ready_volume(progress), self._workspace.find(prefer), return_exceptions=True)
+        looked = await asyncio.gather(
+            self._workspace.ready_volume(progress), self._workspace.find(prefer), return_exceptions=True
+        )
         for failed in looked:
             if isinstance(failed, BaseException):
                 raise failed
@@ -348,7 +365,9 @@ class DaytonaSandbox(Sandbox):
         state = await self.refresh_state()
         why_stops = self._workspace.idle_why or self._workspace.why_not_pause()
         info = status_lines(self._sandbox, state, self._config, self._policy, self.idle_mode, why_stops)
-        info["volume"] = f"{self._config.volume_name} at {self.volume_dir or '(not mounted)'} (sub-folder {self._workspace.subpath})"
+        info["volume"] = (
+            f"{self._config.volume_name} at {self.volume_dir or '(not mounted)'} (sub-folder {self._workspace.subpath})"
+        )
         info["working directory"] = f"{self.workdir} (on the sandbox's disk; the volume keeps a copy)"
         if state == "started":
             info["disk"] = await self.toolbox.disk_use()
@@ -362,7 +381,9 @@ class DaytonaSandbox(Sandbox):
             return
         sandbox = self._sandbox
         command = f"mkdir -p {shlex.quote(self.workdir)}"
-        result = await self.api("make the working directory", lambda: sandbox.process.exec(command, timeout=int(API_REQUEST_TIMEOUT_S)))
+        result = await self.api(
+            "make the working directory", lambda: sandbox.process.exec(command, timeout=int(API_REQUEST_TIMEOUT_S))
+        )
         if result.exit_code:
             raise BackendError(f"Could not make the working directory {self.workdir} in the sandbox: {result.result}")
 
@@ -450,15 +471,27 @@ class DaytonaSandbox(Sandbox):
             self.toolbox.contexts.append(context)
             await context.start_code(code, timeout)
             self.toolbox.forget(context)
-            write_handoff(Handoff(self._kernel_id, self.id, self._toolbox_url, context.id, self._fingerprint, time.time(), self.volume_dir))
+            write_handoff(
+                Handoff(self._kernel_id, self.id, self._toolbox_url, context.id, self._fingerprint, time.time(), self.volume_dir)
+            )
             return
         sandbox = await self.sdk_sandbox()
         context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
         await context.start_code(code, timeout)
-        await self._relabel(sandbox, "name the next context in the sandbox's labels", {LABEL_NEXT: f"{self._kernel_id}.{context.id}"})
+        await self._relabel(
+            sandbox, "name the next context in the sandbox's labels", {LABEL_NEXT: f"{self._kernel_id}.{context.id}"}
+        )
         self.toolbox.forget(context)
         if self._fingerprint:
-            handoff = Handoff(self._kernel_id, sandbox.id, sandbox.toolbox_proxy_url, context.id, self._fingerprint, time.time(), self.volume_dir)
+            handoff = Handoff(
+                self._kernel_id,
+                sandbox.id,
+                sandbox.toolbox_proxy_url,
+                context.id,
+                self._fingerprint,
+                time.time(),
+                self.volume_dir,
+            )
             write_handoff(handoff)
 
     async def _relabel(self, sandbox: Any, what: str, changes: dict[str, str]) -> None:
@@ -506,7 +539,9 @@ class DaytonaSandbox(Sandbox):
             if other is not None:
                 await DaytonaToolbox(FoundSandbox(other, self.api_url), self.workdir).end_context(unclaimed.context_id)
         except BackendError as exc:
-            log.info("could not delete the context %s a restart left (%s); it goes when its sandbox stops", unclaimed.context_id, exc)
+            log.info(
+                "could not delete the context %s a restart left (%s); it goes when its sandbox stops", unclaimed.context_id, exc
+            )
 
     async def shutdown(self) -> None:
         """Release by policy: 'ephemeral' deletes; 'reuse' stops, unless another kernel still has a

@@ -175,7 +175,9 @@ def hand_over_deletion(sandbox_id: str, api_url: str, target: str) -> None:
     process of its own (``daytona-kernel reap``, in a session of its own so that the kernel's end does not take it
     along) waits for the state to settle and deletes it. The key goes in its environment, never in its arguments."""
     argv = [sys.executable, "-c", REAP_CODE, "reap", sandbox_id, "--api-url", api_url, "--target", target]
-    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # stderr: the kernel's log
+    subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )  # stderr: the kernel's log
     log.warning("sandbox %s is still changing state; a background process deletes it once Daytona allows", sandbox_id)
 
 
@@ -186,7 +188,9 @@ async def reap(sandbox_id: str, api_url: str, target: str, out: Callable[[str], 
     async def api(what: str, fn: Callable[[], Any], *, retry: bool = True) -> Any:
         return await call_api(what, fn, retry=retry, api_url=api_url)
 
-    client = AsyncDaytona(DaytonaConfig(api_key=os.environ.get("DAYTONA_API_KEY") or None, api_url=api_url, target=target or None))
+    client = AsyncDaytona(
+        DaytonaConfig(api_key=os.environ.get("DAYTONA_API_KEY") or None, api_url=api_url, target=target or None)
+    )
     try:
         try:
             sandbox = await api("look up the sandbox", lambda: client.get(sandbox_id))

@@ -25,7 +25,9 @@ def duration(seconds: float) -> str:
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {sec}s"
 
 
-def status_lines(sb: Any, state: str, cfg: DaytonaSettings, policy: SandboxPolicy, idle_mode: IdleMode, why_stops: str) -> dict[str, str]:
+def status_lines(
+    sb: Any, state: str, cfg: DaytonaSettings, policy: SandboxPolicy, idle_mode: IdleMode, why_stops: str
+) -> dict[str, str]:
     """The sandbox, its state, resources, uptime, idle mode and last activity. ``why_stops``: why it
     stops rather than pauses, when this kernel knows ("" otherwise)."""
     info = {
@@ -55,7 +57,9 @@ def idle_text(sb: Any, cfg: DaytonaSettings, idle_mode: IdleMode, why_stops: str
             text += " (configured: idle_action 'stop'; `%daytona recreate` applies it)"
         return text
     minutes = sb.auto_stop_interval or 0
-    text = (f"stop after {minutes} min idle" if minutes else "never stops by itself") + ": only the disk is kept, variables are lost"
+    text = (
+        f"stop after {minutes} min idle" if minutes else "never stops by itself"
+    ) + ": only the disk is kept, variables are lost"
     text += " (checkpoint_on_idle saves them first)" if cfg.checkpoint_on_idle else " (checkpoint_on_idle is off)"
     why = why_stops
     if not why:  # this kernel would pause, but found a sandbox made to stop
@@ -70,7 +74,9 @@ def activity_text(sb: Any, state: str, idle_mode: IdleMode) -> str:
     text = f"{duration(idle_s)} ago" if idle_s is not None else "unknown"
     if state != "started":
         return f"{text}; {state} now" + ("; the next cell resumes it" if state in PAUSED_STATES else "")
-    action, minutes = ("auto-pause", sb.auto_pause_interval) if idle_mode is IdleMode.PAUSE else ("auto-stop", sb.auto_stop_interval)
+    action, minutes = (
+        ("auto-pause", sb.auto_pause_interval) if idle_mode is IdleMode.PAUSE else ("auto-stop", sb.auto_stop_interval)
+    )
     if not minutes or idle_s is None:
         return f"{text}; {action} off"
     return f"{text}; {action} in about {duration(max(minutes * 60 - idle_s, 0))} if idle from now"

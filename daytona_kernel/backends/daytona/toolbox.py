@@ -430,7 +430,9 @@ class DaytonaToolbox:
             if not batch:
                 continue
             if time.monotonic() > deadline:
-                out.update(dict.fromkeys(batch, FileError(f"the download did not finish within {DOWNLOAD_DEADLINE_S:g} s", retry=True)))
+                out.update(
+                    dict.fromkeys(batch, FileError(f"the download did not finish within {DOWNLOAD_DEADLINE_S:g} s", retry=True))
+                )
                 continue
             failure = await self._download_batch(sandbox, batch, caps, out, deadline)
             if failure is None:
@@ -471,7 +473,9 @@ class DaytonaToolbox:
         with tempfile.TemporaryDirectory(prefix="daytona-kernel-download-") as tmp:
             dests = {path: os.path.join(tmp, str(i)) for i, path in enumerate(paths)}
             requests = [FileDownloadRequest(source=p, destination=dests[p]) for p in paths]
-            task = asyncio.ensure_future(self.host.api("download files from the sandbox", lambda: sandbox.fs.download_files(requests)))
+            task = asyncio.ensure_future(
+                self.host.api("download files from the sandbox", lambda: sandbox.fs.download_files(requests))
+            )
             received, last_byte = 0, time.monotonic()
             try:
                 while not task.done():
@@ -484,7 +488,11 @@ class DaytonaToolbox:
                     if sum(sizes.values()) != received:
                         received, last_byte = sum(sizes.values()), now
                     if not task.done() and (now - last_byte > DOWNLOAD_STALL_S or now > deadline):
-                        why = "the download ran out of time" if now > deadline else f"the sandbox sent nothing for {DOWNLOAD_STALL_S:g} s"
+                        why = (
+                            "the download ran out of time"
+                            if now > deadline
+                            else f"the sandbox sent nothing for {DOWNLOAD_STALL_S:g} s"
+                        )
                         raise DownloadStuck(f"{why} (a FIFO or a device in the sandbox blocks it, or it is too slow)")
             finally:
                 if not task.done():

@@ -281,7 +281,9 @@ class WorkspaceSandboxes:
                     "Delete it in the Daytona dashboard or set DaytonaKernel.volume_name to another name."
                 )
             if time.monotonic() > deadline:
-                raise BackendError(f"The volume {name!r} did not become ready within {VOLUME_READY_TIMEOUT_S:g} s (state {state}).")
+                raise BackendError(
+                    f"The volume {name!r} did not become ready within {VOLUME_READY_TIMEOUT_S:g} s (state {state})."
+                )
             progress(f"waiting for volume {name}… ({state})")
             await asyncio.sleep(VOLUME_POLL_S)
             volume = await self._api(f"check the volume {name!r}", lambda: client.volume.get(name))
@@ -388,11 +390,18 @@ class WorkspaceSandboxes:
         if sandbox.auto_pause_interval:
             if sandbox.auto_pause_interval != cfg.auto_pause_interval:
                 try:
-                    await self._api("set the auto-pause interval", lambda: sandbox.set_auto_pause_interval(cfg.auto_pause_interval))
+                    await self._api(
+                        "set the auto-pause interval", lambda: sandbox.set_auto_pause_interval(cfg.auto_pause_interval)
+                    )
                 except BackendError as exc:
                     if not is_refused(exc):
                         raise
-                    log.warning("Daytona refused auto_pause_interval=%s (%s); it stays %s min", cfg.auto_pause_interval, exc, sandbox.auto_pause_interval)
+                    log.warning(
+                        "Daytona refused auto_pause_interval=%s (%s); it stays %s min",
+                        cfg.auto_pause_interval,
+                        exc,
+                        sandbox.auto_pause_interval,
+                    )
             return
         self.idle_why = f"Daytona does not pause sandboxes of class {sandbox.sandbox_class or '(unknown)'}"
         if (sandbox.auto_stop_interval or 0) != cfg.auto_stop_interval:
@@ -417,7 +426,9 @@ class WorkspaceSandboxes:
             auto_stop_interval=auto_stop_interval,  # None: Daytona's default for the sandbox's class
             auto_archive_interval=cfg.auto_archive_interval,  # 0 = the API's maximum, as the help text says
             auto_delete_interval=0 if self.policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,
-            volumes=[VolumeMount(volume_id=volume.id, mount_path=self.mount_path, subpath=self.subpath)] if volume is not None else [],
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=self.mount_path, subpath=self.subpath)]
+            if volume is not None
+            else [],
             network_block_all=cfg.network_block_all or None,
         )
         if cfg.image:
@@ -547,7 +558,12 @@ def drift_notice(cfg: DaytonaSettings, mount_path: str, sb: Any, volume: Any) ->
     drift = []
     if cfg.snapshot and not cfg.image and sb.snapshot != cfg.snapshot:
         drift.append(f"snapshot {sb.snapshot} (configured: {cfg.snapshot})")
-    for name, want, have in (("cpu", cfg.cpu, sb.cpu), ("memory", cfg.memory, sb.memory), ("disk", cfg.disk, sb.disk), ("gpu", cfg.gpu, sb.gpu)):
+    for name, want, have in (
+        ("cpu", cfg.cpu, sb.cpu),
+        ("memory", cfg.memory, sb.memory),
+        ("disk", cfg.disk, sb.disk),
+        ("gpu", cfg.gpu, sb.gpu),
+    ):
         if cfg.image and want and want != have:
             drift.append(f"{name} {have} (configured: {want})")
     env = sb.env or {}

@@ -103,7 +103,9 @@ def user_traceback(exc):
     head = "%s: %s\n" % (type(exc).__name__, exc)
     if not frames:
         return head
-    return "Traceback (most recent call last):\n" + "".join('  File "<stdin>", line %d\n' % (f.lineno or 0) for f in frames) + head
+    return (
+        "Traceback (most recent call last):\n" + "".join('  File "<stdin>", line %d\n' % (f.lineno or 0) for f in frames) + head
+    )
 
 
 class Worker(object):

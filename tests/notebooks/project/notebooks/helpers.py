@@ -1,2 +1,2 @@
 def greet(name):
-    return 'hello, ' + name
+    return "hello, " + name

@@ -1,1 +1,1 @@
-NAME = 'a package beside the notebook'
+NAME = "a package beside the notebook"
