@@ -194,8 +194,8 @@ def _daytona_kernel_variables():
     try:
         ip = get_ipython()
         ns, hidden = ip.user_ns, ip.user_ns_hidden
-    except NameError:
-        pass
+    except NameError:  # the basic shell (no IPython in the sandbox): its globals are the namespace
+        ns = globals()
     skip = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
     found = []
     for name, value in list(ns.items()):
