@@ -433,7 +433,7 @@ class DaytonaEmulator:
     def close(self) -> None:
         if self._loop is None:
             return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(120)  # aiohttp waits up to 60 s for open handlers
         self._loop.call_soon_threadsafe(self._loop.stop)
         assert self._thread is not None
         self._thread.join(10)
