@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import DaytonaKernelError, ProtocolError
-from .outputs import OutputBudget, size_of
-from .protocol import CommAck, CommMessage, OpenComms
+from .outputs import OutputBudget
+from .protocol import CommAck, CommMessage, OpenComms, size_of
 from .widgetrules import CONTROL_TARGET, WIDGET_TARGET, Shadow, WidgetPolicy, shadow_of
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

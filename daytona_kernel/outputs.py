@@ -32,7 +32,7 @@ from typing import Any
 
 import nh3
 
-from .protocol import Completion, Inspection
+from .protocol import Completion, Inspection, size_of
 from .runtime.calls import limit_text
 
 # -- MIME types ----------------------------------------------------------------------
@@ -488,24 +488,6 @@ class OutputBudget:
             return None
         self._noticed = True
         return self.NOTICE.format(limit=self._limit_text, dropped=_size_text(self.dropped))
-
-
-def size_of(value: Any) -> int:
-    """About how many characters ``value`` takes as JSON: its strings, keys and scalars."""
-    total = 0
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            total += sum(len(k) for k in item if isinstance(k, str))
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        else:
-            total += 8
-    return total
 
 
 def _size_text(chars: int) -> str:

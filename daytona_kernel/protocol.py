@@ -546,13 +546,16 @@ def _debug(p: dict[str, Any]) -> DebugMessage:
     for name, check in DAP_FIELDS.items():
         if name in message:
             check(message[name], f"debug.message.{name}")
-    if _chars(message) > MAX_DAP_CHARS:
+    if size_of(message) > MAX_DAP_CHARS:
         raise ProtocolError(f"a debug message is over {MAX_DAP_CHARS // (1024 * 1024)} MB")
     return DebugMessage(message, answers)
 
 
-def _chars(value: Any) -> int:
-    total, stack = 0, [value]
+def size_of(value: Any) -> int:
+    """About how many characters ``value`` takes as JSON: its strings, keys and scalars (8 each). The output
+    budget charges by it, and a debug message's cap is checked with it."""
+    total = 0
+    stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
@@ -562,6 +565,8 @@ def _chars(value: Any) -> int:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
+        else:
+            total += 8
     return total
 
 
