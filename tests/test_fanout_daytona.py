@@ -64,6 +64,11 @@ def test_creates_back_off_as_the_429_says_and_every_worker_starts(daytona_env: A
 def test_the_pool_starts_what_the_quota_allows_says_so_and_leaves_nothing_half_made(daytona_env: Any, tmp_path: Path) -> None:
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("pass")
+        # The emulator is shared by the tests of one xdist worker: the sandboxes earlier tests left
+        # started (a kept sandbox waits for its auto-stop) would count against this quota too.
+        for s in daytona_env.live_sandboxes():
+            if s.state == "started" and s not in sandboxes_of(daytona_env, tmp_path):
+                daytona_env.stop_sandbox(s.id)
         daytona_env.quota = {"cpu": 3}  # the main sandbox uses one
         try:
             run = k.execute("%%daytona map 4\nprint(rank, world)", timeout=120)
