@@ -722,7 +722,7 @@ def session_layer_png(emu: DaytonaEmulator, reps: int) -> tuple[dict[str, float]
             lines.supervisor._runtime_options, blob_chars=0
         )  # every byte through the daemon's lines
         await lines.ready()
-        plain = await session.sandbox.create_context()
+        plain = await session.sandbox.toolbox.create_context()
         for s in (session, lines):
             await s.execute(Cell(MAKE_PNG, 1), Recorder())
         await plain.run_code(MAKE_PNG, lambda text: None, lambda text: None)
@@ -1208,6 +1208,10 @@ class _NoNetwork:
     workdir = "/remote"
     generation = 0  # one sandbox throughout (the mirror resets its manifest when this changes)
     on_this_disk = False  # a remote sandbox: files go up as bytes
+
+    @property
+    def toolbox(self) -> _NoNetwork:
+        return self  # its own toolbox
 
     async def upload(self, files: list[tuple[bytes, str]]) -> None:
         return None

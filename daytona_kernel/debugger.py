@@ -189,7 +189,7 @@ class DebugRelay:
             if inflight.in_cell and inflight.cell_inbox is not None and self._started_on == live.token:
                 self._upload_seq += 1
                 path = posixpath.join(inflight.cell_inbox, f"debug-{self._upload_seq}.json")
-                await self._sandbox.upload([(json.dumps([item]).encode(), path)])
+                await self._sandbox.toolbox.upload([(json.dumps([item]).encode(), path)])
                 return True
             if not inflight.in_cell and not inflight.lock.locked():
                 break

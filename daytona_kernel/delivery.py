@@ -75,7 +75,7 @@ class CommDelivery:
                 if batch:
                     bridge.seq += 1
                     path = posixpath.join(inflight.cell_inbox, f"comms-{bridge.seq}.json")
-                    await self._sandbox.upload([(json.dumps(batch).encode(), path)])
+                    await self._sandbox.toolbox.upload([(json.dumps(batch).encode(), path)])
                     bridge.uploaded(bridge.seq, batch)
                 return
             if not inflight.in_cell and not inflight.lock.locked():

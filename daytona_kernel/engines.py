@@ -134,7 +134,7 @@ async def read_pickles(sandbox: Sandbox, paths: list[str], what: Callable[[int],
     sandbox writes them, so the download stops at that size instead of holding whatever it wrote.
     ``what(i)`` names the i-th for a message (``--gather: worker 2's values``)."""
     full = [full_path(sandbox, p) for p in paths]
-    got = await sandbox.download(full, limits=dict.fromkeys(full, PICKLE_MAX_BYTES))
+    got = await sandbox.toolbox.download(full, limits=dict.fromkeys(full, PICKLE_MAX_BYTES))
     out = []
     for i, path in enumerate(full):
         value = got.get(path)
@@ -335,7 +335,7 @@ class EnginePool:
             return
         engine.interrupted = True
         try:
-            result = await engine.sandbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+            result = await engine.sandbox.toolbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
             sent = result.exit_code == 0
         except DaytonaKernelError as exc:
             self._log.warning("could not interrupt worker %s: %s", engine.sandbox.id, exc)
@@ -430,7 +430,7 @@ class MapCell:
             files.append((blob, full_path(main.sandbox, path)))
         await asyncio.gather(*(self._remove_quietly(w.sandbox, [r.dump]) for w, r in zip(self.engines, runs)))
         await main.ready()
-        await main.sandbox.upload(files)
+        await main.sandbox.toolbox.upload(files)
         gathered = await main.call(Gather(names=list(self.spec.gather), paths=paths), fanout_done)
         if gathered.error:
             raise BackendError(gathered.error)
@@ -438,7 +438,7 @@ class MapCell:
     async def _remove_quietly(self, sandbox: Sandbox, paths: list[str]) -> None:
         """Delete files in transit (paths relative to the working directory)."""
         try:
-            await sandbox.remove(paths)
+            await sandbox.toolbox.remove(paths)
         except DaytonaKernelError as exc:
             self._log.warning("could not remove %s from %s: %s", paths, sandbox.id, exc)
 
@@ -498,7 +498,7 @@ class MapCell:
         chunk = ""
         if rank in self._scattered:
             chunk = in_transit(self.token, "scatter", rank)
-            await engine.sandbox.upload([(self._scattered[rank], full_path(engine.sandbox, chunk))])
+            await engine.sandbox.toolbox.upload([(self._scattered[rank], full_path(engine.sandbox, chunk))])
         return await self._execute(engine, live, self._code(rank, chunk, result.dump, synced), out)
 
     async def _push(self, engine: Engine, out: EngineOutput) -> Synced | None:

@@ -70,7 +70,7 @@ class RuntimeInstaller:
         options = replace(
             runtime_options,
             volume_dir=self._sandbox.volume_relpath(),
-            volume_link=self._sandbox.on_this_disk,  # a volume on this disk: its copy is made of hard links
+            volume_link=self._sandbox.toolbox.on_this_disk,  # a volume on this disk: its copy is made of hard links
             ship_ipython=ipython_bundle.ipython_version(),
         )
         if self._journal is not None:
@@ -125,12 +125,12 @@ class RuntimeInstaller:
         """Clone repo_url into the working directory (on the sandbox's disk), unless it is already cloned there."""
         url = self._settings.repo_url
         dest = repo_folder(url)
-        check = await self._sandbox.exec(f"test -d {shlex.quote(dest)}/.git")
+        check = await self._sandbox.toolbox.exec(f"test -d {shlex.quote(dest)}/.git")
         if check.exit_code == 0:
             self._notice(f"{dest}/ is already cloned in the working directory; left as it is.\n")
             return
         self._report(f"cloning {dest}…")
-        await self._sandbox.clone(
+        await self._sandbox.toolbox.clone(
             url, self._settings.repo_ref or None, dest, os.environ.get("GIT_USERNAME"), os.environ.get("GIT_TOKEN")
         )
         self._notice(f"Cloned {dest}/ into the working directory.\n")

@@ -109,7 +109,7 @@ class Interrupts:
 
         marker = CANCELLED_CELL % (live.pid, self._cell_count)
         try:
-            result = await self._sandbox.exec(f"touch {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+            result = await self._sandbox.toolbox.exec(f"touch {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
         except DaytonaKernelError as exc:
             self._log.warning("could not mark the queued cell as cancelled: %s", exc)
             return
@@ -125,13 +125,13 @@ class Interrupts:
         if marker is None:
             return
         try:
-            await self._sandbox.exec(f"rm -f {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+            await self._sandbox.toolbox.exec(f"rm -f {shlex.quote(marker)}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
         except DaytonaKernelError as exc:
             self._log.warning("could not remove %s: %s", marker, exc)
 
     async def _send_sigint(self, live: Live) -> bool:
         try:
-            result = await self._sandbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
+            result = await self._sandbox.toolbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
         except DaytonaKernelError as exc:
             self._log.warning("could not send the interrupt: %s", exc)
             return False

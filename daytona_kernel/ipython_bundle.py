@@ -146,7 +146,7 @@ async def ship(
     try:
         data = await asyncio.to_thread(archive, python, roots)
         try:
-            await sandbox.upload([(data, archive_path)])
+            await sandbox.toolbox.upload([(data, archive_path)])
         except DaytonaKernelError:
             # the daemon writes in place: an upload that failed (a full disk) leaves a truncated file
             with contextlib.suppress(DaytonaKernelError):

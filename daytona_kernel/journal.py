@@ -56,7 +56,7 @@ T = TypeVar("T")
 
 
 class JournalHost(Protocol):
-    """What the journal's verbs need of a sandbox (a ``Sandbox``, or ``gc``'s toolbox of a sandbox it found)."""
+    """What the journal's verbs need of a toolbox (a ``Sandbox``'s, or ``gc``'s of a sandbox it found)."""
 
     async def exec(self, command: str, timeout: float | None = None) -> ExecResult: ...
 
@@ -324,7 +324,7 @@ class SessionJournal:
         )
 
     async def _exec(self, call: JournalCall) -> dict[str, Any]:
-        return await journal_call(self._sandbox, call)
+        return await journal_call(self._sandbox.toolbox, call)
 
     # -- finding sessions ----------------------------------------------------------
 
@@ -332,7 +332,7 @@ class SessionJournal:
         """The sessions this process does not own, whose interpreter still runs. Journals of contexts
         that are gone are removed; detached sessions idle past ``detached_idle_minutes`` are ended."""
         scanned = await self._exec(ScanJournals(root=self.root))
-        live = await self._sandbox.live_contexts()
+        live = await self._sandbox.toolbox.live_contexts()
         found: list[Detached] = []
         for session in self._parsed(scanned):
             if session.context_id == mine or session.owner.get("instance") == self.identity.instance:
@@ -354,7 +354,7 @@ class SessionJournal:
 
     async def end(self, session: Detached, why: str) -> None:
         self._log.info("ending detached session %s (%s)", session.context_id, why)
-        await self._sandbox.end_context(session.context_id)
+        await self._sandbox.toolbox.end_context(session.context_id)
         await self._exec(RemoveJournal(folder=self.folder(session.context_id)))
 
     def _parsed(self, scanned: dict[str, Any]) -> list[Detached]:
@@ -388,7 +388,7 @@ class SessionJournal:
                 await self.end(session, f"idle for {session.idle_s / 60:.0f} min")
             candidates = self.attachable(found)
             if candidates:  # the journal survives a stop of the sandbox, its contexts do not: ask the daemon
-                live = await self._sandbox.live_contexts()
+                live = await self._sandbox.toolbox.live_contexts()
                 candidates = [s for s in candidates if s.context_id in live]
         except DaytonaKernelError as exc:
             self._log.warning("could not look at the detached sessions: %s", exc)
@@ -510,7 +510,7 @@ class SessionJournal:
                     return False
                 if loop.time() - checked > FOLLOW_LIVE_CHECK_S:  # the daemon has the last word on a context
                     checked = loop.time()
-                    if session.context_id not in await _unless(stop, self._sandbox.live_contexts()):
+                    if session.context_id not in await _unless(stop, self._sandbox.toolbox.live_contexts()):
                         return False
                 await _unless(stop, asyncio.sleep(FOLLOW_POLL_S))
         finally:

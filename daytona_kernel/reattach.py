@@ -75,7 +75,7 @@ class Attacher:
                 "The session's interpreter ended while it ran detached (out of memory, or killed); its variables are gone. "
                 "This kernel keeps its fresh namespace."
             )
-        context = await self._sandbox.adopt_context(session.context_id)
+        context = await self._sandbox.toolbox.adopt_context(session.context_id)
         old = await self._supervisor.adopt(Live(context, session.token, session.pid, session.python))
         if old is not None:
             await journal.forget(old.id)

@@ -273,7 +273,7 @@ def fetcher(sandbox: Sandbox) -> Fetch:
     holds, so the kernel never takes more of it than the frame said."""
 
     async def fetch(path: str, limit: int) -> bytes:
-        got = (await sandbox.download([path], limits={path: limit})).get(path)
+        got = (await sandbox.toolbox.download([path], limits={path: limit})).get(path)
         if not isinstance(got, bytes):
             raise BackendError(f"could not download {path}: {got.message if got is not None else 'no answer'}")
         return got
@@ -314,7 +314,7 @@ class InputBridge:
     async def _answer(self, event: InputRequest) -> None:
         value = await self._frontend.ask(event.prompt, event.password)
         try:
-            await self._sandbox.upload([(json.dumps({"value": value}).encode(), event.path)])
+            await self._sandbox.toolbox.upload([(json.dumps({"value": value}).encode(), event.path)])
         except DaytonaKernelError as exc:
             self._log.warning("could not pass the input to the sandbox: %s", exc)
             self._frontend.emit("stream", stderr(f"Could not pass your input to the sandbox: {exc}. Interrupt the cell.\n"))

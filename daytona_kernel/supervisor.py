@@ -145,14 +145,14 @@ class ContextSupervisor:
         left = await self.sandbox.take_next_context()
         installed = await self._install_in_left(left) if left is not None else None
         if left is None or installed is None:
-            context = await self.sandbox.create_context()
+            context = await self.sandbox.toolbox.create_context()
             token, hello = await self._installer.install(context, self._runtime_options)
         else:
             context, (token, hello) = left, installed
         await self.sandbox.first_start_settled()
         if self._installer.wants_ipython(hello) and await self._installer.ship_ipython(context, hello):
             old = context  # a new context finds the shipped IPython; the old one goes meanwhile
-            context, _ = await asyncio.gather(self.sandbox.create_context(), self.close_quietly(old))
+            context, _ = await asyncio.gather(self.sandbox.toolbox.create_context(), self.close_quietly(old))
             token, hello = await self._installer.install(context, self._runtime_options)
         self.live = Live(context, token, hello.pid, hello.python)
         if self._settings.repo_url and self._repo_staged_in != self.sandbox.generation:

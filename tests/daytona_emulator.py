@@ -152,7 +152,7 @@ from daytona_toolbox_api_client.models.interpreter_context import InterpreterCon
 from daytona_toolbox_api_client.models.list_contexts_response import ListContextsResponse
 from mounts3 import MountS3, fuse_missing
 
-from daytona_kernel.backends.local.sandbox import Chunk, InterpreterWorker, WorkerEnd
+from daytona_kernel.backends.local.interpreter import Chunk, InterpreterWorker, WorkerEnd
 
 API_KEY = "dtn_emulator0123456789abcdefghij"
 ORG_ID = "emulator-org"

@@ -20,7 +20,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from daytona_kernel.backends.base import Context, ExecResult, FileError, OutputCallback, ProgressCallback, RunError, Sandbox
+from daytona_kernel.backends.base import (
+    Context,
+    ExecResult,
+    FileError,
+    OutputCallback,
+    ProgressCallback,
+    RunError,
+    Sandbox,
+    Toolbox,
+)
 from daytona_kernel.runtime import HANDLE
 from daytona_kernel.runtime.framing import PIECE_CHARS, Kind, encode_frame
 
@@ -115,11 +124,13 @@ class FakeContext(Context):
             event.set()
 
 
-class FakeSandbox(Sandbox):
-    """See the module docstring. Everything the session asks of it is recorded."""
+class FakeSandbox(Sandbox, Toolbox):
+    """See the module docstring. Everything the session asks of it is recorded. It is its own toolbox,
+    so a test overrides a lifecycle or a toolbox method in one subclass."""
 
     def __init__(self, runs: list[Run] | None = None, workdir: str = "/home/daytona/workspace") -> None:
         self.id = "fake-sandbox"
+        self.toolbox = self
         self.workdir = workdir
         self.runs: list[Run] = list(runs or [])
         self.bootstrap_run: Run | None = None

@@ -132,7 +132,7 @@ def start_in_process(folder: Path, **changes: Any) -> tuple[Any, Any]:
             await sandbox.start(lambda text: None)
             context = await sandbox.take_next_context()
             if context is None:
-                context = await sandbox.create_context()
+                context = await sandbox.toolbox.create_context()
             await sandbox.sdk_sandbox()
             return None
         except Exception as exc:  # what the user would see: compared by the caller

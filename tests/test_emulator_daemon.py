@@ -21,7 +21,7 @@ import pytest
 from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, DaytonaConfig
 from daytona.common.errors import DaytonaConnectionError, DaytonaTimeoutError
 
-from daytona_kernel.backends.local.sandbox import LocalContext
+from daytona_kernel.backends.local.interpreter import LocalContext
 from daytona_kernel.errors import ContextDied, ContextTimeout
 
 KIB = 1024
@@ -440,7 +440,7 @@ async def test_local_worker_system_exit_and_error_format(local) -> None:  # type
     ],
 )
 def test_a_worker_line_is_read_as_the_daemon_reads_it(line: bytes, chunk: dict[str, str] | None) -> None:
-    from daytona_kernel.backends.local.sandbox import STREAM_FIELDS, parse_chunk
+    from daytona_kernel.backends.local.interpreter import STREAM_FIELDS, parse_chunk
 
     expected = None if chunk is None else {key: chunk.get(key, "") for key in STREAM_FIELDS}
     assert parse_chunk(line) == expected

@@ -351,7 +351,7 @@ async def test_a_forged_file_of_large_strings_is_never_read_on_the_event_loop(
             path = os.path.join(sandbox.temp_dir, os.path.relpath(far, sandbox.temp_dir), "out-0")
         released, hung = hang_under(far, monkeypatch)
         asyncio.get_running_loop().call_soon(released.set)  # runs only if the read leaves the event loop free
-        assert await sandbox.download([path], {path: 6}) == {path: b"secret"}
+        assert await sandbox.toolbox.download([path], {path: 6}) == {path: b"secret"}
         assert hung == []
     finally:
         await sandbox.shutdown()
@@ -374,7 +374,7 @@ async def test_the_runtimes_own_file_of_large_strings_is_read_in_the_event_loop(
 
         monkeypatch.setattr(asyncio, "to_thread", no_thread)
         path = str(private / "out-0")
-        assert await sandbox.download([path], {path: 1000}) == {path: b"x" * 1000}
+        assert await sandbox.toolbox.download([path], {path: 1000}) == {path: b"x" * 1000}
     finally:
         await sandbox.shutdown()
 

@@ -26,6 +26,7 @@ import pytest
 from kernels import Kernel
 
 from daytona_kernel.backends.local.sandbox import LocalSandbox
+from daytona_kernel.backends.local.toolbox import LocalToolbox
 from daytona_kernel.config import DaytonaKernelConfig, LocalSettings, settings_from
 from daytona_kernel.errors import DaytonaKernelError, ProtocolError
 from daytona_kernel.mirror.mirror import WorkdirMirror
@@ -36,23 +37,13 @@ from daytona_kernel.runtime.pathrules import MirrorRules, scan
 log = logging.getLogger("test_hostile_mirror")
 
 
-class HostileSandbox(LocalSandbox):
-    """A local sandbox whose downloads the test can script: content, per-file errors, or a whole failure."""
+class HostileToolbox(LocalToolbox):
+    """A local toolbox whose downloads the test can script: content, per-file errors, or a whole failure."""
 
-    def __init__(self, config: DaytonaKernelConfig) -> None:
-        super().__init__(settings_from(LocalSettings, config), f"hostile-{uuid.uuid4().hex[:8]}")
+    def __init__(self, config: LocalSettings, sandbox: LocalSandbox) -> None:
+        super().__init__(config, sandbox.path, sandbox.workdir, Path(sandbox.temp_dir))
         self.served: dict[str, Any] = {}
         self.downloaded: list[str] = []
-
-    def put(self, rel: str, content: bytes, mode: int | None = None) -> list[int]:
-        """Write a file in the sandbox's working directory; returns its reported [size, mtime]."""
-        path = Path(self.workdir) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-        if mode is not None:
-            path.chmod(mode)
-        st = path.stat()
-        return [st.st_size, st.st_mtime_ns]
 
     async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, Any]:
         self.downloaded += paths
@@ -67,6 +58,27 @@ class HostileSandbox(LocalSandbox):
                     raise value
                 out[p] = value
         return out
+
+
+class HostileSandbox(LocalSandbox):
+    """A local sandbox with a ``HostileToolbox``; ``served`` and ``downloaded`` are its toolbox's."""
+
+    def __init__(self, config: DaytonaKernelConfig) -> None:
+        settings = settings_from(LocalSettings, config)
+        super().__init__(settings, f"hostile-{uuid.uuid4().hex[:8]}")
+        self.toolbox = HostileToolbox(settings, self)
+        self.served = self.toolbox.served
+        self.downloaded = self.toolbox.downloaded
+
+    def put(self, rel: str, content: bytes, mode: int | None = None) -> list[int]:
+        """Write a file in the sandbox's working directory; returns its reported [size, mtime]."""
+        path = Path(self.workdir) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        if mode is not None:
+            path.chmod(mode)
+        st = path.stat()
+        return [st.st_size, st.st_mtime_ns]
 
 
 @pytest.fixture
@@ -527,8 +539,8 @@ def test_a_vanished_file_on_daytona_costs_only_that_file(daytona_env, folder: Pa
         await box.start(lambda text: None)
         try:
             mirror = WorkdirMirror(str(folder), box, config, folder.parent / "m.json", log)
-            await box.upload([(b"kept", mirror.remote_path("kept.txt"))])
-            got = await box.download([mirror.remote_path("kept.txt"), mirror.remote_path("gone.txt")])
+            await box.toolbox.upload([(b"kept", mirror.remote_path("kept.txt"))])
+            got = await box.toolbox.download([mirror.remote_path("kept.txt"), mirror.remote_path("gone.txt")])
             result = await mirror.pull(report({"kept.txt": [4, 1], "gone.txt": [4, 1]}))
             return got, result
         finally:
@@ -1090,7 +1102,9 @@ def test_on_daytona_a_file_bigger_than_reported_is_stopped_and_not_written(dayto
         await box.start(lambda text: None)
         try:
             mirror = WorkdirMirror(str(folder), box, config, folder.parent / "m.json", log)
-            await box.upload([(b"z" * 8_000_000, mirror.remote_path("grew.bin")), (b"fine", mirror.remote_path("ok.txt"))])
+            await box.toolbox.upload(
+                [(b"z" * 8_000_000, mirror.remote_path("grew.bin")), (b"fine", mirror.remote_path("ok.txt"))]
+            )
             return await mirror.pull(report({"grew.bin": [4, 1], "ok.txt": [4, 1]}))
         finally:
             await box.shutdown()

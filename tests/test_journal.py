@@ -380,6 +380,7 @@ def test_a_session_the_daemon_no_longer_runs_is_not_announced(tmp_path: Path) ->
 
         def __init__(self, live: set[str]) -> None:
             self.live = live
+            self.toolbox = self  # its own toolbox
 
         async def live_contexts(self) -> set[str]:
             return self.live

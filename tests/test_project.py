@@ -299,7 +299,7 @@ def sandbox_copies(name: str) -> list[Path]:
 
 
 def test_big_files_on_the_local_backend_are_shared_not_copied(tmp_path: Path) -> None:
-    from daytona_kernel.backends.local.sandbox import share_file
+    from daytona_kernel.backends.local.toolbox import share_file
 
     probe = tmp_path / "probe"
     probe.write_text("x")
@@ -342,7 +342,7 @@ def result_of(run: Run) -> str:
 
 
 def test_share_file_never_truncates_what_the_old_name_shared(tmp_path: Path) -> None:
-    from daytona_kernel.backends.local.sandbox import share_file
+    from daytona_kernel.backends.local.toolbox import share_file
 
     original, linked, other = tmp_path / "original", tmp_path / "linked", tmp_path / "other"
     original.write_text("the user's data")

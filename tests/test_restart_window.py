@@ -106,7 +106,7 @@ async def test_a_failed_load_reaches_every_later_caller(env: pytest.MonkeyPatch,
         with pytest.raises(BackendError, match="Could not load the daytona SDK"):
             await box.sdk_sandbox()
     with pytest.raises(BackendError, match="Could not load the daytona SDK"):
-        await box.create_context()
+        await box.toolbox.create_context()
     await box.detach()
 
 

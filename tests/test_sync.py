@@ -106,6 +106,10 @@ def test_no_change_plan_makes_no_request_and_hashes_only_moved_files(tmp_path: P
         generation = 1
         on_this_disk = False
 
+        @property
+        def toolbox(self):  # type: ignore[no-untyped-def]
+            return self  # its own toolbox
+
         async def upload(self, files):  # type: ignore[no-untyped-def]
             self.uploaded = files
 
@@ -192,6 +196,10 @@ def test_a_deleted_file_is_planned_as_deleted_beside_a_new_one(tmp_path: Path) -
         workdir = "/remote"
         generation = 1
         on_this_disk = False
+
+        @property
+        def toolbox(self):  # type: ignore[no-untyped-def]
+            return self  # its own toolbox
 
         async def upload(self, files):  # type: ignore[no-untyped-def]
             pass

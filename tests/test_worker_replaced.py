@@ -98,13 +98,13 @@ async def test_a_bootstrap_that_times_out_leaks_no_context(kernel_name: str, tmp
     config = DaytonaKernelConfig(backend=backend, sandbox_policy="ephemeral")
     session = build_session(config, str(tmp_path), "bootstrap-timeout", logging.getLogger("test"), mirror=False)
     created: list[Any] = []
-    create = session.sandbox.create_context
+    create = session.sandbox.toolbox.create_context
 
     async def tracked() -> Any:
         created.append(await create())
         return created[-1]
 
-    session.sandbox.create_context = tracked  # type: ignore[method-assign]
+    session.sandbox.toolbox.create_context = tracked  # type: ignore[method-assign]
     try:
         for _ in range(2):
             with pytest.raises(DaytonaKernelError):

@@ -124,7 +124,7 @@ class MirrorDown:
             self.failed,
             self._secrets_noticed,
             landing,
-            self._sandbox.on_this_disk,
+            self._sandbox.toolbox.on_this_disk,
         )
         self._secrets_noticed.update(report.secrets_down + report.code_kept)
         for raw, reported in plan.acked:
@@ -137,7 +137,7 @@ class MirrorDown:
                 break
             limits = {self.remote_path(rel): min(reported[0], max_file) for rel, _, reported in chunk}
             try:
-                contents = await self._sandbox.download(list(limits), limits)
+                contents = await self._sandbox.toolbox.download(list(limits), limits)
             except DaytonaKernelError as exc:
                 report.left_behind += [(rel, f"{exc}; it is tried again after the next cell") for rel, _, _ in chunk]
                 continue
@@ -162,7 +162,7 @@ class MirrorDown:
             self._ack(raw, reported)
             return
         try:
-            if not self._sandbox.same_file(remote, str(self._folder.root / rel)):
+            if not self._sandbox.toolbox.same_file(remote, str(self._folder.root / rel)):
                 st = self._folder.lstat(rel)
                 target = rel
                 if st is not None and not stat.S_ISREG(st.st_mode):
@@ -171,7 +171,7 @@ class MirrorDown:
                     target = _free_conflict_name(self._folder, rel)  # an earlier conflict copy is never replaced
                 path = await asyncio.to_thread(self._folder.path_for_writing, target)
                 try:
-                    await self._sandbox.fetch(remote, str(path), self._links)
+                    await self._sandbox.toolbox.fetch(remote, str(path), self._links)
                 except NotShared:  # never a copy of a file over the cap: skipped, as on Daytona
                     report.skipped.append((rel, over_the_cap(reported[0], self._config)))
                     self._ack(raw, reported)
@@ -321,7 +321,7 @@ class MirrorDown:
             ) from None
         if any(self._rules.classify(part, True) == NEVER_REASON for part in rel.split("/")):
             raise MirrorError(f"%download: {rel} is inside a version-control folder; the mirror never writes there.")
-        content = (await self._sandbox.download([remote_path]))[remote_path]
+        content = (await self._sandbox.toolbox.download([remote_path]))[remote_path]
         if isinstance(content, FileError):
             raise MirrorError(f"%download: could not fetch {remote} from the sandbox: {content.message}")
         await asyncio.to_thread(_write_down, self._folder, self._manifest, rel, content, -1, report)

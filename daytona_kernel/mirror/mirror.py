@@ -172,7 +172,7 @@ class WorkdirMirror:
             files.update(self._known_files(files))
         changed, unreadable, known_here = self._manifest.changes(files)
         plan = UpPlan(secrets=found_secrets, skipped=unreadable)
-        choose_up(plan, changed, self._config, self._sandbox.on_this_disk)
+        choose_up(plan, changed, self._config, self._sandbox.toolbox.on_this_disk)
         if known_here < len(self._manifest):  # some file the manifest knows was not found
             newer = self._down.failed  # the sandbox's newer copy did not come down: not deleted there
             plan.deleted = [
@@ -243,7 +243,7 @@ class WorkdirMirror:
         for rel in plan.placed:
             await self._place(rel, report)
         if self._config.sync_deletes and plan.deleted:
-            await self._sandbox.remove(plan.deleted)
+            await self._sandbox.toolbox.remove(plan.deleted)
             report.deleted += plan.deleted
         for rel in plan.deleted:
             self._manifest.pop(rel, None)
@@ -252,7 +252,7 @@ class WorkdirMirror:
         return report
 
     async def _upload_batch(self, batch: list[tuple[bytes, str]], records: dict[str, list[Any]], report: SyncReport) -> None:
-        await self._sandbox.upload(batch)
+        await self._sandbox.toolbox.upload(batch)
         self._manifest.update(records)  # only once the sandbox has them
         for rel, record in records.items():
             self._up_modes[rel] = record[3]
@@ -286,7 +286,7 @@ class WorkdirMirror:
     async def _place(self, rel: str, report: SyncReport) -> None:
         """A file over sync_max_file_mb goes to a sandbox on this disk as a clone or a link (``share_file``)."""
         try:
-            await self._sandbox.place(str(self.local_root / rel), self.remote_path(rel), self.mode == "both")
+            await self._sandbox.toolbox.place(str(self.local_root / rel), self.remote_path(rel), self.mode == "both")
             await asyncio.to_thread(self._manifest.record_file, rel)
         except OSError as exc:
             report.skipped.append((rel, f"could not place it in the sandbox ({exc.strerror or exc})"))
@@ -328,7 +328,7 @@ class WorkdirMirror:
             _read_for_upload, src, target, self._config.sync_include, self._sandbox.workdir, report
         )
         for start in range(0, len(files), BATCH_FILES):
-            await self._sandbox.upload(files[start : start + BATCH_FILES])
+            await self._sandbox.toolbox.upload(files[start : start + BATCH_FILES])
         self._up_modes.update(modes)
         return report
 

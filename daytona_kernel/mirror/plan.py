@@ -367,7 +367,7 @@ class UpPlan:
     secrets: list[str] = field(default_factory=list)
     total: int = 0  # bytes to upload
     waiting: list[tuple[str, int]] = field(default_factory=list)  # (path, size) past this sync's sync_max_total_mb
-    placed: list[str] = field(default_factory=list)  # over sync_max_file_mb, for a sandbox on this disk (Sandbox.place)
+    placed: list[str] = field(default_factory=list)  # over sync_max_file_mb, for a sandbox on this disk (Toolbox.place)
 
 
 class Refusal(enum.Enum):
@@ -427,7 +427,7 @@ class DownPlan:
 
     wanted: list[tuple[str, str, Stat]] = field(default_factory=list)  # (path here, path reported, stat)
     acked: list[tuple[str, Stat]] = field(default_factory=list)  # (path reported, stat): handled, not to be reported again
-    placed: list[tuple[str, str, Stat]] = field(default_factory=list)  # like wanted, over sync_max_file_mb (Sandbox.fetch)
+    placed: list[tuple[str, str, Stat]] = field(default_factory=list)  # like wanted, over sync_max_file_mb (Toolbox.fetch)
 
 
 def plan_down(
@@ -464,7 +464,7 @@ def plan_down(
                 (report.secrets_down if kind is Refusal.SECRET else report.code_kept).append(rel)
             plan.acked.append((raw, reported))
             continue
-        if reported[0] > max_file and on_this_disk:  # no transfer: cloned or linked (Sandbox.fetch)
+        if reported[0] > max_file and on_this_disk:  # no transfer: cloned or linked (Toolbox.fetch)
             plan.placed.append((rel, raw, reported))
             continue
         if reported[0] > max_file:

@@ -43,7 +43,7 @@ from daytona.common.errors import DaytonaNotFoundError
 
 from ...config import SANDBOX_WORKDIR, DaytonaSettings
 from ...errors import BackendError, ContextDied, SandboxGone, SandboxNotRunning
-from ..base import Context, ExecResult, FileError, IdleMode, ProgressCallback, Sandbox, SandboxPolicy
+from ..base import Context, IdleMode, ProgressCallback, Sandbox, SandboxPolicy
 from .api import (
     API_REQUEST_TIMEOUT_S,
     LABEL_KERNEL,
@@ -66,7 +66,7 @@ from .restart_handoff import (
     write_handoff,
 )
 from .states import StateLadder, StillChanging, hand_over_deletion
-from .status import status_lines
+from .status import disk_use, status_lines
 from .toolbox import DaytonaContext, DaytonaToolbox, FoundSandbox
 from .workspace import WorkspaceSandboxes, drift_notice
 
@@ -80,6 +80,8 @@ SHUTDOWN_PATIENCE_S = 1.5  # how long a shutdown waits for a sandbox's change of
 
 class DaytonaSandbox(Sandbox):
     """A Daytona sandbox found by its workspace labels (``reuse``) or made for this kernel."""
+
+    toolbox: DaytonaToolbox
 
     def __init__(
         self,
@@ -370,7 +372,7 @@ class DaytonaSandbox(Sandbox):
         )
         info["working directory"] = f"{self.workdir} (on the sandbox's disk; the volume keeps a copy)"
         if state == "started":
-            info["disk"] = await self.toolbox.disk_use()
+            info["disk"] = await disk_use(self.toolbox)
         return info
 
     async def _prepare_workdir(self) -> None:
@@ -411,43 +413,19 @@ class DaytonaSandbox(Sandbox):
         """The sandbox's state now. Raises SandboxGone if it no longer exists or is being destroyed."""
         return await self._states.refresh(await self.sdk_sandbox())
 
-    async def create_context(self) -> DaytonaContext:
+    async def start_again(self) -> bool:
+        """For the toolbox, whose context could not be made: False if the sandbox is started (the failure
+        stands); else it stopped since we last looked and is started again, or was deleted and another is
+        found or created; True."""
         try:
-            return await self.toolbox.create_context()
-        except BackendError:
-            try:
-                if await self.refresh_state() == "started":
-                    raise
-                await self._ensure_started(self._progress)  # it stopped since we last looked
-            except SandboxGone:
-                await self.start(self._progress)  # deleted since we last looked: find or create another
-            return await self.toolbox.create_context()
+            if await self.refresh_state() == "started":
+                return False
+            await self._ensure_started(self._progress)
+        except SandboxGone:
+            await self.start(self._progress)
+        return True
 
     supports_attach = True  # the daemon keeps a context's worker when its client goes (docs/reattach.md)
-
-    async def live_contexts(self) -> set[str]:
-        return await self.toolbox.live_contexts()
-
-    async def adopt_context(self, context_id: str) -> Context:
-        return await self.toolbox.adopt_context(context_id)
-
-    async def end_context(self, context_id: str) -> None:
-        await self.toolbox.end_context(context_id)
-
-    async def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        return await self.toolbox.exec(command, timeout)
-
-    async def upload(self, files: list[tuple[bytes, str]]) -> None:
-        await self.toolbox.upload(files)
-
-    async def download(self, paths: list[str], limits: dict[str, int] | None = None) -> dict[str, bytes | FileError]:
-        return await self.toolbox.download(paths, limits)
-
-    async def clone(self, url: str, ref: str | None, dest: str, username: str | None, password: str | None) -> None:
-        await self.toolbox.clone(url, ref, dest, username, password)
-
-    async def remove(self, paths: list[str]) -> None:
-        await self.toolbox.remove(paths)
 
     async def detach(self) -> None:
         """A kernel restart: delete this kernel's contexts and keep the sandbox running, so the next
@@ -476,7 +454,7 @@ class DaytonaSandbox(Sandbox):
             )
             return
         sandbox = await self.sdk_sandbox()
-        context = await self.toolbox.create_context()  # one of ours until named: if this fails, detach deletes it
+        context = await self.toolbox.new_context()  # one of ours until named: if this fails, detach deletes it
         await context.start_code(code, timeout)
         await self._relabel(
             sandbox, "name the next context in the sandbox's labels", {LABEL_NEXT: f"{self._kernel_id}.{context.id}"}

@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 from ...config import DaytonaSettings
-from ..base import IdleMode, SandboxPolicy
-from .api import PAUSED_STATES, parse_time
+from ..base import IdleMode, SandboxPolicy, Toolbox
+from .api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, parse_time
 
 # What the sandbox holds and is billed for in each state (usage.service.ts: a paused sandbox's usage periods record
 # its disk only; its memory and processes are kept but not billed).
@@ -80,3 +80,16 @@ def activity_text(sb: Any, state: str, idle_mode: IdleMode) -> str:
     if not minutes or idle_s is None:
         return f"{text}; {action} off"
     return f"{text}; {action} in about {duration(max(minutes * 60 - idle_s, 0))} if idle from now"
+
+
+async def disk_use(toolbox: Toolbox) -> str:
+    """Use of the sandbox's own disk; stopped sandboxes keep counting against the organisation's quota."""
+    result = await toolbox.exec("df -Pk /", timeout=API_REQUEST_TIMEOUT_S)
+    fields = result.output.strip().splitlines()[-1].split() if result.exit_code == 0 else []
+    if len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
+        return f"unknown ({result.output.strip()[:80]})"
+    used_gib, size_gib = int(fields[2]) / 2**20, int(fields[1]) / 2**20
+    return (
+        f"{used_gib:.1f} of {size_gib:.1f} GiB used; stopped sandboxes count against your quota too "
+        "(`daytona-kernel gc` lists them)"
+    )

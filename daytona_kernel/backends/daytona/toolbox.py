@@ -35,7 +35,7 @@ from ...errors import (
     SandboxNotRunning,
     SandboxPaused,
 )
-from ..base import Context, ExecResult, FileError, OutputCallback, RunError
+from ..base import Context, ExecResult, FileError, OutputCallback, RunError, Toolbox, read_capped
 from .api import API_REQUEST_TIMEOUT_S, PAUSED_STATES, call_api
 from .states import StateLadder
 
@@ -130,6 +130,10 @@ class ToolboxHost(Protocol):
     async def refresh_state(self) -> str:
         """The sandbox's state now (raises SandboxGone when it no longer exists)."""
 
+    async def start_again(self) -> bool:
+        """A context could not be made: False if the sandbox is started (the failure stands), else start it
+        again (found or created again if it is gone) and True."""
+
 
 class FoundSandbox:
     """A ``ToolboxHost`` for a started sandbox this process found but does not run (``daytona-kernel gc``):
@@ -151,6 +155,9 @@ class FoundSandbox:
 
     async def refresh_state(self) -> str:
         return await StateLadder(self.api, log.info).refresh(self._sandbox)
+
+    async def start_again(self) -> bool:
+        return False  # not this process's to start
 
 
 async def open_interpreter_socket(sandbox: Any) -> aiohttp.ClientWebSocketResponse[bool]:
@@ -287,7 +294,7 @@ class DaytonaContext(Context):
             log.info("could not delete context %s (%s); it goes away with the sandbox", self.id, exc)
 
 
-class DaytonaToolbox:
+class DaytonaToolbox(Toolbox):
     """Files, processes, git and interpreter contexts in the sandbox its host has started."""
 
     def __init__(self, host: ToolboxHost, workdir: str) -> None:
@@ -355,6 +362,17 @@ class DaytonaToolbox:
         return await self.host.api("list interpreter contexts", lambda: sandbox.code_interpreter.list_contexts())
 
     async def create_context(self) -> DaytonaContext:
+        """A new context; when that fails because the sandbox stopped or went since we last looked, the host
+        starts it again (or finds or creates another) and the context is made there."""
+        try:
+            return await self.new_context()
+        except BackendError:
+            if not await self.host.start_again():
+                raise
+            return await self.new_context()
+
+    async def new_context(self) -> DaytonaContext:
+        """A new context, or the failure as it is."""
         sandbox = await self.host.sdk_sandbox()
         context = await self.host.api(
             "create an interpreter context", lambda: sandbox.code_interpreter.create_context(cwd=self.workdir)
@@ -551,18 +569,6 @@ class DaytonaToolbox:
         if result.exit_code:
             raise BackendError(f"Could not delete files in the sandbox: {result.output.strip()}")
 
-    async def disk_use(self) -> str:
-        """Use of the sandbox's own disk; stopped sandboxes keep counting against the organisation's quota."""
-        result = await self.exec("df -Pk /", timeout=API_REQUEST_TIMEOUT_S)
-        fields = result.output.strip().splitlines()[-1].split() if result.exit_code == 0 else []
-        if len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
-            return f"unknown ({result.output.strip()[:80]})"
-        used_gib, size_gib = int(fields[2]) / 2**20, int(fields[1]) / 2**20
-        return (
-            f"{used_gib:.1f} of {size_gib:.1f} GiB used; stopped sandboxes count against your quota too "
-            "(`daytona-kernel gc` lists them)"
-        )
-
 
 def _disconnected(exc: BaseException) -> bool:
     """The toolbox closed the connection before it answered the handshake (Daytona's proxy when busy): try again."""
@@ -600,9 +606,6 @@ def _read_limited(path: str, limit: int | None) -> bytes | FileError:
     """A downloaded temporary file's bytes, at most ``limit`` (one byte more tells it is over)."""
     try:
         with open(path, "rb") as f:
-            content = f.read() if limit is None else f.read(limit + 1)
+            return read_capped(f, limit)
     except OSError as exc:
         return FileError(f"the downloaded copy could not be read: {exc.strerror or exc}", retry=True)
-    if limit is not None and len(content) > limit:
-        return FileError(f"it is more than {limit} bytes", retry=False, over_limit=True)
-    return content
