@@ -340,7 +340,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _inbox_in_use(path: Path) -> bool:
     """An input() inbox is named daytona-kernel-inbox-<pid of its interpreter>-<random>; the folder of a
-    kernel's %%daytona map workers' mirror records daytona-kernel-fanout-<pid of the kernel>-<random>."""
+    kernel's %%daytona map engines' mirror records daytona-kernel-fanout-<pid of the kernel>-<random>."""
     match = re.fullmatch(r"daytona-kernel-(?:inbox|fanout)-(\d+)-.*", path.name)
     return match is not None and _pid_alive(int(match.group(1)))
 
@@ -389,7 +389,7 @@ def gc_local(older_than_s: float, volumes_older_than_s: float, dry_run: bool, ou
         patterns = (
             ("daytona-kernel-inbox-*", "input() inbox"),
             ("daytona-kernel-doctor-*", "doctor folder"),
-            ("daytona-kernel-fanout-*", "map workers' mirror records"),
+            ("daytona-kernel-fanout-*", "map engines' mirror records"),
         )
         for pattern, what in patterns:
             for path in place.glob(pattern):

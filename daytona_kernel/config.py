@@ -330,7 +330,7 @@ class DaytonaKernelConfig(Configurable):
         8,
         min=1,
         max=MAX_WORKERS,
-        help="Most workers one `%%daytona map N` cell may start (each is a sandbox of the main sandbox's "
+        help="Most engines one `%%daytona map N` cell may start (each is a sandbox of the main sandbox's "
         "size, billed while it runs; on the local backend, a worker process). See docs/fanout.md.",
     ).tag(config=True)
 

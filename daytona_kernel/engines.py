@@ -9,7 +9,7 @@ shutdown) deletes them.
 
 Output is shown the way ipyparallel's ``%%px`` shows it: every stream line
 prefixed ``[stdout:R] `` or ``[stderr:R] ``, rich outputs with ``worker: R`` in
-their metadata after a one-line header, one status line while the cell runs,
+their metadata (the key keeps its old name: notebooks and tools read it) after a one-line header, one status line while the cell runs,
 and one error naming each engine that failed. ``--scatter`` and ``--gather`` move
 values as pickles through the files API; the kernel never unpickles them.
 """
@@ -82,7 +82,7 @@ def parse_map(args: str) -> MapSpec:
     """``map 4 --scatter xs --gather total`` (the words after ``%%daytona``). Raises UsageError."""
     parser = _Parser(prog="%%daytona map", add_help=False)
     parser.add_argument("command", choices=["map"])
-    parser.add_argument("engines", type=int, metavar="workers")
+    parser.add_argument("engines", type=int, metavar="engines")
     parser.add_argument("--scatter", type=_names, action="append", default=[])
     parser.add_argument("--gather", type=_names, action="append", default=[])
     ns = parser.parse_args(args.split())
@@ -132,7 +132,7 @@ def full_path(sandbox: Sandbox, rel: str) -> str:
 async def read_pickles(sandbox: Sandbox, paths: list[str], what: Callable[[int], str]) -> list[bytes]:
     """The pickles at ``paths`` (relative to the working directory), each at most PICKLE_MAX_BYTES: the
     sandbox writes them, so the download stops at that size instead of holding whatever it wrote.
-    ``what(i)`` names the i-th for a message (``--gather: worker 2's values``)."""
+    ``what(i)`` names the i-th for a message (``--gather: engine 2's values``)."""
     full = [full_path(sandbox, p) for p in paths]
     got = await sandbox.toolbox.download(full, limits=dict.fromkeys(full, PICKLE_MAX_BYTES))
     out = []
@@ -141,7 +141,7 @@ async def read_pickles(sandbox: Sandbox, paths: list[str], what: Callable[[int],
         if getattr(value, "over_limit", False):
             raise UsageError(
                 f"{what(i)} are more than {PICKLE_MAX_BYTES // 2**20} MB pickled: too much to pass through the kernel. "
-                "Write them to a file in the worker (a volume, or %download) instead."
+                "Write them to a file in the engine (a volume, or %download) instead."
             )
         if not isinstance(value, bytes):
             raise BackendError(f"{what(i)}: could not be read back from the sandbox ({getattr(value, 'message', 'missing')}).")
@@ -189,8 +189,8 @@ class EnginePool:
         one line saying so; raises if none is left."""
         if n > self._settings.fan_out_max:
             raise UsageError(
-                f"%%daytona map {n}: at most fan_out_max={self._settings.fan_out_max} workers. Raise "
-                "DaytonaKernel.fan_out_max (each worker is a sandbox of its own, billed while it runs)."
+                f"%%daytona map {n}: at most fan_out_max={self._settings.fan_out_max} engines. Raise "
+                "DaytonaKernel.fan_out_max (each engine is a sandbox of its own, billed while it runs)."
             )
         extra, self.engines = self.engines[n:], self.engines[:n]  # the highest ranks go, all at once
         await asyncio.gather(*(self._end(w) for w in extra))
@@ -199,7 +199,7 @@ class EnginePool:
             return
         new = [self._new_engine() for _ in range(missing)]
         more = "" if not self.engines else f" more (the pool had {len(self.engines)})"
-        self._starting = f"starting {missing} worker{'s' if missing > 1 else ''}{more}, each {size}"
+        self._starting = f"starting {missing} engine{'s' if missing > 1 else ''}{more}, each {size}"
         self.engines.extend(new)
         self._show_states(frontend)
         try:
@@ -214,7 +214,7 @@ class EnginePool:
             started = missing - len(failed)
             plural = "s" if started > 1 else ""
             frontend.notice(
-                f"daytona-kernel: started {started} worker{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
+                f"daytona-kernel: started {started} engine{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
             )
         reports = [r for r in results if isinstance(r, SyncReport)]
         if reports and reports[0].notices():  # every engine gets the same files: said once
@@ -256,7 +256,7 @@ class EnginePool:
         reasons = list(dict.fromkeys(_first_line_of(exc) for exc in failures if isinstance(exc, Exception)))
         if not self.engines:
             first = failures[0]
-            raise first if isinstance(first, DaytonaKernelError) else BackendError(f"No worker could start: {reasons[0]}")
+            raise first if isinstance(first, DaytonaKernelError) else BackendError(f"No engine could start: {reasons[0]}")
         why = (
             "the organisation's quota is used up"
             if any(isinstance(e, QuotaExceeded) for e in failures)
@@ -266,7 +266,7 @@ class EnginePool:
         frontend.emit(
             "stream",
             stderr(
-                f"daytona-kernel: {n} of {wanted} workers started; {why}: {'; '.join(reasons)}. The cell runs on {n} (world = {n}).\n"
+                f"daytona-kernel: {n} of {wanted} engines started; {why}: {'; '.join(reasons)}. The cell runs on {n} (world = {n}).\n"
             ),
         )
 
@@ -276,8 +276,8 @@ class EnginePool:
         try:
             await engine.supervisor.shutdown()
         except DaytonaKernelError as exc:
-            self._log.warning("could not delete worker %s: %s", engine.sandbox.id, exc)
-            self.undeleted.append(f"worker {engine.sandbox.id}: {exc}")
+            self._log.warning("could not delete engine %s: %s", engine.sandbox.id, exc)
+            self.undeleted.append(f"engine {engine.sandbox.id}: {exc}")
 
     async def close(self) -> str:
         """``%daytona map --close`` and the kernel's shutdown: delete every engine."""
@@ -285,7 +285,7 @@ class EnginePool:
         await asyncio.gather(*(self._end(w) for w in engines))
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
-        text = f"closed {len(engines)} worker{'s' if len(engines) != 1 else ''}\n" if engines else "no workers to close\n"
+        text = f"closed {len(engines)} engine{'s' if len(engines) != 1 else ''}\n" if engines else "no engines to close\n"
         return text + self.take_undeleted()
 
     def take_undeleted(self) -> str:
@@ -295,7 +295,7 @@ class EnginePool:
 
     def _show_states(self, frontend: Frontend) -> None:
         states = "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.engines))
-        frontend.progress(f"{self._starting}: {states}" if self._starting else f"workers: {states}")
+        frontend.progress(f"{self._starting}: {states}" if self._starting else f"engines: {states}")
 
     # -- a map cell -----------------------------------------------------------
 
@@ -338,7 +338,7 @@ class EnginePool:
             result = await engine.sandbox.toolbox.exec(f"kill -INT {live.pid}", timeout=INTERRUPT_EXEC_TIMEOUT_S)
             sent = result.exit_code == 0
         except DaytonaKernelError as exc:
-            self._log.warning("could not interrupt worker %s: %s", engine.sandbox.id, exc)
+            self._log.warning("could not interrupt engine %s: %s", engine.sandbox.id, exc)
             sent = False
         if engine.watchdog is None or engine.watchdog.done():
             engine.watchdog = asyncio.ensure_future(
@@ -350,7 +350,7 @@ class EnginePool:
             await asyncio.wait_for(request.done.wait(), grace)
             return
         except asyncio.TimeoutError:
-            self._log.warning("worker %s ignored the interrupt for %ss; restarting its context", engine.sandbox.id, grace)
+            self._log.warning("engine %s ignored the interrupt for %ss; restarting its context", engine.sandbox.id, grace)
         engine.restarted_by_watchdog = True
         await engine.supervisor.close_quietly(live.context)
 
@@ -384,7 +384,7 @@ class MapCell:
         self._scattered: dict[int, bytes] = {}
 
     def _status(self) -> None:
-        self._frontend.progress("workers: " + "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.engines)))
+        self._frontend.progress("engines: " + "  ".join(f"[{rank}] {w.state}" for rank, w in enumerate(self.engines)))
 
     async def run(self, main: ContextSupervisor) -> CellOutcome:
         if self.spec.scatter:
@@ -420,7 +420,7 @@ class MapCell:
         """Bring each engine's pickled values into the main sandbox, where they become lists in rank order."""
 
         def values_of(rank: int) -> Callable[[int], str]:
-            return lambda _: f"--gather: worker {rank}'s values"
+            return lambda _: f"--gather: engine {rank}'s values"
 
         got = await asyncio.gather(*(read_pickles(w.sandbox, [r.dump], values_of(r.rank)) for w, r in zip(self.engines, runs)))
         paths, files = [], []
@@ -507,7 +507,7 @@ class MapCell:
         try:
             self._lines.notice((await engine.mirror.push()).notices())  # the same files for each: said once
         except (DaytonaKernelError, OSError) as exc:
-            out.notice(f"could not copy the project's files to this worker: {exc}")
+            out.notice(f"could not copy the project's files to this engine: {exc}")
         return engine.mirror.handover()
 
     async def _execute(self, engine: Engine, live: Live, code: str, out: EngineOutput) -> Request:
@@ -580,7 +580,7 @@ def failed_cell(exc: DaytonaKernelError, frontend: Frontend) -> CellOutcome:
 def _interrupted_before_start(frontend: Frontend) -> CellOutcome:
     frontend.emit(
         "stream",
-        stderr("daytona-kernel: interrupted before the cell ran; workers that started are kept for the next map cell.\n"),
+        stderr("daytona-kernel: interrupted before the cell ran; engines that started are kept for the next map cell.\n"),
     )
     content = error_content("KeyboardInterrupt", "Interrupted by user")
     frontend.emit("error", content)
@@ -589,7 +589,7 @@ def _interrupted_before_start(frontend: Frontend) -> CellOutcome:
 
 def _dump_error(reply: dict[str, Any] | None) -> dict[str, Any] | None:
     if reply is None:
-        return error_content("RuntimeCallError", "--gather: the worker did not write its values.")
+        return error_content("RuntimeCallError", "--gather: the engine did not write its values.")
     dumped = fanout_done(reply)
     return error_content("GatherError", dumped.error) if dumped.error else None
 
@@ -599,9 +599,9 @@ def combined_error(failed: list[EngineRun], world: int, interrupted: bool) -> di
     CompositeError); an interrupt is a KeyboardInterrupt, as in any other cell."""
     listed = "; ".join(f"[{r.rank}] {r.error['ename']}: {_first_line(r.error)}" for r in failed if r.error)
     if interrupted:
-        ename, evalue = "KeyboardInterrupt", f"Interrupted by user; the workers keep their variables ({listed})"
+        ename, evalue = "KeyboardInterrupt", f"Interrupted by user; the engines keep their variables ({listed})"
     else:
-        ename, evalue = "CompositeError", f"{len(failed)} of {world} workers failed: {listed}"
+        ename, evalue = "CompositeError", f"{len(failed)} of {world} engines failed: {listed}"
     traceback = [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]
     for run in failed:
         assert run.error is not None

@@ -46,7 +46,7 @@ class KernelMagics:
         pool: EnginePool | None = None,
     ) -> None:
         self._supervisor = supervisor
-        self._pool = pool  # %%daytona map's workers
+        self._pool = pool  # %%daytona map's engines
         self._attach = attach  # the session's %daytona attach
         self._sandbox = supervisor.sandbox
         self._mirror = mirror
@@ -136,7 +136,7 @@ class KernelMagics:
             return await self._attach(self._frontend, args.split()[1:])
         if command == "map" and self._pool is not None:
             if args.split()[1:] != ["--close"]:
-                raise UsageError(f"%daytona map: as a line magic it only closes the workers. {MAP_USAGE}")
+                raise UsageError(f"%daytona map: as a line magic it only closes the engines. {MAP_USAGE}")
             return await self._pool.close()
         raise UsageError(
             "Usage: %daytona status | %daytona checkpoint | %daytona restore | %daytona recreate | %daytona attach [--force] [SESSION]"
@@ -189,7 +189,7 @@ class KernelMagics:
         if self._mirror is not None:
             info["mirror"] = f"{self._mirror.mode}: {self._mirror.local_root} <-> {self._sandbox.workdir}"
         if self._pool is not None:
-            info["workers"] = self._pool.describe()
+            info["map engines"] = self._pool.describe()
         if self._supervisor.journal is not None:
             try:
                 info["other sessions"] = await self._supervisor.journal.status(live.context.id if live else None)

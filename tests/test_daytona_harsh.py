@@ -348,7 +348,7 @@ def test_closing_eight_workers_at_once_waits_out_the_lifecycle_throttler(
         monkeypatch.setattr(daytona_env, "lifecycle_rate", (3, 2.0))
         throttled = daytona_env.throttled
         closed = k.execute("%daytona map --close", timeout=180)
-        assert closed.status == "ok" and "closed 8 workers" in closed.text(), (closed.errors, closed.text())
+        assert closed.status == "ok" and "closed 8 engines" in closed.text(), (closed.errors, closed.text())
         assert daytona_env.throttled > throttled
         assert not workers_of(daytona_env, ident)
 

@@ -124,8 +124,8 @@ def test_each_worker_is_a_sandbox_of_its_own_with_rank_world_and_the_projects_fi
     main_pid = int(result_text(kernel.execute("os.getpid()")))
     code = "%%daytona map 3\nimport os\nfrom helpers import double\nprint(rank, world, os.getpid(), open('../data/numbers.txt').read().strip(), double(rank))"
     run = ok(kernel.execute(code))
-    assert "started 3 workers; each is " in shown(run, "stderr")  # said once they run
-    assert any(s.startswith("⏳ starting 3 workers, each ") for s in run.status_lines)  # and while they start
+    assert "started 3 engines; each is " in shown(run, "stderr")  # said once they run
+    assert any(s.startswith("⏳ starting 3 engines, each ") for s in run.status_lines)  # and while they start
     seen = {rank: out[0].split() for rank, out in lines(run).items()}
     assert sorted(seen) == [0, 1, 2]
     assert all(words[:2] == [str(rank), "3"] and words[3:] == ["41", str(2 * rank)] for rank, words in seen.items())
@@ -153,12 +153,12 @@ def test_another_n_grows_or_shrinks_the_pool_and_close_ends_it(kernel: Kernel) -
     assert two == {0: three[0], 1: three[1]}
     assert wait_until(lambda: not alive(three[2]))
     run = ok(kernel.execute("%%daytona map 4\nprint(world)"))
-    assert "started 2 workers more (the pool had 2)" in shown(run, "stderr")
+    assert "started 2 engines more (the pool had 2)" in shown(run, "stderr")
     assert lines(run) == {rank: ["4"] for rank in range(4)}
     four = pids(kernel, 4)
-    assert "workers:" in kernel.execute("%daytona status").text() and "4 (0: " in kernel.execute("%daytona status").text()
+    assert "map engines:" in kernel.execute("%daytona status").text() and "4 (0: " in kernel.execute("%daytona status").text()
     closed = ok(kernel.execute("%daytona map --close"))
-    assert closed.text() == "closed 4 workers\n"
+    assert closed.text() == "closed 4 engines\n"
     assert wait_until(lambda: not any(alive(pid) for pid in four.values()))
     assert "none (`%%daytona map N` starts them)" in kernel.execute("%daytona status").text()
 
@@ -210,7 +210,7 @@ def test_a_failing_worker_makes_the_cell_fail_naming_it_and_the_others_output_is
     run = kernel.execute("%%daytona map 3\nif rank == 1:\n    raise ValueError('bad one')\nprint('fine', rank)")
     assert run.status == "error"
     (error,) = run.errors  # one error output, as for any cell
-    assert error["ename"] == "CompositeError" and error["evalue"] == "1 of 3 workers failed: [1] ValueError: bad one"
+    assert error["ename"] == "CompositeError" and error["evalue"] == "1 of 3 engines failed: [1] ValueError: bad one"
     assert any("[1:execute] ValueError: bad one" in line for line in error["traceback"])
     assert lines(run) == {0: ["fine 0"], 2: ["fine 2"]}
     assert run.reply["content"]["ename"] == "CompositeError"
@@ -245,7 +245,7 @@ def test_an_interrupt_while_the_workers_start_leaves_a_pool_ready_for_the_next_c
     interrupted: list[bool] = []
 
     def interrupt_once_starting(msg: dict[str, Any]) -> None:  # the status line says they start
-        if msg["msg_type"] == "display_data" and "starting 3 workers" in msg["content"]["data"]["text/plain"] and not interrupted:
+        if msg["msg_type"] == "display_data" and "starting 3 engines" in msg["content"]["data"]["text/plain"] and not interrupted:
             interrupted.append(True)
             kernel.interrupt()
 
@@ -260,7 +260,7 @@ def test_a_worker_that_dies_is_named_and_comes_back_fresh(kernel: Kernel) -> Non
     ok(kernel.execute("%%daytona map 2\nkept = rank"))
     run = kernel.execute("%%daytona map 2\nimport os\nif rank == 1:\n    os._exit(3)\nprint('alive', rank)")
     assert run.status == "error"
-    assert run.errors[0]["evalue"].startswith("1 of 2 workers failed: [1] ")
+    assert run.errors[0]["evalue"].startswith("1 of 2 engines failed: [1] ")
     assert "died" in run.errors[0]["evalue"]
     assert lines(run) == {0: ["alive 0"]}
     after = ok(kernel.execute("%%daytona map 2\nprint(globals().get('kept'), rank, world)"))
@@ -301,7 +301,7 @@ def test_a_worker_replaced_in_the_middle_of_a_map_is_named_and_the_pool_goes_on(
     )
     assert run.status == "error"
     evalue = run.errors[0]["evalue"]
-    assert evalue.startswith("1 of 3 workers failed: [2] ") and "died" in evalue, evalue
+    assert evalue.startswith("1 of 3 engines failed: [2] ") and "died" in evalue, evalue
     assert lines(run) == {0: ["before 0", "after 0"], 1: ["before 1", "after 1"], 2: ["before 2"]}
     after = ok(kernel.execute("%%daytona map 3\nprint(globals().get('kept'), rank)"))
     assert lines(after) == {0: ["0 0"], 1: ["1 1"], 2: ["None 2"]}
@@ -333,7 +333,7 @@ def repeated_lines(run: Run) -> list[str]:
 def test_fan_out_max_caps_n(tmp_path: Path) -> None:
     with Kernel("daytona-local", cwd=str(tmp_path), env={"DAYTONA_KERNEL_FAN_OUT_MAX": "2"}) as k:
         run = k.execute("%%daytona map 3\nprint(rank)")
-        assert usage_error(run, "at most fan_out_max=2 workers")
+        assert usage_error(run, "at most fan_out_max=2 engines")
         assert lines(ok(k.execute("%%daytona map 2\nprint(rank)"))) == {0: ["0"], 1: ["1"]}
 
 

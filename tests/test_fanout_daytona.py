@@ -37,7 +37,7 @@ def test_workers_are_labelled_ephemeral_sandboxes_without_the_volume(daytona_env
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         run = k.execute("%%daytona map 2\nprint(rank)")
         assert run.status == "ok", run.errors
-        assert "started 2 workers; each is a Daytona sandbox of 1 CPU, 1 GiB memory, 3 GiB disk" in shown(run, "stderr")
+        assert "started 2 engines; each is a Daytona sandbox of 1 CPU, 1 GiB memory, 3 GiB disk" in shown(run, "stderr")
         workers = workers_of(daytona_env, kernel_id(k))
         assert sorted(w.labels[WORKER] for w in workers) == ["0", "1"]
         assert all(w.spec.get("autoDeleteInterval") == 0 and not w.mounts for w in workers)
@@ -73,8 +73,8 @@ def test_the_pool_starts_what_the_quota_allows_says_so_and_leaves_nothing_half_m
         try:
             run = k.execute("%%daytona map 4\nprint(rank, world)", timeout=120)
             assert run.status == "ok", run.errors
-            (line,) = [x for x in shown(run, "stderr").splitlines() if "workers started" in x]
-            assert line.startswith("daytona-kernel: 2 of 4 workers started; the organisation's quota is used up: ")
+            (line,) = [x for x in shown(run, "stderr").splitlines() if "engines started" in x]
+            assert line.startswith("daytona-kernel: 2 of 4 engines started; the organisation's quota is used up: ")
             assert "Total CPU limit exceeded. Maximum allowed: 3" in line and line.endswith("(world = 2).")
             assert sorted(shown(run).splitlines()) == ["[stdout:0] 0 2", "[stdout:1] 1 2"]
             assert len(workers_of(daytona_env, kernel_id(k))) == 2  # the refused ones left nothing behind

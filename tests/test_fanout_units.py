@@ -30,7 +30,7 @@ def test_map_arguments() -> None:
 @pytest.mark.parametrize(
     "args, says",
     [
-        ("map", "the following arguments are required: workers"),
+        ("map", "the following arguments are required: engines"),
         ("map four", "invalid int value"),
         ("map 0", "N must be 1 or more"),
         ("map 2 --gather 1x", "1x is not a variable name"),
@@ -161,7 +161,7 @@ def test_the_combined_error_names_each_failed_worker_and_its_exception() -> None
     ]
     error = combined_error(failed, 4, interrupted=False)
     assert error["ename"] == "CompositeError"
-    assert error["evalue"] == "2 of 4 workers failed: [1] ZeroDivisionError: division by zero; [3] KeyError: 'k'"
+    assert error["evalue"] == "2 of 4 engines failed: [1] ZeroDivisionError: division by zero; [3] KeyError: 'k'"
     assert error["traceback"][1:] == [
         "[1:execute] ZeroDivisionError: division by zero",
         "tb1",
@@ -250,7 +250,7 @@ def test_a_value_that_cannot_be_gathered_is_named(tmp_path: Path) -> None:
     sandbox_side.dump(engine, ["lock"], str(tmp_path / "g.pkl"))
     assert engine.replies[0]["error"].startswith("--gather could not pickle 'lock': TypeError")
     sandbox_side.dump(engine, ["missing"], str(tmp_path / "g.pkl"))
-    assert "the worker has no variable 'missing'" in engine.replies[1]["error"]
+    assert "the engine has no variable 'missing'" in engine.replies[1]["error"]
 
 
 def test_the_envelope_is_plain_pickle_around_each_values_own_pickle(tmp_path: Path) -> None:
@@ -287,10 +287,10 @@ async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_del
     await pool.resize(4, "a sandbox", front)
     assert [w.sandbox for w in pool.engines] == sandboxes[:2]
     lines = front.text("stderr").splitlines()
-    assert front.statuses[0].startswith("starting 4 workers, each a sandbox: [0] starting")
-    assert lines[0].startswith("daytona-kernel: started 2 workers; each is a sandbox.")
+    assert front.statuses[0].startswith("starting 4 engines, each a sandbox: [0] starting")
+    assert lines[0].startswith("daytona-kernel: started 2 engines; each is a sandbox.")
     assert lines[1:] == [
-        "daytona-kernel: 2 of 4 workers started; the organisation's quota is used up: Total CPU limit exceeded. "
+        "daytona-kernel: 2 of 4 engines started; the organisation's quota is used up: Total CPU limit exceeded. "
         "Maximum allowed: 3. The cell runs on 2 (world = 2)."
     ]
     assert [s.shut_down for s in sandboxes] == [False, False, True, True]  # nothing half-made is left
@@ -317,12 +317,12 @@ async def test_a_smaller_n_deletes_the_highest_ranks_and_close_deletes_the_rest(
     await pool.resize(3, "a sandbox", front)
     await pool.resize(1, "a sandbox", front)
     assert [w.sandbox for w in pool.engines] == sandboxes[:1] and [s.shut_down for s in sandboxes] == [False, True, True]
-    assert await pool.close() == "closed 1 worker\n" and sandboxes[0].shut_down
+    assert await pool.close() == "closed 1 engine\n" and sandboxes[0].shut_down
 
 
 async def test_n_over_fan_out_max_is_a_usage_error_that_names_the_setting() -> None:
 
-    with pytest.raises(UsageError, match="at most fan_out_max=2 workers"):
+    with pytest.raises(UsageError, match="at most fan_out_max=2 engines"):
         await pool_of([], fan_out_max=2).resize(3, "a sandbox", Recorder())
 
 
@@ -338,6 +338,6 @@ async def test_pickles_in_transit_are_read_with_a_cap_the_sandbox_cannot_lift(mo
     sandbox.files[fanout.full_path(sandbox, "small")] = b"12345678"
     sandbox.files[fanout.full_path(sandbox, "big")] = b"123456789"
     assert await fanout.read_pickles(sandbox, ["small"], lambda i: "x") == [b"12345678"]
-    with pytest.raises(UsageError, match="--gather: worker 3's values are more than 0 MB pickled.*Write them to a file"):
-        await fanout.read_pickles(sandbox, ["small", "big"], lambda i: f"--gather: worker {i + 2}'s values")
+    with pytest.raises(UsageError, match="--gather: engine 3's values are more than 0 MB pickled.*Write them to a file"):
+        await fanout.read_pickles(sandbox, ["small", "big"], lambda i: f"--gather: engine {i + 2}'s values")
     assert sandbox.download_limits[-1] == {fanout.full_path(sandbox, p): 8 for p in ("small", "big")}

@@ -1,6 +1,6 @@
-"""``%%daytona map``'s part in the sandbox: scatter, the worker's prelude, gather.
+"""``%%daytona map``'s part in the sandbox: scatter, the engine's prelude, gather.
 
-Values travel between the main sandbox and the workers as pickles (cloudpickle
+Values travel between the main sandbox and the engines as pickles (cloudpickle
 when the sandbox has it, else pickle) written to files, which the kernel moves
 with the files API without ever unpickling them. Each function is called with the
 context's ``Runtime`` by a typed call (``calls.Scatter``, ``Prelude``, ``Dump``,
@@ -82,7 +82,7 @@ def _scatter(user_ns: Dict[str, Any], names: List[str], paths: List[str]) -> Dic
 
 
 def prelude(rt: Any, rank: int, world: int, path: str) -> None:
-    """Before a worker's cell: define ``rank`` and ``world``, and load its scattered chunks
+    """Before an engine's cell: define ``rank`` and ``world``, and load its scattered chunks
     (``path``, removed once read; "" for none). Raises if they cannot be loaded."""
     rt.user_ns["rank"], rt.user_ns["world"] = rank, world
     if not path:
@@ -95,7 +95,7 @@ def prelude(rt: Any, rank: int, world: int, path: str) -> None:
 
 
 def dump(rt: Any, names: List[str], path: str) -> None:
-    """After a worker's cell: pickle ``{name: value}`` of the gathered names to ``path``."""
+    """After an engine's cell: pickle ``{name: value}`` of the gathered names to ``path``."""
     with rt.request_output():
         rt.send(Kind.REPLY, _dump(rt.user_ns, names, os.path.join(rt.workdir, path)))
 
@@ -105,7 +105,7 @@ def _dump(user_ns: Dict[str, Any], names: List[str], path: str) -> Dict[str, Any
     blobs: Dict[str, bytes] = {}
     for name in names:
         if name not in user_ns:
-            return {"error": "--gather %s: the worker has no variable %r" % (name, name)}
+            return {"error": "--gather %s: the engine has no variable %r" % (name, name)}
         try:
             blobs[name] = pickler.dumps(user_ns[name])
         except Exception as exc:
@@ -116,7 +116,7 @@ def _dump(user_ns: Dict[str, Any], names: List[str], path: str) -> Dict[str, Any
 
 
 def gather(rt: Any, names: List[str], paths: List[str]) -> None:
-    """In the main sandbox: set each name to the list of the workers' values, in rank order
+    """In the main sandbox: set each name to the list of the engines' values, in rank order
     (``paths[R]`` holds rank R's ``{name: value}``; the files are removed)."""
     with rt.request_output():
         rt.send(Kind.REPLY, _gather(rt.user_ns, names, [os.path.join(rt.workdir, p) for p in paths]))
@@ -130,7 +130,7 @@ def _gather(user_ns: Dict[str, Any], names: List[str], paths: List[str]) -> Dict
                 blobs = _pickle.loads(f.read())
             per_rank.append({name: _pickle.loads(blobs[name]) for name in names})
     except Exception as exc:
-        return {"error": "--gather could not load a worker's values here: %s: %s" % (type(exc).__name__, exc)}
+        return {"error": "--gather could not load an engine's values here: %s: %s" % (type(exc).__name__, exc)}
     finally:
         for path in paths:
             if os.path.exists(path):
