@@ -46,6 +46,8 @@ from .mirror.localfs import LocalFolder, safe_relpath
 from .mirror.plan import code_refusal
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
+
     from .transcript import Transcript
 
 __all__ = ["AgentKernel", "AsyncAgentKernel", "KernelStatus", "LOCAL_WARNING", "RESTARTED"]
@@ -117,7 +119,7 @@ class AsyncAgentKernel:
         """Whether the kernelspec runs the local backend (this machine: not isolation)."""
         return _spec_backend(self.kernel_name, os.environ if self._env is None else self._env) == "local"
 
-    async def start(self) -> AsyncAgentKernel:
+    async def start(self) -> Self:
         """Start the kernel (or connect to it) and wait until it answers."""
         if self.is_local:
             log.warning(LOCAL_WARNING)
@@ -284,7 +286,7 @@ class AsyncAgentKernel:
             shutil.rmtree(self._private, ignore_errors=True)
             self._private = None
 
-    async def __aenter__(self) -> AsyncAgentKernel:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -338,7 +340,7 @@ class AgentKernel:
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def start(self) -> AgentKernel:
+    def start(self) -> Self:
         try:
             self._wait(self.kernel.start())
         except BaseException:
@@ -375,7 +377,7 @@ class AgentKernel:
             self._thread.join(SHUTDOWN_TIMEOUT_S)
             self._loop.close()
 
-    def __enter__(self) -> AgentKernel:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -61,7 +61,7 @@ class ShellDispatch(Kernel):
             _, frames = self.session.feed_identities(msg, copy=False)
             parent = self.session.deserialize(frames, content=True, copy=False)
         except Exception:
-            self.log.error("Invalid Message: dropped", exc_info=True)
+            self.log.exception("Invalid Message: dropped")
             return
         self._to_sandbox(parent)
 

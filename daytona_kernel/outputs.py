@@ -28,7 +28,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from html import escape, unescape
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import nh3
 
@@ -265,15 +265,19 @@ def _markdown_code(kind: str, code: str) -> str:
 # -- bundles -------------------------------------------------------------------------
 
 
+# what a cleaned value is: a message's content or a reply, or a payload item (None when it is dropped)
+V = TypeVar("V", dict[str, Any], "dict[str, Any] | None")
+
+
 @dataclass
-class Cleaned:
+class Cleaned(Generic[V]):
     """A cleaned value and what was removed from it, by MIME type (for the notice)."""
 
-    value: Any
+    value: V
     removed: set[str] = field(default_factory=set)
 
 
-def clean_bundle(data: dict[str, Any], trusted: bool) -> Cleaned:
+def clean_bundle(data: dict[str, Any], trusted: bool) -> Cleaned[dict[str, Any]]:
     """A MIME bundle fit to show: values of the right type, and (unless ``trusted``) only safe
     types, with HTML, SVG and markdown cleaned. A bundle left empty gets a text/plain placeholder."""
     out: dict[str, Any] = {}
@@ -315,7 +319,7 @@ def _noting(clean: Any, value: str, mime: str, removed: set[str]) -> str:
     return str(clean(value))
 
 
-def clean_content(msg_type: str, content: dict[str, Any], trusted: bool) -> Cleaned:
+def clean_content(msg_type: str, content: dict[str, Any], trusted: bool) -> Cleaned[dict[str, Any]]:
     """The content of a display_data, update_display_data or execute_result output with its bundle cleaned."""
     if msg_type not in ("display_data", "update_display_data", "execute_result") or not isinstance(content.get("data"), dict):
         return Cleaned(content)
@@ -323,7 +327,7 @@ def clean_content(msg_type: str, content: dict[str, Any], trusted: bool) -> Clea
     return Cleaned(dict(content, data=bundle.value), bundle.removed)
 
 
-def clean_payload(item: dict[str, Any], trusted: bool) -> Cleaned:
+def clean_payload(item: dict[str, Any], trusted: bool) -> Cleaned[dict[str, Any] | None]:
     """An execute_reply payload item, or None (as ``value``) when it must not reach the frontend.
 
     ``page`` is cleaned like display data. ``set_next_input`` may add a cell below the user's
@@ -343,7 +347,7 @@ def clean_payload(item: dict[str, Any], trusted: bool) -> Cleaned:
     return Cleaned(None, {f"payload {str(source)[:40]!r}"})
 
 
-def clean_reply(reply: Inspection | Completion, trusted: bool) -> Cleaned:
+def clean_reply(reply: Inspection | Completion, trusted: bool) -> Cleaned[dict[str, Any]]:
     """An inspect or complete reply from the runtime (parsed in ``protocol.py``) as the reply's fields,
     an inspection's bundle cleaned."""
     if isinstance(reply, Inspection):
@@ -356,7 +360,7 @@ def clean_reply(reply: Inspection | Completion, trusted: bool) -> Cleaned:
     return Cleaned(completion)
 
 
-def clean_user_expressions(values: dict[str, Any], trusted: bool) -> Cleaned:
+def clean_user_expressions(values: dict[str, Any], trusted: bool) -> Cleaned[dict[str, Any]]:
     """execute_reply's user_expressions: each result's bundle cleaned like display data."""
     out: dict[str, Any] = {}
     removed: set[str] = set()
@@ -405,7 +409,7 @@ class OutputPolicy:
         self._noticed = True
         return self.NOTICE.format(what="; ".join(sorted(self._removed)))
 
-    def _keep(self, cleaned: Cleaned) -> Any:
+    def _keep(self, cleaned: Cleaned[V]) -> V:
         self._removed |= cleaned.removed
         return cleaned.value
 

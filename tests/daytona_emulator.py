@@ -319,10 +319,9 @@ class DaytonaEmulator:
         self.sandboxes: dict[str, EmuSandbox] = {}
         self.volumes: dict[str, EmuVolume] = {}
         self.delay_s = 0.0
-        self.transition_s = {
-            state: TRANSITION_S
-            for state in ("creating", "starting", "stopping", "archiving", "destroying", "pausing", "resuming")
-        }
+        self.transition_s = dict.fromkeys(
+            ("creating", "starting", "stopping", "archiving", "destroying", "pausing", "resuming"), TRANSITION_S
+        )
         self.sandbox_class = "container"  # the class new sandboxes get (SandboxClass.CONTAINER, the default)
         self.pausable_classes: set[str] = set(PAUSABLE_CLASSES)  # the sandbox classes that support pausing
         # snapshots by name: their resources ({"cpu", "mem", "disk", "gpu"}); a snapshot create takes them

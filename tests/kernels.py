@@ -11,10 +11,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 TIMEOUT_S = 60
 IPC_ROOT = tempfile.mkdtemp(prefix="dk-ipc-")  # short: a unix socket's path is limited to about 100 bytes
@@ -170,10 +173,10 @@ class Kernel:
         self.km.shutdown_kernel(now=False)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
-    def __enter__(self) -> Kernel:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

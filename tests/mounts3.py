@@ -33,7 +33,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 MOUNT_WAIT_S = 10.0
 UNMOUNT_WAIT_S = 3.0
@@ -277,7 +280,7 @@ class MountS3:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None  # the process's stderr: a file, since a full pipe would hang the filesystem
 
-    def start(self) -> MountS3:
+    def start(self) -> Self:
         reason = fuse_missing()
         if reason is not None:
             raise RuntimeError(reason)
@@ -325,7 +328,7 @@ class MountS3:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> MountS3:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -176,7 +176,7 @@ def test_named_spec_with_env(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "pair, named",
+    ("pair", "named"),
     [
         ("DAYTONA_API_KEY=dtn_secret_value", "DAYTONA_API_KEY"),
         ("GIT_TOKEN=ghp_secret_value", "GIT_TOKEN"),
@@ -299,7 +299,7 @@ def test_uninstall_without_names_removes_only_ours(tmp_path: Path) -> None:
     assert foreign.is_dir() and not (tmp_path / "data" / "kernels" / "daytona-mine").exists()
 
 
-@pytest.mark.parametrize("answer, removed", [("y\n", True), ("n\n", False), ("", False)])
+@pytest.mark.parametrize(("answer", "removed"), [("y\n", True), ("n\n", False), ("", False)])
 def test_uninstall_asks_before_deleting(tmp_path: Path, answer: str, removed: bool) -> None:
     env = user_env(tmp_path)
     assert cli("install", "--user", "--name", "daytona-ask", env=env).returncode == 0

@@ -30,7 +30,7 @@ def slow_emulator(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from daytona_emulator import DaytonaEmulator
 
     emu = DaytonaEmulator(tmp_path_factory.mktemp("harsh")).start()
-    emu.transition_s = {state: TRANSITION_S for state in emu.transition_s}
+    emu.transition_s = dict.fromkeys(emu.transition_s, TRANSITION_S)
     yield emu
     emu.close()
 

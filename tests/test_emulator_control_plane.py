@@ -8,6 +8,7 @@ lifecycle tests run against the platform's traps, not against an instant, forgiv
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ TRANSITION_S = 0.6  # long enough to act inside a transition, short enough for a
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Any:
     emulator = DaytonaEmulator(tmp_path_factory.mktemp("control-plane")).start()
-    emulator.transition_s = {state: TRANSITION_S for state in emulator.transition_s}
+    emulator.transition_s = dict.fromkeys(emulator.transition_s, TRANSITION_S)
     yield emulator
     emulator.close()
 
@@ -238,8 +239,6 @@ def test_stopping_a_paused_sandbox_ends_its_processes(emu: DaytonaEmulator, vm_c
         await sandbox.start()
         assert await sandbox.code_interpreter.list_contexts() == []  # the daemon's memory went with the stop
         with pytest.raises(ProcessLookupError):
-            import os
-
             os.kill(pid, 0)
 
     run(emu, body)

@@ -28,7 +28,7 @@ def test_map_arguments() -> None:
 
 
 @pytest.mark.parametrize(
-    "args, says",
+    ("args", "says"),
     [
         ("map", "the following arguments are required: engines"),
         ("map four", "invalid int value"),
@@ -175,7 +175,7 @@ def test_the_combined_error_names_each_failed_worker_and_its_exception() -> None
 
 
 @pytest.mark.parametrize(
-    "length, world, sizes",
+    ("length", "world", "sizes"),
     [(10, 3, [4, 3, 3]), (2, 4, [1, 1, 0, 0]), (8, 4, [2, 2, 2, 2]), (0, 2, [0, 0])],
 )
 def test_scatter_chunks_are_contiguous_as_even_as_possible_in_rank_order(length: int, world: int, sizes: list[int]) -> None:
@@ -217,7 +217,7 @@ def test_scatter_then_prelude_gives_each_worker_its_chunk_rank_and_world(tmp_pat
 
 
 @pytest.mark.parametrize(
-    "value, says",
+    ("value", "says"),
     [
         (None, "there is no variable 'xs'"),
         ({"a": 1}, "'xs' cannot be split into chunks"),

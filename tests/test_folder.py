@@ -148,13 +148,18 @@ def test_a_flood_brings_down_a_capped_number_of_new_files_and_percent_sync_the_r
 def test_a_download_stops_before_it_fills_the_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
     import shutil
-    from collections import namedtuple
+    from typing import NamedTuple
 
     from daytona_kernel.mirror import down
 
     mirror, workdir = local_mirror(tmp_path)
     (workdir / "model.bin").write_bytes(b"x" * 4096)
-    usage = namedtuple("usage", "total used free")
+
+    class usage(NamedTuple):  # shutil.disk_usage's result
+        total: int
+        used: int
+        free: int
+
     total = 100 * 1024**3
     monkeypatch.setattr(
         shutil, "disk_usage", lambda path: usage(total, total - down.disk_margin(total) - 1000, down.disk_margin(total) + 1000)

@@ -122,7 +122,7 @@ def test_gc_talks_to_the_configured_api_url(daytona_env, monkeypatch: pytest.Mon
 
 
 def test_gc_with_a_wrong_key_says_what_to_do_without_restarting_a_kernel(daytona_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    env = {k: v for k, v in os.environ.items()}
+    env = dict(os.environ)
     env.update(daytona_env.env(), DAYTONA_API_KEY="dtn_wrong")
     proc = subprocess.run(
         [sys.executable, "-m", "daytona_kernel.cli", "gc"], capture_output=True, text=True, env=env, timeout=120

@@ -25,7 +25,7 @@ def slow_emulator(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from daytona_emulator import DaytonaEmulator
 
     emu = DaytonaEmulator(tmp_path_factory.mktemp("lifecycle")).start()
-    emu.transition_s = {state: TRANSITION_S for state in emu.transition_s}
+    emu.transition_s = dict.fromkeys(emu.transition_s, TRANSITION_S)
     yield emu
     emu.close()
 
@@ -283,7 +283,7 @@ def test_a_create_that_fails_after_it_succeeded_leaves_one_sandbox(emu: Any, tmp
         assert emu.counts[CREATE] == 1  # found by its labels, not created again
 
 
-@pytest.mark.parametrize("ref, version", [("v1", "1"), ("main", "2"), ("first", "1")])
+@pytest.mark.parametrize(("ref", "version"), [("v1", "1"), ("main", "2"), ("first", "1")])
 def test_repo_ref_may_be_a_branch_a_tag_or_a_commit(
     emu: Any, tmp_path: Path, repo: dict[str, str], ref: str, version: str
 ) -> None:

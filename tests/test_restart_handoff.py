@@ -41,20 +41,24 @@ def settings(**changes: Any) -> DaytonaSettings:
 
 
 def record(**changes: Any) -> Handoff:
-    fields: dict[str, Any] = dict(
-        kernel_id=KERNEL,
-        sandbox_id="7d1f0b52-aaaa-bbbb-cccc-0123456789ab",
-        toolbox_url="http://127.0.0.1:4000/toolbox",
-        context_id="5e1c7a3d-1111-2222-3333-444455556666",
-        fingerprint=settings_fingerprint(settings(), "ws-1", API, "us"),
-        written_at=time.time(),
-    )
+    fields: dict[str, Any] = {
+        "kernel_id": KERNEL,
+        "sandbox_id": "7d1f0b52-aaaa-bbbb-cccc-0123456789ab",
+        "toolbox_url": "http://127.0.0.1:4000/toolbox",
+        "context_id": "5e1c7a3d-1111-2222-3333-444455556666",
+        "fingerprint": settings_fingerprint(settings(), "ws-1", API, "us"),
+        "written_at": time.time(),
+    }
     fields.update(changes)
     return Handoff(**fields)
 
 
 def take(**changes: Any) -> Handoff | None:
-    args: dict[str, Any] = dict(kernel_id=KERNEL, fingerprint=settings_fingerprint(settings(), "ws-1", API, "us"), api_url=API)
+    args: dict[str, Any] = {
+        "kernel_id": KERNEL,
+        "fingerprint": settings_fingerprint(settings(), "ws-1", API, "us"),
+        "api_url": API,
+    }
     args.update(changes)
     return take_handoff(**args)
 
@@ -164,7 +168,7 @@ def test_a_kernel_id_that_cannot_name_a_file_has_no_handoff() -> None:
 
 
 @pytest.mark.parametrize(
-    "url, api_url, ok",
+    ("url", "api_url", "ok"),
     [
         ("http://127.0.0.1:4000/toolbox", "http://127.0.0.1:4000/api", True),
         ("http://localhost:4000/toolbox", "http://127.0.0.1:4000/api", True),

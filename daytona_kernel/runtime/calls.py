@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar
 
 RUNTIME_MISSING = "DaytonaKernelRuntimeMissing"
 """The error a call raises in a worker without the runtime: the daemon replaced a dead
 worker with a fresh one (silently), so the runtime must be bootstrapped again."""
+C = TypeVar("C")  # a call or options class that ``build`` makes
 MB_CHARS = 1024 * 1024
 """Characters per megabyte of output, where ``output_limit_mb`` is turned into a count (``output_limit_chars``)."""
 
@@ -299,7 +300,7 @@ def decode(text: str, table: Dict[str, Type[Any]] = CALLS) -> Any:
     return build(cls, args, method)
 
 
-def build(cls: Type[Any], values: Any, what: str) -> Any:
+def build(cls: Type[C], values: Any, what: str) -> C:
     """``cls`` from a JSON object, by field name; each value checked against its field's type."""
     if not isinstance(values, dict):
         raise CallError("%s: the arguments are not an object" % what)
@@ -357,7 +358,8 @@ def options_from(values: Dict[str, Any]) -> RuntimeOptions:
 
 def missing_runtime(what: str) -> Exception:
     """The exception a call raises where the runtime (or the part it calls) is not installed."""
-    return type(RUNTIME_MISSING, (Exception,), {})("%s is not installed in this worker" % what)
+    missing: Type[Exception] = type(RUNTIME_MISSING, (Exception,), {})
+    return missing("%s is not installed in this worker" % what)
 
 
 assert all(isinstance(cls.METHOD, str) and cls.METHOD for cls in list(CALLS.values()) + list(JOURNAL_CALLS.values())), (

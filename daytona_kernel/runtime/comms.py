@@ -240,13 +240,13 @@ class Bridge(object):
             data = content.get("data")
             found = data.get("state") if isinstance(data, dict) else None
             state = found if isinstance(found, dict) else {}
-            kept = dict((k, state.get(k)) for k in TABLE_KEYS if k in state)
+            kept = {k: state.get(k) for k in TABLE_KEYS if k in state}
             self.opened[comm_id] = {"target_name": content.get("target_name"), "state": kept}
 
     def table(self):
         """The comms opened here that are still open: ``{comm_id: {target_name, state}}``."""
         live = self.manager.comms if self.manager is not None else {}
-        return dict((comm_id, entry) for comm_id, entry in self.opened.items() if comm_id in live)
+        return {comm_id: entry for comm_id, entry in self.opened.items() if comm_id in live}
 
     def _hold(self, kind, payload):
         """Keep a message published while no request runs; a value update merges into the comm's last one."""
@@ -284,7 +284,7 @@ class Bridge(object):
         started one and ended lately): the kernel should keep draining. Bounded, so a sandbox can go idle."""
         now = time.monotonic()
         with self.lock:
-            self.threads = set(t for t in self.threads if t.is_alive())
+            self.threads = {t for t in self.threads if t.is_alive()}
             published = bool(self.threads) and now - self.thread_published < THREAD_QUIET_S
             started = bool(self.manager is not None and self.manager.comms) and now - self.cell_ended < THREAD_QUIET_S
             started = started and any(t.is_alive() for t in self.cell_threads)

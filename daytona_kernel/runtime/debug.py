@@ -389,7 +389,7 @@ class Debugger(object):
         self.started = False  # the frontend's debug session (initialize .. disconnect)
         self.breakpoints = {}  # source path -> the breakpoints pydevd set there
         self.stopped_threads = set()
-        self.internal_paths = set(getattr(m, "__file__", None) or "" for m in list(sys.modules.values())) - {""}
+        self.internal_paths = {getattr(m, "__file__", None) or "" for m in list(sys.modules.values())} - {""}
         self._removed_cleanup = {}
         self.shippable = ""  # the debugpy version the kernel can ship (each request says it)
 
@@ -476,8 +476,7 @@ class Debugger(object):
             with open(path, encoding="utf-8") as f:
                 return response(message, body={"content": f.read()})
         except (OSError, TypeError, ValueError):
-            reply = response(message, False, body={}, message="source unavailable")
-            return reply
+            return response(message, False, body={}, message="source unavailable")
 
     def on_stackTrace(self, message):
         """The frames of a mirrored file name the user's own file, as tracebacks do (``Runtime.paths``)."""
@@ -579,7 +578,7 @@ class Debugger(object):
                     data, metadata = ast.literal_eval(reply["body"]["result"])
                 except (ValueError, SyntaxError, TypeError):
                     data, metadata = {"text/plain": reply["body"]["result"]}, {}
-        reply["body"] = {"data": data, "metadata": dict((k, v) for k, v in metadata.items() if k in data)}
+        reply["body"] = {"data": data, "metadata": {k: v for k, v in metadata.items() if k in data}}
         reply["success"] = True
         return reply
 

@@ -22,7 +22,7 @@ def clean(obj):
     if isinstance(obj, bytes):
         return binascii.b2a_base64(obj, newline=False).decode("ascii")
     if isinstance(obj, dict):
-        return dict((str(k), clean(v)) for k, v in obj.items())
+        return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
     return obj

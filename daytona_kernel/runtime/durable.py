@@ -207,7 +207,7 @@ class VolumeCopy(object):
     def copy_changes(self):
         """One pass: copy changed files to the volume, remove deleted ones. Returns the paths copied."""
         now, complete = self._scan()
-        current = dict((rel, [st[0], st[1]]) for rel, st in now.items())
+        current = {rel: [st[0], st[1]] for rel, st in now.items()}
         for rel in self._always:
             try:
                 current[rel] = _stat_key(os.path.join(self.workdir, rel))

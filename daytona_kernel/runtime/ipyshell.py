@@ -193,7 +193,7 @@ class SandboxShell(InteractiveShell):
     def _users_paths(self, bundle):
         """A bundle's text naming the user's files where the sandbox's are copies of them (``pathmap``)."""
         paths = self.runtime.paths
-        return dict((k, paths.in_text(v)) for k, v in bundle.items()) if paths else bundle
+        return {k: paths.in_text(v) for k, v in bundle.items()} if paths else bundle
 
     @property
     def _payloads(self) -> typing.Any:

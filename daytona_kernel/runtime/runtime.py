@@ -370,7 +370,7 @@ class Runtime(object):
         cancelled = CANCELLED_CELL % (os.getpid(), count)
         if os.path.exists(cancelled):  # interrupted while it waited behind another job: it must not run now
             os.remove(cancelled)
-            return
+            return None
         self.watch.note(synced)
         if self.journal is not None and not self.journal.arm(count):
             return self.journal.refuse()  # another kernel attached to this session
