@@ -503,6 +503,11 @@ class SessionSettings:
         return output_limit_chars(self.output_limit_mb)
 
     @property
+    def run_timeout(self) -> float | None:
+        """``cell_timeout`` as the timeout of a run of user code (a cell, a comm handler, a debug call): None for none."""
+        return self.cell_timeout or None
+
+    @property
     def output_trusted(self) -> bool:
         """Whether the sandbox's output is shown as it is (see ``output_policy``)."""
         return self.output_policy == "trusted" or (self.output_policy == "auto" and self.backend == "local")

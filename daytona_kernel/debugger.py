@@ -16,22 +16,18 @@ import asyncio
 import importlib.metadata
 import json
 import logging
-import posixpath
 from typing import Any, Awaitable, Callable, Coroutine
 
 from . import ipython_bundle
-from .backends.base import RunError, Sandbox
-from .config import SessionSettings
+from .context_client import ContextClient
 from .errors import DaytonaKernelError
-from .outputs import OutputPolicy
 from .protocol import DebugMessage
-from .request import InFlight, Request, fetcher
+from .request import Request, fetcher
 from .runtime import call_source
 from .runtime.calls import Debug
-from .supervisor import ContextSupervisor, Live
+from .supervisor import Live
 
 REPLY_TIMEOUT_S = 60.0  # a request the sandbox does not answer in this time gets a failed reply
-WAIT_S = 0.01  # how often a request waits for the end of another call into the sandbox
 FETCH_EVERY_S = 0.05  # after a cell ended, how often the kernel fetches replies the sandbox held
 MAX_COMMAND_CHARS = 100
 SHIP_TIMEOUT_S = 60.0  # unpacking debugpy (about 1 MB, 250 files) in the sandbox
@@ -57,21 +53,10 @@ def failed(request: dict[str, Any], message: str) -> dict[str, Any]:
 class DebugRelay:
     """See the module docstring. ``publish`` sends a ``debug_event`` (the kernel sets it)."""
 
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        supervisor: ContextSupervisor,
-        settings: SessionSettings,
-        outputs: OutputPolicy,
-        inflight: InFlight,
-        log: logging.Logger,
-    ) -> None:
-        self._sandbox = sandbox
-        self._supervisor = supervisor
-        self._settings = settings
-        self._outputs = outputs
-        self._inflight = inflight
-        self._log = log
+    def __init__(self, client: ContextClient) -> None:
+        """``client``: the calls into the context, shared with the comm bridge's delivery."""
+        self._client = client
+        self._log = client.log
         self._pending: dict[int, tuple[asyncio.Future[dict[str, Any]], str]] = {}  # the kernel's number -> reply, command
         self._next_id = 0
         self._upload_seq = 0
@@ -103,7 +88,7 @@ class DebugRelay:
         body = reply.get("body")
         if command != "richInspectVariables" or not isinstance(body, dict):
             return reply
-        shown = self._outputs.content("display_data", {"data": body.get("data", {}), "metadata": body.get("metadata", {})})
+        shown = self._client.outputs.content("display_data", {"data": body.get("data", {}), "metadata": body.get("metadata", {})})
         return dict(reply, body={"data": shown.get("data", {}), "metadata": shown.get("metadata", {})})
 
     # -- from the frontend -----------------------------------------------------
@@ -117,7 +102,7 @@ class DebugRelay:
         ):
             return failed(message if isinstance(message, dict) else {}, "a debug request needs a DAP command")
         try:
-            live = await self._supervisor.ready()
+            live = await self._client.supervisor.ready()
         except DaytonaKernelError as exc:
             return failed(message, f"the sandbox is not available: {exc}")
         reply = await self._relay(live, message)
@@ -158,9 +143,9 @@ class DebugRelay:
         """The kernel's pure-Python debugpy into the sandbox's ``folder`` (the one its debugger named): "" or why not."""
         if not ipython_bundle.supports(live.python, ipython_bundle.DEBUGPY):
             return f"the kernel's debugpy does not run on the sandbox's Python {live.python}"
-        async with self._inflight.lock:
+        async with self._client.inflight.lock:
             reason, size = await ipython_bundle.ship(
-                self._sandbox, live.context, live.python, folder, SHIP_TIMEOUT_S, ipython_bundle.DEBUGPY
+                self._client.sandbox, live.context, live.python, folder, SHIP_TIMEOUT_S, ipython_bundle.DEBUGPY
             )
         if not reason:
             self._log.info("debugpy %s shipped to the sandbox: %.1f MB", self._shippable(), size / 1e6)
@@ -172,7 +157,7 @@ class DebugRelay:
             return failed(item["message"], "the sandbox's debugger sent no usable reply (the kernel log says why)")
         while not reply.done():
             await asyncio.wait({reply}, timeout=FETCH_EVERY_S)
-            if reply.done() or not uploaded or self._inflight.in_cell or self._inflight.lock.locked():
+            if reply.done() or not uploaded or not self._client.idle:
                 continue
             await self._call(live, [])  # the cell ended first: its reply waits in the sandbox
         answer = reply.result()
@@ -184,31 +169,20 @@ class DebugRelay:
 
     async def _send(self, live: Live, item: dict[str, Any]) -> bool:
         """Into the sandbox: True when uploaded to a running cell's inbox, False when sent in a call."""
-        inflight = self._inflight
-        while True:
-            if inflight.in_cell and inflight.cell_inbox is not None and self._started_on == live.token:
-                self._upload_seq += 1
-                path = posixpath.join(inflight.cell_inbox, f"debug-{self._upload_seq}.json")
-                await self._sandbox.toolbox.upload([(json.dumps([item]).encode(), path)])
-                return True
-            if not inflight.in_cell and not inflight.lock.locked():
-                break
-            await asyncio.sleep(WAIT_S)
+        inbox = await self._client.cell_inbox(lambda: self._started_on == live.token)
+        if inbox is not None:
+            self._upload_seq += 1
+            await self._client.upload(inbox, f"debug-{self._upload_seq}.json", json.dumps([item]).encode())
+            return True
         await self._call(live, [item])
         return False
 
     async def _call(self, live: Live, items: list[dict[str, Any]]) -> None:
         """One ``Debug`` call while no cell runs: its frames (replies, held events) come to ``receive``."""
-        async with self._inflight.lock:
-            request = Request(live.token, self._output, None, self._outputs, None, None, fetcher(self._sandbox), self.receive)
-            self._inflight.request = request
-            try:
-                error: RunError | None = await live.context.run_code(
-                    call_source(Debug(requests=items)), request.on_stdout, request.on_stderr, self._settings.cell_timeout or None
-                )
-            finally:
-                self._inflight.request = None
-                request.finish()
+        client = self._client
+        async with client.inflight.lock:
+            request = Request(live.token, self._output, None, client.outputs, None, None, fetcher(client.sandbox), self.receive)
+            error = await client.call(live, call_source(Debug(requests=items)), request)
         if error is not None:
             self._log.warning("the debug call failed in the sandbox: %s: %s", error.name, error.value)
 

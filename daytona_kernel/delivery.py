@@ -6,25 +6,21 @@ while no cell runs, a short call of its own (``Deliver``), whose output goes und
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import posixpath
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import RunError, Sandbox
-from .config import SessionSettings
+from .backends.base import RunError
+from .context_client import ContextClient
 from .errors import SandboxPaused
-from .outputs import OutputBudget, OutputPolicy
-from .request import InFlight, Request
+from .outputs import OutputBudget
+from .request import Request
 from .runtime import call_source
 from .runtime.calls import CommOptions, Deliver
-from .supervisor import ContextSupervisor, Live, runtime_missing
+from .supervisor import Live, runtime_missing
 
 if TYPE_CHECKING:
     from .comms import CommBridge
-
-COMM_WAIT_S = 0.01  # how often a frontend message waits for the cell's inbox or the end of another call
 
 
 def comm_options(comms: CommBridge | None, live: Live, temp_dir: str) -> CommOptions | None:
@@ -39,23 +35,10 @@ def comm_options(comms: CommBridge | None, live: Live, temp_dir: str) -> CommOpt
 
 
 class CommDelivery:
-    """See the module docstring."""
+    """See the module docstring. It reaches the context through the ``ContextClient`` it shares with the debugger."""
 
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        supervisor: ContextSupervisor,
-        settings: SessionSettings,
-        outputs: OutputPolicy,
-        inflight: InFlight,
-        log: logging.Logger,
-    ) -> None:
-        self._sandbox = sandbox
-        self._supervisor = supervisor
-        self._settings = settings
-        self._outputs = outputs
-        self._inflight = inflight
-        self._log = log
+    def __init__(self, client: ContextClient) -> None:
+        self._client = client
         self._closed = False  # the session shut down: nothing goes into the sandbox any more
 
     def close(self) -> None:
@@ -63,51 +46,45 @@ class CommDelivery:
 
     @property
     def in_cell(self) -> bool:
-        return self._inflight.in_cell
+        return self._client.inflight.in_cell
 
     async def deliver_comms(self, batch: list[dict[str, Any]], bridge: CommBridge) -> None:
         """Frontend comm messages into the sandbox: while a cell runs, one file upload to its inbox
         (not queued behind the cell); while idle, a short call of their own, whose output goes under
         the messages. An empty batch while idle fetches what the sandbox holds (a background thread's updates)."""
-        inflight = self._inflight
-        while True:
-            if inflight.in_cell and inflight.cell_inbox is not None:
-                if batch:
-                    bridge.seq += 1
-                    path = posixpath.join(inflight.cell_inbox, f"comms-{bridge.seq}.json")
-                    await self._sandbox.toolbox.upload([(json.dumps(batch).encode(), path)])
-                    bridge.uploaded(bridge.seq, batch)
-                return
-            if not inflight.in_cell and not inflight.lock.locked():
-                break
-            await asyncio.sleep(COMM_WAIT_S)
-        live = self._supervisor.live
+        client = self._client
+        inbox = await client.cell_inbox()
+        if inbox is not None:
+            if batch:
+                bridge.seq += 1
+                await client.upload(inbox, f"comms-{bridge.seq}.json", json.dumps(batch).encode())
+                bridge.uploaded(bridge.seq, batch)
+            return
+        live = client.supervisor.live
         if live is None or self._closed:  # no interpreter (yet): no comm target is registered there
             bridge.unreachable(batch)
             return
-        async with inflight.lock:
+        async with client.inflight.lock:
             try:
                 try:
                     error = await self._deliver_once(live, batch, bridge)
                 except SandboxPaused:  # a widget moved after the sandbox paused itself: resume it, as a cell would
-                    await self._supervisor.resume(None)
+                    await client.supervisor.resume(None)
                     error = await self._deliver_once(live, batch, bridge)
             finally:
                 bridge.handled([m["header"]["msg_id"] for m in batch])
         if runtime_missing(error):
             bridge.closed_all()  # the interpreter was replaced: its widgets are gone
         elif error is not None:
-            self._log.warning("widget messages failed in the sandbox: %s: %s", error.name, error.value)
+            client.log.warning("widget messages failed in the sandbox: %s: %s", error.name, error.value)
 
     async def _deliver_once(self, live: Live, batch: list[dict[str, Any]], bridge: CommBridge) -> RunError | None:
+        """One ``Deliver`` call; a callback may run as long as a cell may (an interrupt stops it)."""
+        client = self._client
         parent = bridge.request_parent
-        budget = OutputBudget(self._settings.output_limit_chars)
-        self._inflight.request = request = Request(
-            live.token, lambda msg_type, content: bridge.output(msg_type, content, parent), None, self._outputs, budget, bridge
+        budget = OutputBudget(client.settings.output_limit_chars)
+        request = Request(
+            live.token, lambda msg_type, content: bridge.output(msg_type, content, parent), None, client.outputs, budget, bridge
         )
-        try:  # a callback may run as long as a cell may (an interrupt stops it)
-            code = call_source(Deliver(messages=batch, comms=comm_options(bridge, live, self._sandbox.temp_dir)))
-            return await live.context.run_code(code, request.on_stdout, request.on_stderr, self._settings.cell_timeout or None)
-        finally:
-            self._inflight.request = None
-            request.finish()
+        code = call_source(Deliver(messages=batch, comms=comm_options(bridge, live, client.sandbox.temp_dir)))
+        return await client.call(live, code, request)

@@ -33,13 +33,12 @@ from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .config import SessionSettings
 from .engine_output import CellLines, EngineOutput
 from .errors import BackendError, DaytonaKernelError, QuotaExceeded, SandboxNotRunning, UsageError
-from .installer import RUNTIME_CALL_TIMEOUT_S
 from .ladder import RunEnd, settle
 from .mirror.mirror import WorkdirMirror
 from .mirror.plan import SyncReport
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import fanout_done
-from .request import Request, fetcher
+from .request import RUNTIME_CALL_TIMEOUT_S, Request, fetcher, run_in
 from .runtime import call_source
 from .runtime.calls import Dump, Gather, Prelude, RunCell, RuntimeOptions, Scatter, Synced
 from .supervisor import ContextSupervisor, Live
@@ -513,7 +512,7 @@ class MapCell:
     async def _execute(self, engine: Engine, live: Live, code: str, out: EngineOutput) -> Request:
         """Run ``code`` in the engine, read as the session reads a cell (the error ladder, a worker the
         daemon replaced, a sandbox that stopped)."""
-        timeout = self._settings.cell_timeout or None
+        timeout = self._settings.run_timeout
         started = time.monotonic()
         exception: BackendError | None = None
         run_error: RunError | None = None
@@ -523,7 +522,7 @@ class MapCell:
             request = engine.request = Request(
                 live.token, out.emit, None, self._outputs, self._budget, fetch=fetcher(engine.supervisor.sandbox)
             )
-            return await live.context.run_code(code, request.on_stdout, request.on_stderr, timeout)
+            return await run_in(live.context, code, request, timeout, finish=False)  # finished once settled
 
         def finish() -> None:
             if engine.request is not None:

@@ -21,11 +21,10 @@ from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError
 from .journal import SessionJournal
 from .protocol import Hello
-from .request import Request
+from .request import RUNTIME_CALL_TIMEOUT_S, Request, run_in
 from .runtime import bootstrap_code
 from .runtime.calls import RuntimeOptions
 
-RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime query (complete, inspect ...)
 OUTSIDE_A_CELL_LOG_CHARS = 200  # how much of an output that arrived outside a cell the log keeps
 
 
@@ -79,12 +78,10 @@ class RuntimeInstaller:
             options = replace(options, volume_excludes=["/" + repo_folder(self._settings.repo_url) + "/"])
         code = bootstrap_code(token, options)
         try:
-            error = await context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
+            error = await run_in(context, code, request, RUNTIME_CALL_TIMEOUT_S)
         except BackendError:
             await close_quietly(context, self._log)
             raise
-        finally:
-            request.finish()
         hello = request.hello
         if error is not None or hello is None:
             await close_quietly(context, self._log)

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from .backends.base import Sandbox
+from .backends.base import Context, OutputCallback, RunError, Sandbox
 from .cell import Frontend, error_content, stderr, stdout
 from .comms import WIDGET_VIEW
 from .errors import BackendError, DaytonaKernelError, ProtocolError
@@ -42,6 +42,7 @@ from .runtime.framing import BadFrame, Frame, FrameDecoder, Text, join_blobs
 if TYPE_CHECKING:
     from .comms import CommBridge
 
+RUNTIME_CALL_TIMEOUT_S = 30.0  # a bootstrap or a runtime call (complete, inspect ...); user code runs for run_timeout
 EmitCallback = Callable[[str, dict[str, Any]], None]
 Fetch = Callable[[str, int], Awaitable[bytes]]  # a sandbox file, and the most bytes to take of it
 log = logging.getLogger("daytona_kernel.request")
@@ -265,6 +266,31 @@ class Request:
             self._comms.from_sandbox(event, self._under, self._budget)
         else:
             self._comms.ack(event)
+
+
+async def run_in(
+    context: Context,
+    code: str,
+    request: Request,
+    timeout: float | None,
+    *,
+    heard: Callable[[OutputCallback], OutputCallback] | None = None,
+    finish: bool = True,
+) -> RunError | None:
+    """The one way code runs in a context: its stdout and stderr are read by ``request`` (through ``heard``, which
+    tells the interrupt's watchdog that the run is alive), for at most ``timeout`` seconds (``RUNTIME_CALL_TIMEOUT_S``
+    for the runtime's own calls, ``SessionSettings.run_timeout`` where user code runs). Then ``request.finish()``,
+    whatever happened, unless ``finish`` is False: a cell's run, whose large strings are fetched (``settle``)
+    before it finishes. A worker the daemon replaced is run again by ``ContextSupervisor.run_installed``."""
+    on_stdout: OutputCallback = request.on_stdout
+    on_stderr: OutputCallback = request.on_stderr
+    if heard is not None:
+        on_stdout, on_stderr = heard(on_stdout), heard(on_stderr)
+    try:
+        return await context.run_code(code, on_stdout, on_stderr, timeout)
+    finally:
+        if finish:
+            request.finish()
 
 
 def fetcher(sandbox: Sandbox) -> Fetch:

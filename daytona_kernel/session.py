@@ -20,6 +20,7 @@ from .backends.base import IdleMode, RunError, Sandbox
 from .cell import Cell, CellOutcome, Frontend, error_content, stderr
 from .comms import CommBridge, Publisher
 from .config import SessionSettings
+from .context_client import ContextClient
 from .debugger import DebugRelay
 from .delivery import CommDelivery, comm_options
 from .engines import EnginePool, failed_cell, parse_map
@@ -33,7 +34,7 @@ from .mirror.mirror import WorkdirMirror
 from .outputs import OutputBudget, OutputPolicy
 from .protocol import completion, inspection, volume_synced
 from .reattach import Attacher
-from .request import InFlight, InputBridge, Request, fetcher
+from .request import InFlight, InputBridge, Request, fetcher, run_in
 from .runtime import call_source
 from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, SyncVolume
 from .supervisor import ContextSupervisor, Live
@@ -80,8 +81,9 @@ class SandboxSession:
         self.upkeep = Upkeep(sandbox, self.supervisor, mirror, self._idle_checkpoint, log)  # resume, recover, push, pull
         self.inflight = InFlight()  # what runs in the context now
         self.interrupts = Interrupts(sandbox, self.supervisor, settings, log, self.inflight)
-        self.delivery = CommDelivery(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # widgets
-        self.debugger = DebugRelay(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # debug_request
+        client = ContextClient(sandbox, self.supervisor, settings, self.outputs, self.inflight, log)  # calls beside cells
+        self.delivery = CommDelivery(client)  # widgets
+        self.debugger = DebugRelay(client)  # debug_request
         self.interrupts.debugged = self.debugger.started_on
         self.comms: CommBridge | None = None  # widgets: the comm bridge (comms.py), when a kernel publishes them
         if publisher is not None:
@@ -209,7 +211,7 @@ class SandboxSession:
         held = await self._finish_live_pulls()
         if self.comms is not None:
             self.comms.cell_ended()
-        verdict = settle(end, self._timeout() or 0.0, self._settings.interrupt_grace)
+        verdict = settle(end, self._settings.run_timeout or 0.0, self._settings.interrupt_grace)
         if verdict.restart_context:
             self.supervisor.restart_context()
             if self.comms is not None:
@@ -296,8 +298,8 @@ class SandboxSession:
 
         async def run(live: Live) -> RunError | None:
             request = self._new_request(live, frontend, bridge, budget)
-            return await live.context.run_code(
-                code, self.interrupts.heard_via(request.on_stdout), self.interrupts.heard_via(request.on_stderr), self._timeout()
+            return await run_in(  # finished once its large strings are fetched (_run)
+                live.context, code, request, self._settings.run_timeout, heard=self.interrupts.heard_via, finish=False
             )
 
         def replaced() -> (
@@ -318,9 +320,6 @@ class SandboxSession:
             request.on_partial_files = self._live_pulls.add
         self.interrupts.new_request()
         return request
-
-    def _timeout(self) -> float | None:
-        return self._settings.cell_timeout or None
 
     # -- interrupts --------------------------------------------------------
 

@@ -18,10 +18,10 @@ from .backends.base import Context, RunError, Sandbox
 from .cell import Frontend, ProgressCallback
 from .config import SessionSettings
 from .errors import BackendError, DaytonaKernelError, RuntimeCallError
-from .installer import RUNTIME_CALL_TIMEOUT_S, RuntimeInstaller, close_quietly
+from .installer import RuntimeInstaller, close_quietly
 from .journal import SessionJournal
 from .protocol import Hello
-from .request import Request
+from .request import RUNTIME_CALL_TIMEOUT_S, Request, run_in
 from .runtime import call_source, warmup_code
 from .runtime.calls import RUNTIME_MISSING, Call, RuntimeOptions
 
@@ -192,9 +192,10 @@ class ContextSupervisor:
     async def run_installed(
         self, live: Live, run: Callable[[Live], Awaitable[RunError | None]], replaced: Callable[[], None]
     ) -> RunError | None:
-        """``run(live)``: one run of a cell's code, in a new request. A fresh worker without the runtime (the
+        """``run(live)``: one run (``request.run_in``), in a new request. A fresh worker without the runtime (the
         daemon replaced a dead one) answers in the same round trip: the runtime is installed again,
-        ``replaced()`` ends the first run's request (it read nothing of the cell), and the code runs there."""
+        ``replaced()`` ends the first run's request (it read nothing of the cell), and the code runs there. The
+        one home of that retry: cells, map cells and the runtime's calls (``call``) run through it."""
         run_error = await run(live)
         if not runtime_missing(run_error):
             return run_error
@@ -337,10 +338,14 @@ class ContextSupervisor:
         live = self.live
         if live is None:
             raise RuntimeCallError(f"{method}: the sandbox is not ready.")
-        request, error = await self._call_once(live, code)
-        if runtime_missing(error):
-            await self.rebootstrap(live)
-            request, error = await self._call_once(live, code)
+        requests: list[Request] = []
+
+        async def run(live: Live) -> RunError | None:
+            requests.append(Request(live.token, self._installer.output_outside_a_cell))
+            return await run_in(live.context, code, requests[-1], RUNTIME_CALL_TIMEOUT_S)
+
+        error = await self.run_installed(live, run, lambda: None)  # the first request is finished already
+        request = requests[-1]
         if error is not None:
             raise RuntimeCallError(f"{method} failed in the sandbox: {error.name}: {error.value}")
         if request.error is not None:
@@ -348,14 +353,6 @@ class ContextSupervisor:
         if request.reply is None:
             raise RuntimeCallError(f"{method}: the runtime did not answer.")
         return parse(request.reply)
-
-    async def _call_once(self, live: Live, code: str) -> tuple[Request, RunError | None]:
-        request = Request(live.token, self._installer.output_outside_a_cell)
-        try:
-            error = await live.context.run_code(code, request.on_stdout, request.on_stderr, RUNTIME_CALL_TIMEOUT_S)
-        finally:
-            request.finish()
-        return request, error
 
     async def query(self, call: Call, parse: Callable[[Any], T]) -> T | None:
         """``call`` for requests that must never disturb the user (complete, inspect):
