@@ -52,7 +52,10 @@ async def state_of(client: AsyncDaytona, sandbox_id: str) -> str:
     return str(getattr(sandbox.state, "value", sandbox.state))
 
 
-def test_start_during_stopping_is_a_409_and_works_once_stopped(emu: DaytonaEmulator) -> None:
+def test_start_during_stopping_is_a_409_and_works_once_stopped(emu: DaytonaEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three requests must land inside the stopping state: on a loaded machine they took longer than 0.6 s.
+    monkeypatch.setitem(emu.transition_s, "stopping", 4.0)
+
     async def body(client: AsyncDaytona) -> None:
         sandbox = await client.create(params())
         emu.stop_sandbox(sandbox.id)  # auto-stop: the state goes through stopping
