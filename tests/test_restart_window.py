@@ -2,7 +2,7 @@
 after a quick start while the daytona SDK loads in the background.
 
 Each test drives the backend as the kernel does, through its public calls (``start``, ``sdk_sandbox``,
-``create_context``, ``take_next_context``, ``detach``, ``shutdown``), from a handoff file on disk as the old
+``toolbox.create_context``, ``take_next_context``, ``detach``, ``shutdown``), from a handoff file on disk as the old
 process leaves it, and judges what can be seen from outside: what a call returned or raised, the event loop's
 tasks, the log, and (where a sandbox is needed) the requests and sandboxes the Daytona emulator saw. A broken
 SDK install (``sdk_broken``) makes every load fail at once, with no request sent."""

@@ -250,13 +250,13 @@ class Sandbox(abc.ABC):
         """After the runtime's install in a first start that ran ahead of the backend's own client (Daytona's
         ``_early_start``): wait until the backend has caught up (its settings and idle mode known), raising what
         it failed with. Nothing to wait for by default."""
-        return None
+        return None  # noqa: RET501 - a body, so B027 does not take the default for a forgotten @abstractmethod
 
     async def leave_next_context(self, code: str, timeout: float) -> None:
         """A kernel restart, before ``detach``: create the next kernel process's context and leave ``code``
         running in it, for at most ``timeout`` seconds (``take_next_context`` finds it). Backends whose
         contexts die with the process do nothing."""
-        return None
+        return None  # noqa: RET501 - a body, so B027 does not take the default for a forgotten @abstractmethod
 
     async def take_next_context(self) -> Context | None:
         """The context the previous process of this kernel left at its restart, now this one's; None if

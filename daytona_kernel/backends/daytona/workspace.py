@@ -419,10 +419,10 @@ class WorkspaceSandboxes:
                 self.unsettled.remove(name)
                 log.warning("the early create of %s was made although its answer was lost", name)
                 return made
-        common: dict[str, Any] = dict(
+        common: dict[str, Any] = dict(  # noqa: C408 - the SDK's parameter names, as keywords
             name=name,
             labels=self.labels(),
-            env_vars={k: v for k, v in cfg.env.items()},
+            env_vars=dict(cfg.env),
             auto_stop_interval=auto_stop_interval,  # None: Daytona's default for the sandbox's class
             auto_archive_interval=cfg.auto_archive_interval,  # 0 = the API's maximum, as the help text says
             auto_delete_interval=0 if self.policy is SandboxPolicy.EPHEMERAL else cfg.auto_delete_interval,

@@ -181,7 +181,7 @@ class InterpreterWorker:
         while True:
             data = await proc.stdout.read(PIPE_READ_BYTES)
             if not data:
-                return
+                return None
             start = len(pending)
             pending += data
             begin = 0
