@@ -36,7 +36,7 @@ from .protocol import completion, inspection, volume_synced
 from .reattach import Attacher
 from .request import InFlight, InputBridge, Request, fetcher, run_in
 from .runtime import call_source
-from .runtime.calls import Complete, Inspect, RunCell, RuntimeOptions, SyncVolume
+from .runtime.calls import CommOptions, Complete, Inspect, RunCell, RuntimeOptions, Synced, SyncVolume
 from .supervisor import ContextSupervisor, Live
 from .upkeep import LivePulls, Upkeep
 from .widgetrules import WidgetPolicy
@@ -188,18 +188,7 @@ class SandboxSession:
             return _failed(exc, frontend)
         self.supervisor.show_notices(frontend)  # after the sync: its status line shows only before any output
         comms = comm_options(self.comms, live, self.sandbox.temp_dir)
-        code = call_source(
-            RunCell(
-                code=cell.code,
-                count=cell.count,
-                store_history=cell.store_history,
-                silent=cell.silent,
-                allow_stdin=cell.allow_stdin,
-                user_expressions=cell.user_expressions,
-                synced=synced,
-                comms=comms,
-            )
-        )
+        code = cell_code(cell, synced, comms)
         bridge = InputBridge(self.sandbox, frontend, self._log)  # input() in the cell asks the frontend
         budget = OutputBudget(self._settings.output_limit_chars)
         self._live_pulls = self.upkeep.live_pulls(frontend)  # files the cell writes, copied while it runs
@@ -335,6 +324,22 @@ class SandboxSession:
         if self.attacher.stop_following():  # %daytona attach follows a cell: it stops following it
             return
         await self.interrupts.interrupt()
+
+
+def cell_code(cell: Cell, synced: Synced | None, comms: CommOptions | None) -> str:
+    """The code that runs ``cell`` in the runtime: a ``RunCell`` call, with the mirror's note and the comm inbox."""
+    return call_source(
+        RunCell(
+            code=cell.code,
+            count=cell.count,
+            store_history=cell.store_history,
+            silent=cell.silent,
+            allow_stdin=cell.allow_stdin,
+            user_expressions=cell.user_expressions,
+            synced=synced,
+            comms=comms,
+        )
+    )
 
 
 def _failed(exc: DaytonaKernelError, frontend: Frontend) -> CellOutcome:
