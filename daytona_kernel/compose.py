@@ -66,8 +66,8 @@ def worker_spawner(
     log: logging.Logger,
     files: bool,
 ) -> Spawn:
-    """How ``%%daytona map`` makes worker number ``serial``: a sandbox like the main one and, when the main
-    sandbox gets the project's files, a one-way mirror that copies them into the worker (its record of what
+    """How ``%%daytona map`` makes engine number ``serial``: a sandbox like the main one and, when the main
+    sandbox gets the project's files, a one-way mirror that copies them into the engine (its record of what
     was sent is kept in ``scratch``, which the pool deletes)."""
     mirror_settings = replace(settings_from(MirrorSettings, config), sync="up")
 
