@@ -163,6 +163,11 @@ class NotebookPage:
         return cell.locator(".jp-OutputArea").inner_text()
 
 
+def _wait_for_a_kernel(page) -> None:  # type: ignore[no-untyped-def]
+    """Only until the notebook has its kernel (else Run asks which kernel to start)."""
+    page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| (Starting|Connecting|Idle|Busy)")).wait_for(timeout=TIMEOUT_MS)
+
+
 def _open(browser, lab: Lab, name: str, wait_idle: bool = True):  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
     page = context.new_page()
@@ -170,10 +175,8 @@ def _open(browser, lab: Lab, name: str, wait_idle: bool = True):  # type: ignore
     page.goto(f"{lab.url}/lab/tree/{name}?reset&token={TOKEN}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
     nb = NotebookPage(page)
-    if not wait_idle:  # only until the notebook has its kernel (else Run asks which kernel to start)
-        page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| (Starting|Connecting|Idle|Busy)")).wait_for(
-            timeout=TIMEOUT_MS
-        )
+    if not wait_idle:
+        _wait_for_a_kernel(page)
         return context, page, nb
     nb.wait_idle()
     news = page.locator(".jp-Notification-Toast-Close, .jp-toast-button", has_text="No")
@@ -442,34 +445,49 @@ RUN_ALL_CELLS = (
 RUN_ALL_TIMES = 10
 
 
+def _reopen(page, lab: Lab, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Close the notebook's tab (its outputs discarded), end its kernel, and open it again from the file
+    browser, as a user does: the page stays loaded, the notebook gets a new kernel."""
+    page.locator("#jp-main-dock-panel .lm-TabBar-tab.jp-mod-current .lm-TabBar-tabCloseIcon").click()
+    page.locator(".jp-Dialog button", has_text=re.compile(r"^(Discard|Don't Save)$")).click()
+    page.locator(".jp-NotebookPanel").wait_for(state="detached")
+    lab.shut_down_kernels()
+    page.locator(".jp-DirListing-item", has_text=name).dblclick()
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
+    _wait_for_a_kernel(page)
+
+
 def _run_all_right_after_opening(browser, lab: Lab, name: str) -> None:  # type: ignore[no-untyped-def]
     """Issue 36: Run All as soon as a freshly opened notebook shows, so that JupyterLab sends the cells with
     its widget manager's opening messages (the control comm, request_states) once the kernel is ready; each
-    time every cell gets its execution count (none stays at [*])."""
+    time every cell gets its execution count (none stays at [*]). JupyterLab is loaded once; each attempt
+    closes the notebook and opens it again with a new kernel."""
     lab.create_notebook(name, "daytona" if "remote" in name else "daytona-local", RUN_ALL_CELLS)
-    for attempt in range(RUN_ALL_TIMES):
-        lab.shut_down_kernels()  # a new kernel each time, as when a notebook is opened
-        context, page, nb = _open(browser, lab, name, wait_idle=False)  # JupyterLab sends them once the kernel is ready
-        try:
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-            cells = nb.cells()
-            for i in range(len(RUN_ALL_CELLS)):
-                nb.wait_for_prompt(cells.nth(i))
-            prompts = [cells.nth(i).locator(".jp-InputPrompt").inner_text() for i in range(len(RUN_ALL_CELLS))]
-            assert prompts == ["[1]:", "[2]:", "[3]:"], (attempt, prompts)
-            assert nb.output_text(cells.nth(0)).split() == ["one", "one", "b"], attempt
-            cells.nth(2).locator(".widget-slider, .widget-hslider").first.wait_for()
-            nb.wait_idle()
-        except Exception:
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"failed-run-all-{name}-{attempt}.png"), full_page=True)
-            raise
-        finally:
-            context.close()
+    context, page, nb = _open(browser, lab, name, wait_idle=False)  # JupyterLab sends them once the kernel is ready
+    try:
+        for attempt in range(RUN_ALL_TIMES):
+            if attempt:
+                _reopen(page, lab, name)
+            try:
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                cells = nb.cells()
+                for i in range(len(RUN_ALL_CELLS)):
+                    nb.wait_for_prompt(cells.nth(i))
+                prompts = [cells.nth(i).locator(".jp-InputPrompt").inner_text() for i in range(len(RUN_ALL_CELLS))]
+                assert prompts == ["[1]:", "[2]:", "[3]:"], (attempt, prompts)
+                assert nb.output_text(cells.nth(0)).split() == ["one", "one", "b"], attempt
+                cells.nth(2).locator(".widget-slider, .widget-hslider").first.wait_for()
+                nb.wait_idle()
+            except Exception:
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / f"failed-run-all-{name}-{attempt}.png"), full_page=True)
+                raise
+    finally:
+        context.close()
 
 
-@pytest.mark.timeout(900)  # ten notebooks opened, each with a new kernel
+@pytest.mark.timeout(900)  # one notebook opened ten times, each with a new kernel
 def test_run_all_right_after_opening_with_the_local_backend(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path / "root"
     root.mkdir()
