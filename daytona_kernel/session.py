@@ -64,7 +64,7 @@ class SandboxSession:
         publisher: Publisher | None = None,
     ) -> None:
         self.sandbox = sandbox
-        self.pool = pool  # %%daytona map's workers
+        self.pool = pool  # %%daytona map's engines
         self.mirror = mirror
         self._settings = settings
         self._log = log
@@ -113,7 +113,7 @@ class SandboxSession:
         self.delivery.close()
         self._idle_checkpoint.disarm()
         if self.pool is not None:
-            await self.pool.close()  # workers never outlive their kernel, a restart included
+            await self.pool.close()  # engines never outlive their kernel, a restart included
         flush = None
         if self.sandbox.volume_dir and self.supervisor.live is not None and self.inflight.request is None:
             flush = self._flush_volume
@@ -145,7 +145,7 @@ class SandboxSession:
         return await self.magics.run(lines, frontend)
 
     async def fan_out(self, args: str, body: str, cell: Cell, frontend: Frontend) -> CellOutcome:
-        """A ``%%daytona map`` cell: ``body`` on the workers (docs/fanout.md). The main namespace is
+        """A ``%%daytona map`` cell: ``body`` on the engines (docs/fanout.md). The main namespace is
         touched only by ``--gather``."""
         self._idle_checkpoint.disarm()
         try:
@@ -313,9 +313,9 @@ class SandboxSession:
     # -- interrupts --------------------------------------------------------
 
     async def interrupt(self) -> None:
-        """Stop what runs: a map cell's workers, the wait for the sandbox, an attach that follows a cell,
+        """Stop what runs: a map cell's engines, the wait for the sandbox, an attach that follows a cell,
         or the run in the context (``interrupts.Interrupts``). Returns once the signal is sent."""
-        if self.pool is not None and self.pool.running:  # a %%daytona map cell: every worker
+        if self.pool is not None and self.pool.running:  # a %%daytona map cell: every engine
             await self.pool.interrupt()
             return
         if self._stop_waiting is not None:  # the cell still waits for the sandbox: stop waiting

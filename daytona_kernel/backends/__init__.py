@@ -48,7 +48,7 @@ def open_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str) -> Sa
 
 
 def open_engine_sandbox(config: DaytonaKernelConfig, folder: str, kernel_id: str, serial: int, main: Sandbox) -> Sandbox:
-    """A ``%%daytona map`` worker for the notebook in ``folder``: a sandbox made like the ``main`` one,
+    """A ``%%daytona map`` engine for the notebook in ``folder``: a sandbox made like the ``main`` one,
     ephemeral, without the volume (its working directory is a copy, never kept)."""
     if config.backend == "local":
         from .local.sandbox import LocalSandbox

@@ -269,5 +269,5 @@ class Sandbox(abc.ABC):
 
     @property
     def size_text(self) -> str:
-        """What one sandbox like this one is, for the line before ``%%daytona map`` starts workers."""
+        """What one sandbox like this one is, for the line before ``%%daytona map`` starts engines."""
         return "a worker process on this machine with its own copy of the project's files"

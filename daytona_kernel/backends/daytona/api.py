@@ -57,7 +57,7 @@ LABEL_OWNER = "daytona-kernel-owner"
 LABEL_KERNEL = "daytona-kernel-kernel-id"
 LABEL_POLICY = "daytona-kernel-policy"
 LABEL_NEXT = "daytona-kernel-next-context"  # "<kernel id>.<context id>": left by a restarting kernel process
-LABEL_WORKER = "daytona-kernel-worker"  # a %%daytona map worker: its number in this kernel's pool
+LABEL_WORKER = "daytona-kernel-worker"  # a %%daytona map engine: its number in this kernel's pool (the label keeps its old name)
 FAILED_AUTH_REMAINING = "x-ratelimit-remaining-failed-auth"  # common/utils/rate-limit-headers.util.ts, lowercased
 # sandbox.service.ts (about lines 250-305): a create past the organisation's totals is a 400 with this message
 QUOTA_REFUSAL = re.compile(r"Total (CPU|memory|disk|GPU) limit exceeded")

@@ -91,7 +91,7 @@ class DaytonaSandbox(Sandbox):
         worker: int | None = None,
         main: DaytonaSandbox | None = None,
     ) -> None:
-        """``worker``: a ``%%daytona map`` worker of this kernel, whose ``main`` sandbox lends it its SDK
+        """``worker``: the number of a ``%%daytona map`` engine of this kernel, whose ``main`` sandbox lends it its SDK
         client (see ``WorkspaceSandboxes``)."""
         self._config = config
         self._kernel_id = kernel_id
@@ -125,7 +125,7 @@ class DaytonaSandbox(Sandbox):
         self._fingerprint = (
             settings_fingerprint(config, workspace_key, self.api_url, config.target or os.environ.get("DAYTONA_TARGET", ""))
             if worker is None
-            else ""  # a map worker neither leaves nor takes a handoff
+            else ""  # a map engine neither leaves nor takes a handoff
         )
 
     @property

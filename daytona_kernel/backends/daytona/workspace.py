@@ -97,9 +97,9 @@ def defer_model_builds() -> None:
 
 class WorkspaceSandboxes:
     """Finds the workspace's sandbox, or creates it; owns the SDK client. ``worker`` (its number) makes
-    it a ``%%daytona map`` worker of this kernel: ephemeral, without the volume, labelled as a worker
+    it a ``%%daytona map`` engine of this kernel: ephemeral, without the volume, labelled ``daytona-kernel-worker``
     under a workspace label of its own (so neither is ever found as the other), and it uses the SDK client
-    of ``lender`` (the main sandbox's): opening one costs about 80 ms of blocking TLS setup, per worker."""
+    of ``lender`` (the main sandbox's): opening one costs about 80 ms of blocking TLS setup, per engine."""
 
     def __init__(
         self,
@@ -188,7 +188,7 @@ class WorkspaceSandboxes:
         and making it loads the system's certificates into each API client's TLS context. The SDK makes
         the client without an event loop (its HTTP session is made at the first request). A daemon thread:
         a kernel process that ends (a restart right after the last one) does not wait for the import.
-        A ``%%daytona map`` worker waits for its lender's load (after a restart's quick start, the first cell
+        A ``%%daytona map`` engine waits for its lender's load (after a restart's quick start, the first cell
         can come while the main sandbox's client still loads)."""
         if self._lender is not None:
             await self._lender.open_client()
@@ -266,7 +266,7 @@ class WorkspaceSandboxes:
         return {key: labels[key] for key in keys}
 
     async def ready_volume(self, progress: ProgressCallback) -> Any:
-        """The volume, once ready; None for a worker, which mounts none."""
+        """The volume, once ready; None for an engine, which mounts none."""
         if self._worker is not None:
             return None
         client = self._client_or_open()
@@ -365,7 +365,7 @@ class WorkspaceSandboxes:
     def early_create_body(self, volume_id: str, name: str) -> dict[str, Any] | None:
         """The create's body for the early path (``early.create_body``), as ``_create_with`` would send it
         through the SDK; None where only the SDK's path applies: an image or a snapshot of one's own (a GPU
-        snapshot decides the policy first), a GPU, or a ``%%daytona map`` worker."""
+        snapshot decides the policy first), a GPU, or a ``%%daytona map`` engine."""
         from .early import create_body
 
         cfg = self._config
@@ -570,7 +570,7 @@ def drift_notice(cfg: DaytonaSettings, mount_path: str, sb: Any, volume: Any) ->
     changed = sorted(k for k, v in cfg.env.items() if env.get(k) != v)
     if changed:
         drift.append(f"environment variables {', '.join(changed)}")
-    if volume is not None:  # a worker mounts none
+    if volume is not None:  # an engine mounts none
         mounts = [v for v in (sb.volumes or []) if v.volume_id == volume.id]
         if not mounts:
             drift.append(f"no volume {cfg.volume_name}")

@@ -43,7 +43,7 @@ class LocalSandbox(Sandbox):
     blob_chars = 64 * 1024  # a file on this machine costs less than a JSON pass over 64 KiB (docs/benchmarks.md)
 
     def __init__(self, config: LocalSettings, workspace_key: str, volume: bool = True) -> None:
-        """``volume=False``: no volume copy of the working directory (a ``%%daytona map`` worker)."""
+        """``volume=False``: no volume copy of the working directory (a ``%%daytona map`` engine)."""
         self._config = config
         self._policy = SandboxPolicy(config.sandbox_policy)
         root = local_root()
