@@ -65,9 +65,9 @@ class JournalHost(Protocol):
     async def end_context(self, context_id: str) -> None: ...
 
 
-async def journal_call(sandbox: JournalHost, call: JournalCall) -> dict[str, Any]:
+async def journal_call(toolbox: JournalHost, call: JournalCall) -> dict[str, Any]:
     """One journal verb, run as a process command beside the interpreter (``journal.main``)."""
-    result = await sandbox.exec(journal_command(call), timeout=JOURNAL_EXEC_TIMEOUT_S)
+    result = await toolbox.exec(journal_command(call), timeout=JOURNAL_EXEC_TIMEOUT_S)
     value = _last_json(result.output) if result.exit_code == 0 else None
     if value is None or "error" in value:
         detail = value["error"] if value is not None else result.output.strip()
@@ -546,18 +546,18 @@ def _replay(records: list[Any], request: Request, frontend: Frontend) -> None:
 
 
 async def reclaim_detached(
-    sandbox: JournalHost, sandbox_id: str, workdir: str, idle_minutes: float, dry_run: bool, out: Callable[[str], None]
+    toolbox: JournalHost, sandbox_id: str, workdir: str, idle_minutes: float, dry_run: bool, out: Callable[[str], None]
 ) -> int:
     """``daytona-kernel gc``: end the detached sessions of a started sandbox idle past ``idle_minutes``;
     returns how many detached sessions it keeps (younger, or with a cell running).
     A journal a cell forged is named and left alone: it never stops the cleanup."""
     root = journal_root(workdir)
     try:
-        scanned = await journal_call(sandbox, ScanJournals(root=root))
+        scanned = await journal_call(toolbox, ScanJournals(root=root))
     except BackendError as exc:
         out(f"error: could not read the session journal of {sandbox_id}: {exc}")
         return 0
-    contexts = await sandbox.live_contexts()
+    contexts = await toolbox.live_contexts()
     identity = KernelIdentity("", "")
     now = scan_time(scanned)
     entries = scanned.get("sessions")
@@ -576,7 +576,7 @@ async def reclaim_detached(
         elif dry_run:
             out(f"would end {what}")
         else:
-            await sandbox.end_context(session.context_id)
-            await journal_call(sandbox, RemoveJournal(folder=posixpath.join(root, session.context_id)))
+            await toolbox.end_context(session.context_id)
+            await journal_call(toolbox, RemoveJournal(folder=posixpath.join(root, session.context_id)))
             out(f"ended {what}")
     return kept

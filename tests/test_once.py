@@ -86,7 +86,7 @@ def test_a_raw_reader_sees_each_output_once(kernel_name: str, folder: Path) -> N
     assert any("syncing" in line for line in synced.status_lines), synced.status_lines  # live, for a client that asks
     assert stream_lines(synced) == ["after the sync"]
     assert ("[stdout:0] hi 0 2" in stream_lines(mapped)) and ("[stdout:1] hi 1 2" in stream_lines(mapped))
-    assert sum("started 2 workers" in line for line in stream_lines(mapped)) == 1
+    assert sum("started 2 engines" in line for line in stream_lines(mapped)) == 1
     assert "[stdout:0] again 0" in stream_lines(displayed) and "[stdout:1] again 1" in stream_lines(displayed)
     shown = sorted(
         m["content"]["data"]["text/plain"] for m in displayed.outputs if m["msg_type"] == "display_data" and not is_status(m)
@@ -193,7 +193,7 @@ def test_jupyter_console_prints_each_line_once(kernel_name: str, folder: Path) -
     assert synced.count("after the sync") == 1, synced
     assert synced.count("⏳ syncing") == 1, synced  # the status line's first version; a console does not update it
     assert mapped.count("[stdout:0] hi 0 2") == 1 and mapped.count("[stdout:1] hi 1 2") == 1, mapped
-    assert mapped.count("started 2 workers") == 1, mapped
+    assert mapped.count("started 2 engines") == 1, mapped
     assert skipped.count("after the skip") == 1, skipped
     if skips(kernel_name):
         assert skipped.count(SKIP_NOTICE) == 1, skipped
