@@ -391,3 +391,33 @@ def test_the_last_pass_at_exit_never_starts_a_copy_it_may_not_finish(tmp_path: P
     assert (volume / "small.txt").read_text() == "written at exit"
     assert (volume / "big.bin").read_bytes() == big  # the last whole copy, not a cut one
     assert copy.copy_changes() == ["big.bin"]  # still due: a later pass copies it
+
+
+def test_a_file_deleted_while_it_is_copied_leaves_the_volume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell deletes a file while the copier copies it (the copy of the cell before runs beside the next cell):
+    the volume ends without it, as the disk does, and no notice claims it stays on the disk."""
+    from daytona_kernel.runtime import durable
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
+    workdir.mkdir(parents=True)
+    volume.mkdir()
+    (workdir / "kept.txt").write_text("y")
+    (workdir / "gone.txt").write_text("x")
+    notices: list[str] = []
+    copy = durable.VolumeCopy(
+        str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))), notice=notices.append
+    )
+    copy_whole = durable._copy_whole
+
+    def copy_then_the_cell_deletes(src: str, dst: str) -> None:
+        copy_whole(src, dst)
+        if src.endswith("gone.txt"):
+            os.remove(src)
+
+    monkeypatch.setattr(durable, "_copy_whole", copy_then_the_cell_deletes)
+    copy.copy_changes()
+    monkeypatch.setattr(durable, "_copy_whole", copy_whole)
+    copy.copy_changes()
+    assert sorted(p.name for p in volume.iterdir()) == ["kept.txt"]
+    assert not [n for n in notices if "gone.txt" in n], notices

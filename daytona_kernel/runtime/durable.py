@@ -213,7 +213,7 @@ class VolumeCopy(object):
                 current[rel] = _stat_key(os.path.join(self.workdir, rel))
             except OSError:
                 continue  # not made yet
-        copied = []
+        copied, removed = [], []
         budget, self._exit_budget = self._exit_budget, None
         for rel in sorted(current):
             if self._record.get(rel) == current[rel]:
@@ -227,6 +227,10 @@ class VolumeCopy(object):
                 self._put(src, os.path.join(self.volume, rel))
                 after = _stat_key(src)
             except OSError as exc:
+                if not os.path.lexists(src):  # a cell deleted it meanwhile: the volume ends as the disk does
+                    self._forget(rel)
+                    removed.append(rel)
+                    continue
                 if rel not in self._failed:
                     self._failed.add(rel)
                     self._notice(
@@ -237,24 +241,40 @@ class VolumeCopy(object):
             if after == current[rel]:  # changed while we copied: the next pass copies it again
                 self._record[rel] = after
             copied.append(rel)
-        removed = []
         if complete:
-            for rel in [r for r in self._record if r not in current]:
-                if os.path.lexists(os.path.join(self.workdir, rel)):
-                    del self._record[rel]  # excluded now, not deleted: the volume keeps its copy
-                    continue
-                try:
-                    os.remove(os.path.join(self.volume, rel))
-                except FileNotFoundError:
-                    pass  # already gone from the volume: nothing lost
-                except OSError as exc:
-                    self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
-                    continue
-                del self._record[rel]
-                removed.append(rel)
+            removed += self._remove_deleted(current)
         if copied or removed:
             self._save()
         return copied
+
+    def _remove_deleted(self, current):
+        """A complete scan's deletions: what the record has and the disk no longer does leaves the volume."""
+        removed = []
+        for rel in [r for r in self._record if r not in current]:
+            if os.path.lexists(os.path.join(self.workdir, rel)):
+                del self._record[rel]  # excluded now, not deleted: the volume keeps its copy
+                continue
+            try:
+                os.remove(os.path.join(self.volume, rel))
+            except FileNotFoundError:
+                pass  # already gone from the volume: nothing lost
+            except OSError as exc:
+                self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
+                continue
+            del self._record[rel]
+            removed.append(rel)
+        return removed
+
+    def _forget(self, rel):
+        """rel is gone from the disk: its copy (whole or partial) leaves the volume, and the record."""
+        self._failed.discard(rel)
+        self._record.pop(rel, None)
+        try:
+            os.remove(os.path.join(self.volume, rel))
+        except FileNotFoundError:
+            pass  # never reached the volume: nothing to remove
+        except OSError as exc:
+            self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
 
     def _record_path(self):
         return os.path.join(os.path.dirname(os.path.abspath(self.workdir)), RECORD)
