@@ -374,6 +374,13 @@ class SessionJournal:
         """This notebook's sessions whose kernel is known to be gone."""
         return [s for s in sessions if s.notebook == self.identity.notebook_tag and s.owner_alive is False]
 
+    def _others(self, mine: str, scanned: dict[str, Any]) -> list[Detached]:
+        return [s for s in self._parsed(scanned) if s.context_id != mine and s.owner.get("instance") != self.identity.instance]
+
+    def may_offer(self, mine: str, scanned: dict[str, Any]) -> bool:
+        """Whether ``look`` may have a session to offer, from the scan alone (no round trip)."""
+        return self._settings.attach != "never" and bool(self.attachable(self._others(mine, scanned)))
+
     async def look(self, mine: str, scanned: dict[str, Any]) -> str:
         """Once per kernel process, after its context started: a one-line notice when this
         notebook's previous session is still alive in the sandbox ("" otherwise). ``scanned`` is
@@ -381,7 +388,7 @@ class SessionJournal:
         if self._looked or self._settings.attach == "never":
             return ""
         self._looked = True
-        found = [s for s in self._parsed(scanned) if s.context_id != mine and s.owner.get("instance") != self.identity.instance]
+        found = self._others(mine, scanned)
         try:
             for session in [s for s in found if self.expired(s)]:
                 found.remove(session)

@@ -159,7 +159,8 @@ class ContextSupervisor:
             await self._installer.stage_repo()
         self._log.info("runtime ready in %s (pid %s, Python %s)", self.sandbox.description, hello.pid, hello.python)
         if self.journal is not None:
-            if self.sandbox.loading and self._settings.attach != "auto":  # not needed for the first cell's result
+            # Read where the first cell's notice needs it (a session to offer, or attach='auto'); else after it.
+            if self.sandbox.loading and self._settings.attach != "auto" and not self.journal.may_offer(context.id, hello.journal):
                 looking = asyncio.ensure_future(self._look(self.journal, context.id, hello))
                 self._looking.add(looking)
                 looking.add_done_callback(self._looked)
