@@ -183,7 +183,7 @@ class EnginePool:
         return f"{len(self.engines)} ({listed}); `%daytona map --close` ends them"
 
     async def resize(self, n: int, size: str, frontend: Frontend) -> None:
-        """Grow or shrink the pool to ``n`` engines (each ``size``: the status line says so while they start).
+        """Grow or shrink the pool to ``n`` engines (each ``size`` as configured: the status line says so while they start).
         Engines that cannot start (the organisation's quota, or any other failure) are left out, with
         one line saying so; raises if none is left."""
         if n > self._settings.fan_out_max:
@@ -209,11 +209,12 @@ class EnginePool:
         for engine, _ in failed:
             if engine in self.engines:  # else the pool was closed meanwhile (a shutdown)
                 self.engines.remove(engine)
-        if len(failed) < missing:  # said once they run: before, the status line says it (docs/status.md)
-            started = missing - len(failed)
-            plural = "s" if started > 1 else ""
+        running = [w for w, r in zip(new, results) if not isinstance(r, BaseException)]
+        if running:  # said once they run: before, the status line says it (docs/status.md)
+            plural = "s" if len(running) > 1 else ""
+            size = running[0].sandbox.size_text  # as created (the main sandbox's may not be fetched yet)
             frontend.notice(
-                f"daytona-kernel: started {started} engine{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
+                f"daytona-kernel: started {len(running)} engine{plural}{more}; each is {size}. `%daytona map --close` ends them.\n"
             )
         reports = [r for r in results if isinstance(r, SyncReport)]
         if reports and reports[0].notices():  # every engine gets the same files: said once

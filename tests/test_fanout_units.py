@@ -288,7 +288,7 @@ async def test_the_pool_starts_what_the_quota_allows_says_so_in_one_line_and_del
     assert [w.sandbox for w in pool.engines] == sandboxes[:2]
     lines = front.text("stderr").splitlines()
     assert front.statuses[0].startswith("starting 4 engines, each a sandbox: [0] starting")
-    assert lines[0].startswith("daytona-kernel: started 2 engines; each is a sandbox.")
+    assert lines[0].startswith(f"daytona-kernel: started 2 engines; each is {sandboxes[0].size_text}.")  # as created
     assert lines[1:] == [
         "daytona-kernel: 2 of 4 engines started; the organisation's quota is used up: Total CPU limit exceeded. "
         "Maximum allowed: 3. The cell runs on 2 (world = 2)."
