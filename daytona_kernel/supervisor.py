@@ -149,6 +149,7 @@ class ContextSupervisor:
             token, hello = await self._installer.install(context, self._runtime_options)
         else:
             context, (token, hello) = left, installed
+        await self.sandbox.first_start_settled()
         if self._installer.wants_ipython(hello) and await self._installer.ship_ipython(context, hello):
             old = context  # a new context finds the shipped IPython; the old one goes meanwhile
             context, _ = await asyncio.gather(self.sandbox.toolbox.create_context(), self.close_quietly(old))

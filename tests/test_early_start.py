@@ -85,10 +85,6 @@ async def test_every_early_request_is_the_one_the_sdk_sends(sdk_requests: list[R
     await through_sdk(ws.find())
     await through_sdk(ws.by_id("sb-1"))
     await through_sdk(ws.create(Volume(), lambda text: None))
-    api = ws._client_or_open()._sandbox_api  # what AsyncSandbox.set_auto_pause_interval / set_autostop_interval call
-    await through_sdk(api.set_auto_pause_interval("sb-1", 15))
-    await through_sdk(api.set_autostop_interval("sb-1", 30))
-    await through_sdk(api.start_sandbox("sb-1"))  # what AsyncSandbox.start sends first
     await ws.close()
     headers = interpreter_headers()
     assert headers is not None
@@ -100,9 +96,6 @@ async def test_every_early_request_is_the_one_the_sdk_sends(sdk_requests: list[R
         early.find_request(ws.identity()),
         early.get_request("sb-1"),
         early.create_request(body),
-        early.interval_request("sb-1", "autopause", 15),
-        early.interval_request("sb-1", "autostop", 30),
-        early.start_request("sb-1"),
     ]
     assert len(sdk_requests) == len(ours)
     for sdk, mine in zip(sdk_requests, ours):
@@ -203,99 +196,3 @@ def test_a_lost_create_answer_on_the_early_path_bills_one_sandbox(
     assert made == [sandbox.id], made
     for sid in made:
         daytona_env.delete_sandbox_now(sid)
-
-
-@pytest.mark.parametrize(
-    ("changes", "mode", "minutes"),
-    [
-        ({"sandbox_policy": "reuse", "auto_pause_interval": 15}, "pause", 15),
-        ({"sandbox_policy": "reuse", "idle_action": "stop", "auto_stop_interval": 20}, "stop", 20),
-        ({"sandbox_policy": "ephemeral"}, "stop", None),
-    ],
-)
-def test_an_early_start_knows_its_idle_mode_before_the_sdk(
-    volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], mode: str, minutes: Any
-) -> None:
-    """The first cell runs before the SDK has loaded: the idle mode, the auto-pause seconds and the configured
-    interval come from the early path, on a pausable class."""
-    from daytona_kernel.backends.daytona.sandbox import DaytonaSandbox
-
-    daytona_env = volume_ready
-    monkeypatch.setattr(daytona_env, "sandbox_class", "linux-vm")
-    made = WorkspaceSandboxes._new_client
-    release = threading.Event()
-    seen: dict[str, Any] = {}
-
-    def held_back(self: WorkspaceSandboxes) -> Any:
-        release.wait(60)  # the SDK loads only once the first start has been looked at
-        return made(self)
-
-    monkeypatch.setattr(WorkspaceSandboxes, "_new_client", held_back)
-    sandbox = DaytonaSandbox(settings(**changes), f"early-{tmp_path.name}", KERNEL)
-
-    async def go() -> None:
-        try:
-            await sandbox.start(lambda text: None)  # the runtime's install and the first cell come next
-            seen["loading"] = sandbox.loading
-            seen["mode"], seen["pause_s"] = sandbox.idle_mode.value, sandbox.auto_pause_s
-            spec = daytona_env.sandboxes[sandbox.id]
-            seen["minutes"] = spec.auto_pause_min if mode == "pause" else spec.auto_stop_min
-        finally:
-            release.set()
-            await sandbox.shutdown()
-
-    asyncio.run(go())
-    assert seen["loading"], "the SDK had loaded: this would not test the early path"
-    assert seen["mode"] == mode
-    assert seen["pause_s"] == (minutes * 60.0 if mode == "pause" else 0.0)
-    if minutes is not None:
-        assert seen["minutes"] == minutes
-
-
-@pytest.mark.parametrize("state", ["stopped", "started"])
-def test_a_reused_sandbox_is_reached_before_the_sdks_client_exists(
-    volume_ready: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str
-) -> None:
-    """A warm start (the folder's sandbox found, stopped or started): the start and the first context leave before
-    the SDK's client exists, and nothing new is made."""
-    daytona_env = volume_ready
-    first, failure = start_in_process(tmp_path, sandbox_policy="reuse", idle_action="stop")
-    assert failure is None, failure
-    if state == "started":  # started again by someone else (another notebook, the dashboard)
-        from daytona import Daytona, DaytonaConfig
-
-        Daytona(DaytonaConfig(api_key=daytona_env.api_key, api_url=daytona_env.api_url, target="us")).get(first.id).start()
-    assert daytona_env.sandboxes[first.id].state == state
-    made = WorkspaceSandboxes._new_client
-    order: list[str] = []
-    context = "POST /toolbox/{sid}/process/interpreter/context"
-
-    def held_back(self: WorkspaceSandboxes) -> Any:
-        deadline = threading.Event()
-        for _ in range(300):
-            if context in daytona_env.sequence:
-                break
-            deadline.wait(0.1)
-        order.append(f"client after {daytona_env.sequence.count(context)} context(s)")
-        return made(self)
-
-    daytona_env.reset_counts()
-    monkeypatch.setattr(WorkspaceSandboxes, "_new_client", held_back)
-    second, failure = start_in_process(tmp_path, sandbox_policy="reuse", idle_action="stop")
-    assert failure is None, failure
-    assert second.id == first.id
-    assert order and order[0] != "client after 0 context(s)", order
-    assert daytona_env.counts.get("POST /api/sandbox", 0) == 0  # no create (its start is POST /api/sandbox/{sid}/start)
-    daytona_env.delete_sandbox_now(first.id)
-
-
-def test_a_reused_sandbox_with_other_settings_still_says_so_at_the_start(volume_ready: Any, tmp_path: Path) -> None:
-    """Drift (an environment variable changed since the sandbox was made) is named at the start, as through the SDK."""
-    daytona_env = volume_ready
-    first, failure = start_in_process(tmp_path, sandbox_policy="reuse", idle_action="stop", env={"A": "1"})
-    assert failure is None, failure
-    second, failure = start_in_process(tmp_path, sandbox_policy="reuse", idle_action="stop", env={"A": "2"})
-    assert failure is None, failure
-    assert second.id == first.id
-    assert any("environment variables A" in n for n in second.take_notices()), "no drift notice"
-    daytona_env.delete_sandbox_now(first.id)

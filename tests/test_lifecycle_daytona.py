@@ -94,7 +94,6 @@ def test_a_restarts_head_start_for_the_next_process_is_bounded(emu: Any, tmp_pat
     must not outlast Jupyter's 5 s wait for the old process, which would be killed before deleting its contexts."""
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("x = 1")
-        k.execute("%daytona status")  # the SDK has loaded: the next context is named in the labels
         sandbox = only_sandbox(emu, tmp_path)
         emu.fail_next("/labels", 503, times=1000)
         try:
@@ -141,7 +140,6 @@ def test_a_next_context_this_kernel_left_and_never_took_does_not_keep_the_sandbo
 def test_a_next_context_that_could_not_be_named_is_deleted_with_the_old_one(emu: Any, tmp_path: Path) -> None:
     with Kernel("daytona", cwd=str(tmp_path)) as k:
         k.execute("x = 1")
-        k.execute("%daytona status")  # the SDK has loaded: the next context is named in the labels
         sandbox = only_sandbox(emu, tmp_path)
         emu.fail_next("/labels", 400)  # the next context cannot be named in the sandbox's labels
         k.km.shutdown_kernel(now=False, restart=True)

@@ -246,6 +246,12 @@ class Sandbox(abc.ABC):
         """Lines for the user that arose while starting (shown before the next cell); each is given once."""
         return []
 
+    async def first_start_settled(self) -> None:
+        """After the runtime's install in a first start that ran ahead of the backend's own client (Daytona's
+        ``_early_start``): wait until the backend has caught up (its settings and idle mode known), raising what
+        it failed with. Nothing to wait for by default."""
+        return None  # noqa: RET501 - a body, so B027 does not take the default for a forgotten @abstractmethod
+
     async def leave_next_context(self, code: str, timeout: float) -> None:
         """A kernel restart, before ``detach``: create the next kernel process's context and leave ``code``
         running in it, for at most ``timeout`` seconds (``take_next_context`` finds it). Backends whose

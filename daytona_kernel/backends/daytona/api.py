@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import posixpath
 import random
 import re
 import socket
@@ -288,9 +287,3 @@ async def call_api(
         log.warning("%s failed (%s); retrying in %.1fs", what, failure, wait)
         await asyncio.sleep(wait)
         delay = min(delay * 2, RETRY_MAX_DELAY_S)
-
-
-def overlaps(a: str, b: str) -> bool:
-    """Is one of two sandbox folders the other, or inside it?"""
-    a, b = posixpath.normpath(a), posixpath.normpath(b)
-    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")

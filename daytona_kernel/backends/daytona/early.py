@@ -17,7 +17,6 @@ here keeps its name for the SDK's retry (``WorkspaceSandboxes.retry_name``): a l
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
@@ -28,10 +27,9 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..base import ProgressCallback
-from .api import API_REQUEST_TIMEOUT_S, GONE_STATES, LABEL_KERNEL, LABEL_NEXT, overlaps
+from .api import API_REQUEST_TIMEOUT_S, GONE_STATES
 
 if TYPE_CHECKING:
-    from ...config import DaytonaSettings
     from .workspace import WorkspaceSandboxes
 
 log = logging.getLogger("daytona_kernel.daytona")
@@ -52,9 +50,6 @@ class EarlySandbox:
     id: str
     state: str
     toolbox_url: str
-    auto_pause_interval: int = 0  # minutes; 0: the sandbox stops when idle (auto-stop) instead
-    auto_stop_interval: int = 0
-    sandbox_class: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,25 +120,18 @@ class EarlyApi:
     def create_request(self, body: dict[str, Any]) -> Request:
         return Request("POST", f"{self._api_url}/sandbox", api_headers(self._headers, True), body)
 
-    def interval_request(self, sandbox_id: str, kind: str, minutes: int) -> Request:
-        """``kind``: ``autopause`` or ``autostop`` (``AsyncSandbox.set_auto_pause_interval``, ``set_autostop_interval``)."""
-        return Request(
-            "POST", f"{self._api_url}/sandbox/{quote(sandbox_id, safe='')}/{kind}/{minutes}", api_headers(self._headers, False)
-        )
-
     def get_request(self, sandbox_id: str) -> Request:
         return Request("GET", f"{self._api_url}/sandbox/{quote(sandbox_id, safe='')}", api_headers(self._headers, False))
 
-    async def _send(self, request: Request, reply: bool = True) -> Any:
-        """The reply's JSON (``reply``: else only its status); ``NotEarly`` for anything but a 200 with a JSON object
-        (the SDK's path then asks again)."""
+    async def _send(self, request: Request) -> Any:
+        """The reply's JSON; ``NotEarly`` for anything but a 200 with a JSON object (the SDK's path then asks again)."""
         if self._client is None:
             self._client = AsyncHTTPClient(force_instance=True)
         outgoing = HTTPRequest(
             request.url,
             method=request.method,
             headers=request.headers,
-            body=json.dumps(request.body) if request.body is not None else ("" if request.method == "POST" else None),
+            body=json.dumps(request.body) if request.body is not None else None,
             connect_timeout=API_REQUEST_TIMEOUT_S,
             request_timeout=API_REQUEST_TIMEOUT_S,
             follow_redirects=False,
@@ -154,8 +142,6 @@ class EarlyApi:
             raise NotEarly(f"{request.method} {request.url}: {type(exc).__name__}: {exc}") from exc
         if response.code != 200:
             raise NotEarly(f"{request.method} {request.url}: {response.code}")
-        if not reply:
-            return None
         try:
             data = json.loads(response.body or b"")
         except ValueError as exc:
@@ -171,37 +157,21 @@ class EarlyApi:
             raise NotEarly(f"the volume {name!r} is {data.get('state')!r}")
         return str(data["id"])
 
-    async def found(self, labels: dict[str, str]) -> dict[str, Any] | None:
-        """The workspace's sandbox as the API describes it (the first not being destroyed, as the SDK's path takes
-        it), None when it has none."""
+    async def nothing_found(self, labels: dict[str, str]) -> None:
+        """``NotEarly`` when the workspace already has a sandbox (the SDK's path checks and starts it)."""
         data = await self._send(self.find_request(labels))
         items = data.get("items")
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise NotEarly("the sandbox list is not a list of sandboxes")
-        return next((i for i in items if i.get("state") not in GONE_STATES), None)
-
-    def start_request(self, sandbox_id: str) -> Request:
-        return Request("POST", f"{self._api_url}/sandbox/{quote(sandbox_id, safe='')}/start", api_headers(self._headers, False))
-
-    async def start(self, sandbox_id: str) -> EarlySandbox:
-        """Start a stopped sandbox (``AsyncSandbox.start``'s request); its state as the start answered."""
-        return self.sandbox(await self._send(self.start_request(sandbox_id)))
+        if not isinstance(items, list) or any(not isinstance(i, dict) or i.get("state") not in GONE_STATES for i in items):
+            raise NotEarly("the workspace has a sandbox")
 
     async def create(self, body: dict[str, Any]) -> EarlySandbox:
-        return self.sandbox(await self._send(self.create_request(body)))
-
-    async def set_interval(self, sandbox: EarlySandbox, kind: str, minutes: int) -> EarlySandbox:
-        """The sandbox with its auto-pause or auto-stop interval set (an empty reply: only the status is read)."""
-        await self._send(self.interval_request(sandbox.id, kind, minutes), reply=False)
-        if kind == "autopause":
-            return dataclasses.replace(sandbox, auto_pause_interval=minutes, auto_stop_interval=0)
-        return dataclasses.replace(sandbox, auto_stop_interval=minutes)
+        return self._sandbox(await self._send(self.create_request(body)))
 
     async def started(self, sandbox_id: str) -> EarlySandbox:
         """The sandbox once it is started; ``NotEarly`` if it goes elsewhere or takes longer than ``STARTED_WAIT_S``."""
         deadline = time.monotonic() + STARTED_WAIT_S
         while True:
-            sandbox = self.sandbox(await self._send(self.get_request(sandbox_id)))
+            sandbox = self._sandbox(await self._send(self.get_request(sandbox_id)))
             if sandbox.state == "started":
                 return sandbox
             if sandbox.state not in (
@@ -218,19 +188,11 @@ class EarlyApi:
             await asyncio.sleep(STARTED_POLL_S)
 
     @staticmethod
-    def sandbox(data: dict[str, Any]) -> EarlySandbox:
+    def _sandbox(data: dict[str, Any]) -> EarlySandbox:
         sid, state, toolbox = data.get("id"), data.get("state"), data.get("toolboxProxyUrl")
         if not (isinstance(sid, str) and isinstance(state, str) and isinstance(toolbox, str) and toolbox):
             raise NotEarly("the API's sandbox has no id, state or toolbox URL")
-        pause, stop, kind = data.get("autoPauseInterval"), data.get("autoStopInterval"), data.get("sandboxClass")
-        return EarlySandbox(
-            sid,
-            state,
-            toolbox,
-            int(pause) if isinstance(pause, (int, float)) and pause > 0 else 0,
-            int(stop) if isinstance(stop, (int, float)) and stop > 0 else 0,
-            kind if isinstance(kind, str) else "",
-        )
+        return EarlySandbox(sid, state, toolbox)
 
     def close(self) -> None:
         if self._client is not None:
@@ -238,52 +200,11 @@ class EarlyApi:
             self._client = None
 
 
-async def start_early(
-    api: EarlyApi, workspace: WorkspaceSandboxes, config: DaytonaSettings, workdir: str, progress: ProgressCallback
-) -> EarlySandbox:
-    """The workspace's sandbox, started: the volume and the lookup at once, then the sandbox found (started, or
-    stopped and started here) or a new one. ``NotEarly`` when the SDK's path must take over."""
-    volume_id, found = await asyncio.gather(api.volume_id(workspace.volume_name), api.found(workspace.identity()))
-    if found is None:
-        return await create_early(api, workspace, config, volume_id, progress)
-    kernel_id = workspace.labels()[LABEL_KERNEL]
-    why = reuse_refusal(found, kernel_id, config.env, (volume_id, workspace.mount_path), workdir)
-    if why:
-        raise NotEarly(why)
-    sandbox = api.sandbox(found)
-    if sandbox.state == "stopped":
-        progress(f"starting stopped sandbox {sandbox.id}…")
-        sandbox = await api.start(sandbox.id)
-    elif sandbox.state != "started":
-        raise NotEarly(f"the workspace's sandbox is {sandbox.state}")
-    started = sandbox if sandbox.state == "started" else await api.started(sandbox.id)
-    log.info("reached sandbox %s (%s) without the SDK", sandbox.id, sandbox.state)
-    return dataclasses.replace(started, auto_pause_interval=sandbox.auto_pause_interval)
-
-
-def reuse_refusal(found: dict[str, Any], kernel_id: str, env: dict[str, str], volume: tuple[str, str], workdir: str) -> str:
-    """Why the early start leaves the sandbox found (the API's description) to the SDK's path ("" when it need not):
-    a restart's next context named in its labels (``take_next_context``), other settings than configured
-    (``drift_notice``, said at the start), or the volume (id, mount path) not mounted where this kernel mounts it
-    (``volume_dir_in``)."""
-    labels, have = found.get("labels"), found.get("env")
-    labels, have = (labels if isinstance(labels, dict) else {}), (have if isinstance(have, dict) else {})
-    if str(labels.get(LABEL_NEXT, "")).startswith(f"{kernel_id}."):
-        return "a restart named its next context in the sandbox's labels"
-    if any(have.get(k) != v for k, v in env.items()):
-        return "the sandbox's environment is not the configured one"
-    mounts = [v for v in found.get("volumes") or [] if isinstance(v, dict)]
-    if any(overlaps(str(v.get("mountPath", "")), workdir) for v in mounts):
-        return "the volume is mounted at the working directory"
-    if not any((v.get("volumeId"), v.get("mountPath")) == volume for v in mounts):
-        return "the volume is not mounted where this kernel mounts it"
-    return ""
-
-
-async def create_early(
-    api: EarlyApi, workspace: WorkspaceSandboxes, config: DaytonaSettings, volume_id: str, progress: ProgressCallback
-) -> EarlySandbox:
-    """The workspace's new sandbox, started: the create under a name kept for the SDK's retry."""
+async def create_early(api: EarlyApi, workspace: WorkspaceSandboxes, progress: ProgressCallback) -> EarlySandbox:
+    """The workspace's new sandbox, started: the volume and the lookup at once, then the create under a name kept
+    for the SDK's retry. ``NotEarly`` when the SDK's path must take over."""
+    volume_name = workspace.volume_name
+    volume_id, _ = await asyncio.gather(api.volume_id(volume_name), api.nothing_found(workspace.identity()))
     name = workspace.new_name()
     body = workspace.early_create_body(volume_id, name)
     if body is None:
@@ -298,21 +219,4 @@ async def create_early(
     workspace.unsettled.remove(name)
     workspace.created_early = made.id
     log.info("created sandbox %s (%s) without the SDK", made.id, name)
-    made, started = await asyncio.gather(idle_interval(api, workspace, config, made), api.started(made.id))
-    return dataclasses.replace(started, auto_pause_interval=made.auto_pause_interval, auto_stop_interval=made.auto_stop_interval)
-
-
-async def idle_interval(
-    api: EarlyApi, workspace: WorkspaceSandboxes, config: DaytonaSettings, made: EarlySandbox
-) -> EarlySandbox:
-    """The new sandbox with the configured idle interval, as ``WorkspaceSandboxes.created`` sets it through the SDK: the
-    auto-pause minutes when Daytona gave it auto-pause, else the auto-stop minutes (and why it stops). The first cell
-    can then run before the SDK has loaded, knowing how the sandbox idles (``DaytonaSandbox.idle_mode``)."""
-    workspace.idle_why = workspace.why_not_pause()
-    if workspace.idle_why:
-        return made  # created with the configured auto-stop minutes
-    pause_min, stop_min = config.auto_pause_interval, config.auto_stop_interval
-    if made.auto_pause_interval:
-        return made if made.auto_pause_interval == pause_min else await api.set_interval(made, "autopause", pause_min)
-    workspace.idle_why = f"Daytona does not pause sandboxes of class {made.sandbox_class or '(unknown)'}"
-    return made if made.auto_stop_interval == stop_min else await api.set_interval(made, "autostop", stop_min)
+    return await api.started(made.id)

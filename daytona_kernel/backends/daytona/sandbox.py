@@ -121,7 +121,7 @@ class DaytonaSandbox(Sandbox):
         self._unclaimed: Handoff | None = None  # a handoff of this kernel refused: its context is deleted at the start
         self._loading: asyncio.Future[None] | None = None
         self._load_failure: BaseException | None = None  # what the last load failed with, until a start tries again
-        self._workdir_made_in = ""  # the sandbox whose working directory the early start made (``_prepare_workdir``)
+        self._early = False  # an early first start whose SDK load the first cell has not waited for yet
         self._fingerprint = (
             settings_fingerprint(config, workspace_key, self.api_url, config.target or os.environ.get("DAYTONA_TARGET", ""))
             if worker is None
@@ -175,6 +175,17 @@ class DaytonaSandbox(Sandbox):
             if not loading.cancelled() and loading.exception() is not None:
                 self._load_failure = loading.exception()
         return None if loading.cancelled() else loading.exception()
+
+    async def first_start_settled(self) -> None:
+        """An early first start (``_early_start``): the runtime installed without the SDK; the first cell then waits for
+        the SDK's load and fetch (about as long as the raw SDK's import), so the sandbox's idle mode, its notices and
+        its intervals are known before any cell runs, as after a normal start. A restart's quick start does not wait."""
+        if not self._early:
+            return
+        self._early = False
+        failure = await self._settled()
+        if failure is not None:
+            raise failure
 
     def without_sdk(self) -> HandedOverToolbox | None:
         """After a restart's quick start, while the SDK loads: the toolbox without it (tornado's client)."""
@@ -251,24 +262,24 @@ class DaytonaSandbox(Sandbox):
         return True
 
     async def _early_start(self, progress: ProgressCallback) -> bool:
-        """A new kernel's first start: the workspace's sandbox (found started, or stopped and started; else created)
-        reached without the SDK (``early``) while the SDK loads in its thread, then the first context made and left for the
+        """A new kernel's first start, when the workspace has no sandbox yet: created and started without the SDK
+        (``early``) while the SDK loads in its thread, then the first context made and left for the
         runtime's install as a restart's is (``take_next_context``), through tornado's client; ``_loading`` then
         fetches the sandbox with the SDK, as after a restart. False (the SDK's start) where that does not apply,
         and after any failure: the SDK's path repeats the request and reports it as always."""
-        if not self._fingerprint or self._workspace.early_create_body("", "") is None or self._unclaimed is not None:
-            return False  # (a refused handoff's context is deleted by the SDK's start)
+        if not self._fingerprint or self._workspace.early_create_body("", "") is None:
+            return False
         headers = interpreter_headers()
         if headers is None or proxied(self.api_url):
             return False
-        from .early import EarlyApi, NotEarly, start_early
+        from .early import EarlyApi, NotEarly, create_early
         from .restart_socket import HandedOverToolbox
 
         loading = asyncio.ensure_future(self._workspace.open_client())  # the SDK's import, in its thread, meanwhile
         loading.add_done_callback(_log_failure)
         api = EarlyApi(self.api_url, headers)
         try:
-            made = await start_early(api, self._workspace, self._config, self.workdir, progress)
+            made = await create_early(api, self._workspace, progress)
             toolbox_url = made.toolbox_url.rstrip("/")
             if acceptable_url(toolbox_url, self.api_url) or proxied(toolbox_url):
                 raise NotEarly(f"the toolbox URL {toolbox_url} is not one to send the key to here")
@@ -288,18 +299,16 @@ class DaytonaSandbox(Sandbox):
         finally:
             api.close()
         self._handoff, self._handed_over, self._toolbox_url = handoff, toolbox, toolbox_url
-        self.id, self.volume_dir, self._workdir_made_in = made.id, handoff.volume_dir, made.id
-        self.idle_mode = IdleMode.PAUSE if made.auto_pause_interval else IdleMode.STOP  # as ``_note_idle_mode`` says later
-        self.auto_pause_s = made.auto_pause_interval * 60.0
+        self._early = True
+        self.id, self.volume_dir = made.id, handoff.volume_dir
         self.generation += 1
-        # the first cell runs now; a start that waits for this load (a cell finding the sandbox stopped) sees its lines
-        self._loading = asyncio.ensure_future(self._locate(lambda text: self._progress(text), prefer=made.id, fetch=True))
+        self._loading = asyncio.ensure_future(self._locate(quiet, prefer=made.id))
         self._loading.add_done_callback(_log_failure)
         log.info("first start: sandbox %s created and context %s made while the daytona SDK loads", made.id, handoff.context_id)
         return True
 
-    async def _locate(self, progress: ProgressCallback, prefer: str = "", fetch: bool = False) -> None:
-        """Find (``prefer``: by id) or create the sandbox and start it; ``fetch``: cells run in ``prefer`` already."""
+    async def _locate(self, progress: ProgressCallback, prefer: str = "") -> None:
+        """Find (``prefer``: by its id, the sandbox a restart handed over) or create the sandbox, and start it."""
         self._load_failure = None
         await self._workspace.open_client()  # in a thread: the kernel answered Jupyter before the SDK was loaded
         if not self._gpu_checked:  # the snapshot's GPU decides the policy, before the sandbox is looked for
@@ -316,9 +325,6 @@ class DaytonaSandbox(Sandbox):
             if isinstance(failed, BaseException):
                 raise failed
         volume, self._sandbox = looked
-        if fetch and (self._sandbox is None or self._sandbox.id != prefer):  # cells ran there: another is no substitute
-            self._sandbox = None
-            raise SandboxGone(f"The sandbox {prefer} no longer exists (deleted, or ephemeral and stopped).")
         if self._sandbox is not None:
             # a list item lacks the volumes and env that drift and the volume copy are judged by (one got by its id has them)
             found = self._sandbox
@@ -343,8 +349,7 @@ class DaytonaSandbox(Sandbox):
             self.generation += 1
         self.id = self._sandbox.id
         try:
-            if not (fetch and self.id == prefer):
-                await self._ensure_started(progress)
+            await self._ensure_started(progress)
         except SandboxGone:  # deleted between the list and the start
             self._sandbox = await self._workspace.create(volume, progress)
             self.generation += 1  # a new one, also when it replaces the sandbox a restart handed over
@@ -371,16 +376,12 @@ class DaytonaSandbox(Sandbox):
         return info
 
     async def _prepare_workdir(self) -> None:
-        """Make the working directory on the sandbox's disk (a context's cwd must exist), once per sandbox (the early
-        start made it already in the sandbox it created)."""
+        """Make the working directory on the sandbox's disk (a context's cwd must exist), once per sandbox."""
         self.volume_dir, notice = self._workspace.volume_dir_in(self._sandbox, self.workdir)
         if notice:
             self._notices.append(notice)
             return
-        made_early, self._workdir_made_in = self._workdir_made_in, ""
         sandbox = self._sandbox
-        if sandbox.id == made_early:
-            return
         command = f"mkdir -p {shlex.quote(self.workdir)}"
         result = await self.api(
             "make the working directory", lambda: sandbox.process.exec(command, timeout=int(API_REQUEST_TIMEOUT_S))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import posixpath
 import secrets
 import sys
 import threading
@@ -37,7 +38,6 @@ from .api import (
     call_api,
     client_config,
     is_refused,
-    overlaps,
     state_name,
     translate_error,
 )
@@ -59,6 +59,12 @@ _interval_before = 0.0  # the switch interval to restore after them
 
 class ApiCall(Protocol):
     async def __call__(self, what: str, fn: Callable[[], Awaitable[T]], *, retry: bool = True) -> T: ...
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Is one of two sandbox folders the other, or inside it?"""
+    a, b = posixpath.normpath(a), posixpath.normpath(b)
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
 def volume_mount_path(configured: str) -> tuple[str, str]:
