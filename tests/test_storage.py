@@ -421,3 +421,33 @@ def test_a_file_deleted_while_it_is_copied_leaves_the_volume(tmp_path: Path, mon
     copy.copy_changes()
     assert sorted(p.name for p in volume.iterdir()) == ["kept.txt"]
     assert not [n for n in notices if "gone.txt" in n], notices
+
+
+def test_a_deleted_file_the_volume_would_not_remove_is_removed_by_a_later_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the volume refuses the first removal (a mount-s3 hiccup): a later pass removes it."""
+    from daytona_kernel.runtime import durable
+    from daytona_kernel.runtime.pathrules import load_rules, scan
+
+    workdir, volume = tmp_path / "sandbox" / "workspace", tmp_path / "volume"
+    workdir.mkdir(parents=True)
+    volume.mkdir()
+    (workdir / "gone.txt").write_text("x")
+    copy = durable.VolumeCopy(str(workdir), str(volume), lambda: scan(str(workdir), load_rules(str(workdir))))
+    copy_whole, remove = durable._copy_whole, os.remove
+
+    def copy_then_the_cell_deletes(src: str, dst: str) -> None:
+        copy_whole(src, dst)
+        remove(src)
+
+    def refused_once(path: str) -> None:
+        monkeypatch.setattr(os, "remove", remove)
+        raise OSError(5, "Input/output error", path)
+
+    monkeypatch.setattr(durable, "_copy_whole", copy_then_the_cell_deletes)
+    monkeypatch.setattr(os, "remove", refused_once)
+    copy.copy_changes()
+    assert (volume / "gone.txt").exists()  # refused this time
+    copy.copy_changes()
+    assert not (volume / "gone.txt").exists()

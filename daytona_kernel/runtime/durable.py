@@ -266,15 +266,18 @@ class VolumeCopy(object):
         return removed
 
     def _forget(self, rel):
-        """rel is gone from the disk: its copy (whole or partial) leaves the volume, and the record."""
+        """rel is gone from the disk: its copy (whole or partial) leaves the volume, then the record. If the
+        volume refuses, the record keeps a key no scan matches, so the next complete pass removes it again."""
         self._failed.discard(rel)
-        self._record.pop(rel, None)
         try:
             os.remove(os.path.join(self.volume, rel))
         except FileNotFoundError:
             pass  # never reached the volume: nothing to remove
         except OSError as exc:
             self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
+            self._record[rel] = [-1, -1]
+            return
+        self._record.pop(rel, None)
 
     def _record_path(self):
         return os.path.join(os.path.dirname(os.path.abspath(self.workdir)), RECORD)
