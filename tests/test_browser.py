@@ -435,6 +435,7 @@ def test_status_lines_show_while_a_cell_waits_and_leave_nothing(browser, emulato
         emulator.delay_s = 0.0
         if context is not None:
             context.close()
+        lab.close()
 
 
 RUN_ALL_CELLS = (
