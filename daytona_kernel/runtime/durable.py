@@ -229,7 +229,7 @@ class VolumeCopy(object):
             except OSError as exc:
                 if not os.path.lexists(src):  # a cell deleted it meanwhile: the volume ends as the disk does
                     self._forget(rel)
-                    removed.append(rel)
+                    removed.append(rel)  # the record changed either way: saved below
                     continue
                 if rel not in self._failed:
                     self._failed.add(rel)
@@ -253,31 +253,25 @@ class VolumeCopy(object):
         for rel in [r for r in self._record if r not in current]:
             if os.path.lexists(os.path.join(self.workdir, rel)):
                 del self._record[rel]  # excluded now, not deleted: the volume keeps its copy
-                continue
-            try:
-                os.remove(os.path.join(self.volume, rel))
-            except FileNotFoundError:
-                pass  # already gone from the volume: nothing lost
-            except OSError as exc:
-                self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
-                continue
-            del self._record[rel]
-            removed.append(rel)
+            elif self._forget(rel):
+                removed.append(rel)
         return removed
 
     def _forget(self, rel):
         """rel is gone from the disk: its copy (whole or partial) leaves the volume, then the record. If the
-        volume refuses, the record keeps a key no scan matches, so the next complete pass removes it again."""
+        volume refuses, the record keeps a key no scan matches, so the next complete pass removes it again.
+        True once the volume no longer has it."""
         self._failed.discard(rel)
         try:
             os.remove(os.path.join(self.volume, rel))
         except FileNotFoundError:
-            pass  # never reached the volume: nothing to remove
+            pass  # never reached the volume, or already gone from it: nothing lost
         except OSError as exc:
             self._notice("daytona-kernel: could not remove %s from the volume (%s)\n" % (rel, exc))
             self._record[rel] = [-1, -1]
-            return
+            return False
         self._record.pop(rel, None)
+        return True
 
     def _record_path(self):
         return os.path.join(os.path.dirname(os.path.abspath(self.workdir)), RECORD)
